@@ -1,0 +1,100 @@
+"""The Flower ClientApp: a thin adapter that forwards each message to this node's worker.
+
+It holds no model and no maths. It works out which node it is (``card`` in the node config in
+deployment, ``partition-id`` in simulation), finds or starts that node's long-lived worker
+(``ftis_flwr.worker``) and relays the round: received groups in, new groups + metrics out.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from ftis_flwr import protocol
+from ftis_flwr.config import ExperimentConfig, ModelCard, card_from_dict, from_dict, to_dict
+from ftis_flwr.worker import connect_or_spawn, default_cache_dir, worker_dir
+
+app = ClientApp()
+
+
+def select_card(experiment: ExperimentConfig, node_config: dict) -> ModelCard:
+    """Deployment: ``--node-config 'card="<name or YAML path>"'``; simulation: partition-id."""
+    wanted = node_config.get("card")
+    if wanted:
+        for card in experiment.nodes:
+            if card.name == wanted:
+                return card
+        path = Path(str(wanted)).expanduser()
+        if path.is_file():
+            from omegaconf import OmegaConf
+
+            return card_from_dict(OmegaConf.to_container(OmegaConf.load(path), resolve=True))
+        names = ", ".join(c.name for c in experiment.nodes)
+        raise ValueError(f"node config card={wanted!r} is neither a model card in the experiment "
+                         f"({names}) nor a YAML file")
+    if "partition-id" not in node_config:
+        raise ValueError("this SuperNode has neither a 'card' nor a 'partition-id' in its node config; "
+                         "start it with --node-config 'card=\"<card name or YAML file>\"'")
+    pid = int(node_config["partition-id"])
+    if not 0 <= pid < len(experiment.nodes):
+        raise ValueError(f"partition-id {pid} has no model card: the experiment defines "
+                         f"{len(experiment.nodes)} nodes; run with num-supernodes={len(experiment.nodes)}")
+    return experiment.nodes[pid]
+
+
+def _worker_env(card: ModelCard) -> dict[str, str]:
+    env = {"OMP_NUM_THREADS": str(card.torch_threads), "MKL_NUM_THREADS": str(card.torch_threads)}
+    if card.device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    elif card.device.startswith("cuda:"):
+        env["CUDA_VISIBLE_DEVICES"] = card.device.split(":", 1)[1]
+    return env
+
+
+def _worker(msg_config: ConfigRecord, context: Context):
+    experiment = from_dict(json.loads(str(msg_config["experiment"])))
+    card = select_card(experiment, dict(context.node_config))
+    cache = default_cache_dir(experiment.cache_dir)
+    run_key = str(msg_config.get("run_name") or context.run_id)
+    spec = {"card": to_dict(card), "experiment": to_dict(experiment), "cache_dir": str(cache),
+            "idle_timeout": experiment.worker_idle_timeout}
+    return card, connect_or_spawn(worker_dir(cache, run_key, card.name), spec, env=_worker_env(card))
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    cfg = msg.content[protocol.ROUND]
+    card, handle = _worker(cfg, context)
+    foreign = {}
+    for src in protocol.foreign_sources(msg.content.keys()):
+        arrays_key, meta_key = protocol.foreign_keys(src)
+        foreign[src] = (msg.content[arrays_key], msg.content[meta_key])
+    reply = handle.call("step", {
+        "round": int(cfg["round"]), "num_rounds": int(cfg["num_rounds"]),
+        "prompt_indices": [int(i) for i in json.loads(str(cfg["prompt_indices"]))],
+        "group_size": int(cfg["group_size"]), "evaluate": bool(cfg["evaluate"]),
+        "foreign_payloads": foreign,
+    })
+    starts = (handle.directory / "starts.log").read_text().count("\n")
+    content = RecordDict({
+        protocol.GROUPS: reply["arrays"],
+        protocol.GROUPS_META: reply["meta"],
+        protocol.METRICS: MetricRecord({k: float(v) for k, v in reply["metrics"].items()}),
+        protocol.INFO: ConfigRecord({"node": reply["node"], "model_id": reply["model_id"],
+                                     "rejections": list(reply["rejections"]) or [""],
+                                     "worker_pid": handle.pid, "worker_starts": starts}),
+    })
+    return Message(content=content, reply_to=msg)
+
+
+@app.query()
+def finish(msg: Message, context: Context) -> Message:
+    cfg = msg.content[protocol.FINISH]
+    card, handle = _worker(cfg, context)
+    out = handle.call("finish", {"out_dir": str(Path(str(cfg["out_dir"])) / card.name)})
+    content = RecordDict({protocol.CHECKPOINT: ConfigRecord({"node": card.name, "path": out["checkpoint"],
+                                                             "updates": int(out["updates"])})})
+    return Message(content=content, reply_to=msg)

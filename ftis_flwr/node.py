@@ -1,0 +1,286 @@
+"""One participant: its policy, optimiser, rollout engine and the groups it generated last round.
+
+A round is one call of :meth:`Node.step` (DESIGN: One round, one message per node):
+
+1. train on last round's own groups (exactly on-policy) plus the groups received from the other
+   nodes (one update stale, corrected by the importance weights), with rewards recomputed here;
+2. generate G completions per new prompt with the updated policy;
+3. evaluate greedily on the task's held-out splits when asked.
+
+Nothing here knows about Flower; the worker feeds it decoded groups and ships its replies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .advantages import frac_zero_std_groups, g_for_round, pooled_advantages
+from .config import ExperimentConfig, ModelCard
+from .engines import make_engine
+from .logprobs import completion_logprobs, pack_batch
+from .loss import LossInputs, compute_loss
+from .models import load_policy, save_policy
+from .rollouts import Group, tokenizer_fingerprint
+from .tasks import make_task
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepRequest:
+    """What the strategy asked of this node for one round."""
+
+    round: int
+    """0 = the first (generate-only) round; 1..num_rounds take an update each."""
+    num_rounds: int
+    prompt_indices: list[int]
+    """Indices into the task's training set to generate groups for (may be empty)."""
+    group_size: int
+    """Completions per prompt this node samples (G, or G/m in horizontal mode)."""
+    evaluate: bool
+    foreign: list[Group] = field(default_factory=list)
+    """Groups other nodes generated last round, already decoded and validated."""
+    rejected: dict[str, int] = field(default_factory=dict)
+    """Source node -> number of groups that failed validation (counted, never silent)."""
+
+
+@dataclass
+class StepResult:
+    groups: list[Group]
+    metrics: dict[str, float]
+
+
+class GroupRejected(ValueError):
+    """A received group that this node cannot use (unknown prompt, mismatched prompt tokens)."""
+
+
+class Node:
+    """A node's whole training state, driven one round at a time."""
+
+    def __init__(self, card: ModelCard, experiment: ExperimentConfig, *, cache_dir: Path | None = None):
+        self.card = card
+        self.cfg = experiment
+        torch.set_num_threads(card.torch_threads)
+        torch.manual_seed(card.seed)
+        self.task = make_task(experiment.task)
+        self.policy = load_policy(card, task=self.task, cache_dir=cache_dir)
+        self.model = self.policy.model
+        self.tokenizer = self.policy.tokenizer
+        self.engine = make_engine(card.engine, self.model, self.tokenizer)
+        self.fingerprint = tokenizer_fingerprint(self.tokenizer)
+        self.vocab_size = len(self.tokenizer)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.base_lr = card.lr if card.lr is not None else experiment.train.lr
+        self.optimizer = torch.optim.AdamW(self.params, lr=self.base_lr,
+                                           weight_decay=experiment.train.weight_decay)
+        self.pending: list[Group] = []
+        self.updates = 0
+        self._prompt_cache: dict[str, np.ndarray] = {}
+        log.info("node %s ready: %s (%d/%d trainable params)", card.name, self.policy.model_id,
+                 self.policy.trainable_params, self.policy.total_params)
+
+    # ------------------------------------------------------------------ round
+    def step(self, req: StepRequest) -> StepResult:
+        metrics: dict[str, float] = {"round": float(req.round)}
+        for src, n in req.rejected.items():
+            metrics[f"{src}/groups_rejected"] = float(n)
+        batch = list(self.pending)
+        if self.cfg.advantage.mode != "alone":
+            batch += self._usable(req.foreign, metrics)
+        elif req.foreign:
+            metrics["foreign_ignored_alone"] = float(sum(g.size for g in req.foreign))
+        t0 = time.perf_counter()
+        if batch:
+            metrics.update(self.train(batch, req.round, req.num_rounds))
+        metrics["seconds_train"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        self.pending = self.generate(req.prompt_indices, req.group_size, req.round)
+        metrics["seconds_generate"] = time.perf_counter() - t0
+        if self.pending:
+            metrics["reward_mean"] = float(np.mean(np.concatenate([g.rewards for g in self.pending])))
+        if req.evaluate:
+            t0 = time.perf_counter()
+            metrics.update(self.evaluate())
+            metrics["seconds_eval"] = time.perf_counter() - t0
+        return StepResult(groups=self.pending, metrics=metrics)
+
+    # ---------------------------------------------------------------- helpers
+    def _prompt_tokens(self, problem) -> np.ndarray:
+        cached = self._prompt_cache.get(problem.id)
+        if cached is None:
+            text = self.task.prompt_text(problem, self.tokenizer)
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            cached = self._prompt_cache[problem.id] = np.asarray(ids, dtype=np.int64)
+        return cached
+
+    def _usable(self, foreign: list[Group], metrics: dict[str, float]) -> list[Group]:
+        """Foreign groups whose prompt this node knows and whose prompt tokens it would use."""
+        usable = []
+        for g in foreign:
+            try:
+                problem = self.task.problem(g.prompt_id)
+            except KeyError as exc:
+                reason = f"unknown prompt id: {exc}"
+            else:
+                if np.array_equal(self._prompt_tokens(problem), g.prompt_tokens):
+                    usable.append(g)
+                    continue
+                reason = "prompt tokens differ from this node's encoding of the prompt"
+            key = f"{g.node}/groups_rejected"
+            metrics[key] = metrics.get(key, 0.0) + 1
+            log.warning("node %s rejects group %s from %s: %s", self.card.name, g.prompt_id, g.node, reason)
+        return usable
+
+    def _rewards(self, group: Group) -> np.ndarray:
+        """Recomputed from the decoded text: a node never trusts a reward it did not compute."""
+        problem = self.task.problem(group.prompt_id)
+        texts = self.tokenizer.batch_decode([c.tolist() for c in group.completions], skip_special_tokens=True)
+        return np.asarray([self.task.reward(t, problem) for t in texts], dtype=np.float32)
+
+    def _lr_scale(self) -> float:
+        warm = self.cfg.train.warmup_rounds
+        return 1.0 if warm <= 0 else min(1.0, (self.updates + 1) / warm)
+
+    # ------------------------------------------------------------------ train
+    def train(self, groups: list[Group], round_idx: int, num_rounds: int) -> dict[str, float]:
+        """One F-TIS update (``updates_per_round`` optimiser steps) on own + received groups."""
+        cfg = self.cfg
+        rewards = [self._rewards(g) for g in groups]
+        horizontal = cfg.advantage.mode == "horizontal"
+        keys = [g.prompt_id if horizontal else f"{g.node}|{g.prompt_id}|{i}" for i, g in enumerate(groups)]
+        advs = pooled_advantages(rewards, keys, scale=cfg.advantage.scale_rewards, eps=cfg.advantage.eps)
+        samples = []  # (prompt, completion, gen_lp, advantage, foreign, source)
+        for g, adv in zip(groups, advs):
+            foreign = g.node != self.card.name
+            for c, lp, a in zip(g.completions, g.logprobs, adv):
+                samples.append((g.prompt_tokens, c, lp, float(a), foreign, g.node))
+        g_now = g_for_round(self.card.g, cfg.loss.kl_threshold, round_idx, num_rounds)
+        loss_cfg = dataclasses.replace(cfg.loss, kl_threshold=g_now)
+        for pg in self.optimizer.param_groups:
+            pg["lr"] = self.base_lr * self._lr_scale()
+
+        self.model.train()
+        mb = cfg.train.micro_batch_size
+        metrics: dict[str, float] = {}
+        for update in range(cfg.train.updates_per_round):
+            self.optimizer.zero_grad(set_to_none=True)
+            denominator = 0.0
+            detached: list[LossInputs] = []
+            for start in range(0, len(samples), mb):
+                inputs = self._loss_inputs(samples[start:start + mb])
+                out = compute_loss(inputs, loss_cfg)
+                if out.denominator > 0:
+                    out.loss_sum.backward()
+                denominator += out.denominator
+                if update == 0:
+                    detached.append(dataclasses.replace(inputs, logprobs=inputs.logprobs.detach()))
+            if denominator > 0:
+                for p in self.params:
+                    if p.grad is not None:
+                        p.grad.div_(denominator)
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, cfg.train.grad_clip))
+            if denominator > 0 and math.isfinite(grad_norm):
+                self.optimizer.step()
+            elif not math.isfinite(grad_norm):
+                log.warning("node %s: non-finite grad norm, step skipped", self.card.name)
+                metrics["steps_skipped_nonfinite"] = metrics.get("steps_skipped_nonfinite", 0.0) + 1
+            if update == 0:
+                whole = _concat_inputs(detached)
+                metrics.update(compute_loss(whole, loss_cfg).metrics)
+                metrics["grad_norm"] = grad_norm
+        self.optimizer.zero_grad(set_to_none=True)
+        self.updates += 1
+        own = [r for g, r in zip(groups, rewards) if g.node == self.card.name]
+        foreign = [r for g, r in zip(groups, rewards) if g.node != self.card.name]
+        metrics.update({
+            "lr": self.base_lr * self._lr_scale(),
+            "g": g_now,
+            "frac_zero_std_groups": frac_zero_std_groups(rewards),
+            "train_reward_own": float(np.mean(np.concatenate(own))) if own else float("nan"),
+            "train_reward_foreign": float(np.mean(np.concatenate(foreign))) if foreign else float("nan"),
+            "updates": float(self.updates),
+        })
+        return metrics
+
+    def _loss_inputs(self, chunk) -> LossInputs:
+        prompts, comps, gens, advs, foreign, sources = zip(*chunk)
+        batch = pack_batch(list(prompts), list(comps), pad_id=self.tokenizer.pad_token_id)
+        device = self.model.device
+        lp = completion_logprobs(self.model, batch.to(device), temperature=self.cfg.rollout.temperature)
+        gen = torch.zeros_like(lp, dtype=torch.float32)
+        for i, g in enumerate(gens):
+            gen[i, : len(g)] = torch.from_numpy(np.asarray(g, dtype=np.float32))
+        return LossInputs(
+            logprobs=lp.float(),
+            gen_logprobs=gen,
+            advantages=torch.tensor(advs, dtype=torch.float32, device=device),
+            mask=batch.completion_mask.to(device).bool(),
+            foreign=torch.tensor(foreign, dtype=torch.bool, device=device),
+            sources=list(sources),
+        )
+
+    # --------------------------------------------------------------- generate
+    def generate(self, indices: list[int], n: int, round_idx: int) -> list[Group]:
+        if not indices:
+            return []
+        r = self.cfg.rollout
+        problems = [self.task.train_problem(i) for i in indices]
+        prompts = [self._prompt_tokens(p) for p in problems]
+        samples = self.engine.sample(
+            [p.tolist() for p in prompts], n, temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
+            max_new_tokens=r.max_new_tokens, batch_size=r.batch_size,
+            generator_seed=self.card.seed * 1_000_003 + round_idx)
+        groups = []
+        for problem, prompt, group in zip(problems, prompts, samples):
+            g = Group(
+                prompt_id=problem.id, prompt_tokens=prompt,
+                completions=[s.tokens for s in group], logprobs=[s.logprobs for s in group],
+                rewards=np.zeros(len(group), dtype=np.float32), node=self.card.name,
+                model_id=self.policy.model_id, tokenizer_fp=self.fingerprint)
+            g.rewards = self._rewards(g)
+            groups.append(g)
+        return groups
+
+    # --------------------------------------------------------------- evaluate
+    def evaluate(self) -> dict[str, float]:
+        """Greedy pass@1 on each held-out split (SPEC §9)."""
+        out = {}
+        size = self.cfg.rounds.eval_size
+        for split in self.task.eval_splits:
+            problems = self.task.problems(split)
+            problems = problems[:size] if size else problems
+            prompts = [self._prompt_tokens(p).tolist() for p in problems]
+            completions = self.engine.greedy(prompts, max_new_tokens=self.cfg.rollout.max_new_tokens,
+                                             batch_size=self.cfg.rollout.batch_size)
+            texts = self.tokenizer.batch_decode([c.tolist() for c in completions], skip_special_tokens=True)
+            scores = [self.task.reward(t, p) for t, p in zip(texts, problems)]
+            out[f"eval/{split}/accuracy"] = float(np.mean(scores)) if scores else float("nan")
+        return out
+
+    def save(self, out_dir: Path) -> Path:
+        return save_policy(self.policy, Path(out_dir))
+
+
+def _concat_inputs(parts: list[LossInputs]) -> LossInputs:
+    """Right-pad micro-batches to one width so metrics are computed once over the whole update."""
+    width = max(p.logprobs.shape[1] for p in parts)
+
+    def pad(t: torch.Tensor, value=0) -> torch.Tensor:
+        return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value)
+
+    return LossInputs(
+        logprobs=torch.cat([pad(p.logprobs) for p in parts]),
+        gen_logprobs=torch.cat([pad(p.gen_logprobs) for p in parts]),
+        advantages=torch.cat([p.advantages for p in parts]),
+        mask=torch.cat([pad(p.mask, False) for p in parts]),
+        foreign=torch.cat([p.foreign for p in parts]),
+        sources=[s for p in parts for s in (p.sources or [])],
+    )

@@ -1,0 +1,456 @@
+"""Groups of completions and their wire codec to Flower records (SPEC §1, DESIGN: Data on wire).
+
+Only tokens, per-token generator log-probs and small metadata cross the network. A group is
+encoded as flat arrays plus offsets in an ``ArrayRecord``; per-group strings go in a
+``ConfigRecord``. The receiver validates *everything* before building a single ``Group``, so a
+malformed or hostile payload is rejected loudly (``PayloadError``) and never half-decoded.
+
+Layout (format version 1), n groups, c completions in total:
+
+- arrays: ``prompt_ids`` (flat token ids of all prompts), ``prompt_offsets`` int64 [n+1],
+  ``completion_ids`` (flat), ``completion_offsets`` int64 [c+1], ``group_offsets`` int64 [n+1]
+  (completion index ranges per group), ``logprobs`` (flat, same length as ``completion_ids``),
+  ``rewards`` float32 [c] (logging only: receivers recompute rewards from text).
+- meta: ``format_version``, ``token_dtype`` (uint8 / uint16 / int32, the smallest that holds the
+  vocabulary), ``logprob_dtype`` (fp32 / fp16 / bf16; bf16 travels as the uint16 upper half of
+  the fp32 bit pattern, rounded to nearest even), and per-group lists of str ``prompt_id``,
+  ``node``, ``model_id``, ``tokenizer_fp``.
+
+Rules a group must meet (sender and receiver alike): a prompt has >= 1 token; a group has >= 1
+completion; every completion has >= 1 token (a model always emits at least one token, EOS or a
+token cut by the length cap, so an empty completion can only be a fault); log-probs are finite
+and <= ``LOGPROB_TOLERANCE`` (1e-4: log-softmax rounding may give tiny positive values, anything
+larger is not a log-probability); ids lie in [0, vocab_size); rewards are finite.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord
+
+from ftis_flwr.config import WireConfig
+
+FORMAT_VERSION = 1
+LOGPROB_TOLERANCE = 1e-4
+LOGPROB_DTYPES = ("fp32", "fp16", "bf16")
+TOKEN_DTYPES = ("uint8", "uint16", "int32")
+
+_ARRAY_KEYS = (
+    "prompt_ids",
+    "prompt_offsets",
+    "completion_ids",
+    "completion_offsets",
+    "group_offsets",
+    "logprobs",
+    "rewards",
+)
+_GROUP_STR_KEYS = ("prompt_id", "node", "model_id", "tokenizer_fp")
+_LOGPROB_WIRE_DTYPE = {"fp32": np.float32, "fp16": np.float16, "bf16": np.uint16}
+
+
+class PayloadError(ValueError):
+    """A group or payload breaks the wire rules; the message names the group and the fault."""
+
+
+@dataclass
+class Group:
+    """G completions of one prompt by one generator, with the generator's token log-probs."""
+
+    prompt_id: str
+    prompt_tokens: np.ndarray
+    completions: list[np.ndarray]
+    logprobs: list[np.ndarray]
+    rewards: np.ndarray
+    node: str
+    model_id: str
+    tokenizer_fp: str
+
+    @property
+    def size(self) -> int:
+        """Number of completions in the group."""
+        return len(self.completions)
+
+    @property
+    def num_tokens(self) -> int:
+        """Completion tokens in the group (the prompt is not counted)."""
+        return int(sum(len(c) for c in self.completions))
+
+    def validate(self, vocab_size: int | None = None) -> None:
+        """Raise PayloadError unless the group meets the wire rules (module docstring)."""
+        where = f"group {self.prompt_id!r}"
+        for name in ("prompt_id", "node", "model_id", "tokenizer_fp"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise PayloadError(f"{where}: {name} must be a non-empty str, got {value!r}")
+        _check_ids(self.prompt_tokens, vocab_size, f"{where}: prompt_tokens")
+        if not isinstance(self.completions, list) or not isinstance(self.logprobs, list):
+            raise PayloadError(f"{where}: completions and logprobs must be lists of arrays")
+        if not self.completions:
+            raise PayloadError(f"{where}: a group needs at least one completion")
+        if len(self.logprobs) != len(self.completions):
+            raise PayloadError(
+                f"{where}: {len(self.completions)} completions but {len(self.logprobs)} "
+                "log-prob arrays"
+            )
+        for i, (ids, lps) in enumerate(zip(self.completions, self.logprobs)):
+            _check_ids(ids, vocab_size, f"{where}: completion {i}")
+            lps = np.asarray(lps)
+            if lps.ndim != 1 or lps.dtype.kind != "f":
+                raise PayloadError(f"{where}: completion {i}: log-probs must be a 1-D float array")
+            if len(lps) != len(ids):
+                raise PayloadError(
+                    f"{where}: completion {i}: {len(ids)} tokens but {len(lps)} log-probs"
+                )
+            bad = _first_bad_logprob(lps.astype(np.float32))
+            if bad is not None:
+                raise PayloadError(f"{where}: completion {i} token {bad[0]}: {bad[1]}")
+        rewards = np.asarray(self.rewards)
+        if rewards.shape != (len(self.completions),) or rewards.dtype.kind not in "fiub":
+            raise PayloadError(
+                f"{where}: rewards must be a numeric array of shape ({len(self.completions)},),"
+                f" got shape {rewards.shape}"
+            )
+        if not np.all(np.isfinite(rewards)):
+            raise PayloadError(f"{where}: rewards contain non-finite values")
+
+
+def _check_ids(ids: np.ndarray, vocab_size: int | None, where: str) -> None:
+    ids = np.asarray(ids)
+    if ids.ndim != 1 or ids.dtype.kind not in "iu":
+        raise PayloadError(f"{where}: token ids must be a 1-D integer array")
+    if len(ids) == 0:
+        raise PayloadError(f"{where}: has no tokens (at least one is required)")
+    if ids.min() < 0 or (vocab_size is not None and ids.max() >= vocab_size):
+        raise PayloadError(
+            f"{where}: token id out of range [0, {vocab_size}): min {ids.min()}, max {ids.max()}"
+        )
+
+
+def _first_bad_logprob(lps: np.ndarray) -> tuple[int, str] | None:
+    """(position, fault) of the first non-finite or positive log-prob, else None."""
+    bad = ~np.isfinite(lps) | (lps > LOGPROB_TOLERANCE)
+    if not bad.any():
+        return None
+    pos = int(np.argmax(bad))
+    value = float(lps[pos])
+    kind = "non-finite" if not np.isfinite(value) else f"positive (> {LOGPROB_TOLERANCE})"
+    return pos, f"log-prob {value} is {kind}"
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """Short hex hash of the vocabulary and special tokens: equal iff ids mean the same text.
+
+    Covers token->id (sorted, added tokens included) and the bos/eos/pad/unk ids and strings,
+    because a receiver scores and trains on received ids with its own tokenizer.
+    """
+    vocab = sorted((str(tok), int(idx)) for tok, idx in tokenizer.get_vocab().items())
+    special = {
+        f"{name}{suffix}": getattr(tokenizer, f"{name}{suffix}", None)
+        for name in ("bos", "eos", "pad", "unk")
+        for suffix in ("_token", "_token_id")
+    }
+    blob = json.dumps({"vocab": vocab, "special": special}, ensure_ascii=True, default=str)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+
+
+def token_dtype_for(vocab_size: int) -> str:
+    """The smallest wire dtype that holds ids in [0, vocab_size)."""
+    if not isinstance(vocab_size, int) or vocab_size <= 0:
+        raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
+    if vocab_size <= 2**8:
+        return "uint8"
+    if vocab_size <= 2**16:
+        return "uint16"
+    if vocab_size <= 2**31 - 1:
+        return "int32"
+    raise ValueError(f"vocab_size {vocab_size} does not fit int32 token ids")
+
+
+def _bf16_bits(x: np.ndarray) -> np.ndarray:
+    """fp32 -> upper 16 bits of the bit pattern, rounded to nearest even (as torch does)."""
+    bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return rounded.astype(np.uint16)
+
+
+def _bf16_to_fp32(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def _encode_logprobs(flat: np.ndarray, logprob_dtype: str) -> np.ndarray:
+    if logprob_dtype == "fp32":
+        return flat.astype(np.float32)
+    if logprob_dtype == "fp16":
+        out = flat.astype(np.float16)
+    elif logprob_dtype == "bf16":
+        out = _bf16_bits(flat)
+    else:
+        raise ValueError(f"logprob_dtype must be one of {LOGPROB_DTYPES}, got {logprob_dtype!r}")
+    if not np.all(np.isfinite(_decode_logprobs(out, logprob_dtype))):
+        raise PayloadError(f"log-probs overflow {logprob_dtype} (smallest {flat.min()})")
+    return out
+
+
+def _decode_logprobs(wire: np.ndarray, logprob_dtype: str) -> np.ndarray:
+    if logprob_dtype == "bf16":
+        return _bf16_to_fp32(wire)
+    return wire.astype(np.float32)
+
+
+def _offsets(lengths: list[int]) -> np.ndarray:
+    out = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=out[1:])
+    return out
+
+
+def _flat(parts: list[np.ndarray], dtype) -> np.ndarray:
+    return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype=dtype)
+
+
+def encode_groups(
+    groups: list[Group], *, logprob_dtype: str = "fp32", vocab_size: int
+) -> tuple[ArrayRecord, ConfigRecord]:
+    """Validate and pack groups into (ArrayRecord, ConfigRecord); PayloadError on a bad group."""
+    if logprob_dtype not in LOGPROB_DTYPES:
+        raise ValueError(f"logprob_dtype must be one of {LOGPROB_DTYPES}, got {logprob_dtype!r}")
+    tok_dtype = token_dtype_for(vocab_size)
+    for i, g in enumerate(groups):
+        try:
+            g.validate(vocab_size)
+        except PayloadError as e:
+            raise PayloadError(f"group {i}: {e}") from None
+    completions = [c for g in groups for c in g.completions]
+    flat_lp = _flat([np.asarray(lp, np.float32) for g in groups for lp in g.logprobs], np.float32)
+    arrays = {
+        "prompt_ids": _flat([g.prompt_tokens for g in groups], tok_dtype),
+        "prompt_offsets": _offsets([len(g.prompt_tokens) for g in groups]),
+        "completion_ids": _flat(completions, tok_dtype),
+        "completion_offsets": _offsets([len(c) for c in completions]),
+        "group_offsets": _offsets([g.size for g in groups]),
+        "logprobs": _encode_logprobs(flat_lp, logprob_dtype),
+        "rewards": _flat([np.asarray(g.rewards) for g in groups], np.float32),
+    }
+    record = ArrayRecord({k: Array.from_numpy_ndarray(v) for k, v in arrays.items()})
+    meta: dict = {
+        "format_version": FORMAT_VERSION,
+        "token_dtype": tok_dtype,
+        "logprob_dtype": logprob_dtype,
+    }
+    for key in _GROUP_STR_KEYS:
+        meta[key] = [getattr(g, key) for g in groups]
+    return record, ConfigRecord(meta)
+
+
+def _group_at(group_offsets: np.ndarray, completion: int) -> int:
+    return int(np.searchsorted(group_offsets, completion, side="right") - 1)
+
+
+def decode_groups(
+    arrays: ArrayRecord,
+    meta: ConfigRecord,
+    *,
+    expected_fp: str,
+    vocab_size: int,
+    wire: WireConfig,
+) -> list[Group]:
+    """Validate a received payload completely, then build its groups; PayloadError on any fault."""
+    version = meta.get("format_version")
+    if version != FORMAT_VERSION:
+        raise PayloadError(f"format_version is {version!r}, this receiver reads {FORMAT_VERSION}")
+    lp_dtype, tok_dtype = meta.get("logprob_dtype"), meta.get("token_dtype")
+    if lp_dtype not in LOGPROB_DTYPES:
+        raise PayloadError(f"meta logprob_dtype {lp_dtype!r} is not one of {LOGPROB_DTYPES}")
+    if tok_dtype not in TOKEN_DTYPES:
+        raise PayloadError(f"meta token_dtype {tok_dtype!r} is not one of {TOKEN_DTYPES}")
+    strs: dict[str, list[str]] = {}
+    for key in _GROUP_STR_KEYS:
+        value = meta.get(key)
+        if not isinstance(value, list) or not all(isinstance(s, str) and s for s in value):
+            raise PayloadError(f"meta {key!r} is missing or not a list of non-empty str")
+        strs[key] = value
+    n = len(strs["prompt_id"])
+    if any(len(v) != n for v in strs.values()):
+        raise PayloadError(f"meta lists differ in length: { {k: len(v) for k, v in strs.items()} }")
+    if n > wire.max_groups:
+        raise PayloadError(f"{n} groups exceed wire.max_groups={wire.max_groups}")
+
+    def name(g: int) -> str:
+        return f"group {g} (prompt_id {strs['prompt_id'][g]!r})"
+
+    for g, fp in enumerate(strs["tokenizer_fp"]):
+        if fp != expected_fp:
+            raise PayloadError(
+                f"{name(g)}: tokenizer fingerprint {fp!r} differs from this node's {expected_fp!r}"
+            )
+    a = _read_arrays(arrays, tok_dtype, lp_dtype)
+    g_off, c_off = a["group_offsets"], a["completion_offsets"]
+    _check_offsets(a["prompt_offsets"], n, len(a["prompt_ids"]), "prompt_offsets", "prompt", name)
+    _check_offsets(g_off, n, None, "group_offsets", "group", name)
+    n_comp = int(g_off[-1])
+
+    def name_completion(c: int) -> str:
+        g = _group_at(g_off, c)
+        return f"{name(g)}: completion {c - g_off[g]}"
+
+    _check_offsets(
+        c_off, n_comp, len(a["completion_ids"]), "completion_offsets", "completion",
+        name_completion,
+    )
+    if len(a["logprobs"]) != len(a["completion_ids"]):
+        raise PayloadError(
+            f"logprobs length {len(a['logprobs'])} != completion_ids length "
+            f"{len(a['completion_ids'])}"
+        )
+    if len(a["rewards"]) != n_comp:
+        raise PayloadError(f"rewards length {len(a['rewards'])} != {n_comp} completions")
+    sizes = np.diff(g_off)
+    if n and sizes.max() > wire.max_completions_per_group:
+        g = int(np.argmax(sizes))
+        raise PayloadError(
+            f"{name(g)}: {sizes[g]} completions exceed wire.max_completions_per_group="
+            f"{wire.max_completions_per_group}"
+        )
+    lengths = np.diff(c_off)
+    if n_comp and lengths.max() > wire.max_tokens_per_completion:
+        c = int(np.argmax(lengths))
+        g = _group_at(g_off, c)
+        raise PayloadError(
+            f"{name(g)}: completion {c - g_off[g]} has {lengths[c]} tokens, over "
+            f"wire.max_tokens_per_completion={wire.max_tokens_per_completion}"
+        )
+
+    def where_token(pos: int) -> str:
+        c = int(np.searchsorted(c_off, pos, side="right") - 1)
+        g = _group_at(g_off, c)
+        return f"{name(g)}: completion {c - g_off[g]} token {pos - c_off[c]}"
+
+    def where_prompt(pos: int) -> str:
+        g = int(np.searchsorted(a["prompt_offsets"], pos, side="right") - 1)
+        return f"{name(g)}: prompt token {pos - a['prompt_offsets'][g]}"
+
+    for key, where in (("prompt_ids", where_prompt), ("completion_ids", where_token)):
+        ids = a[key].astype(np.int64)
+        bad = (ids < 0) | (ids >= vocab_size)
+        if bad.any():
+            pos = int(np.argmax(bad))
+            raise PayloadError(f"{where(pos)}: token id {a[key][pos]} outside [0, {vocab_size})")
+    lps = _decode_logprobs(a["logprobs"], lp_dtype)
+    bad = _first_bad_logprob(lps)
+    if bad is not None:
+        raise PayloadError(f"{where_token(bad[0])}: {bad[1]}")
+    if not np.all(np.isfinite(a["rewards"])):
+        c = int(np.argmax(~np.isfinite(a["rewards"])))
+        raise PayloadError(f"{name(_group_at(g_off, c))}: non-finite reward")
+
+    comp_ids = a["completion_ids"].astype(np.int64)
+    p_off = a["prompt_offsets"]
+    groups = []
+    for g in range(n):
+        cs = range(int(g_off[g]), int(g_off[g + 1]))
+        groups.append(
+            Group(
+                prompt_id=strs["prompt_id"][g],
+                prompt_tokens=a["prompt_ids"][p_off[g] : p_off[g + 1]].astype(np.int64),
+                completions=[comp_ids[c_off[c] : c_off[c + 1]].copy() for c in cs],
+                logprobs=[lps[c_off[c] : c_off[c + 1]].copy() for c in cs],
+                rewards=a["rewards"][g_off[g] : g_off[g + 1]].astype(np.float32),
+                node=strs["node"][g],
+                model_id=strs["model_id"][g],
+                tokenizer_fp=strs["tokenizer_fp"][g],
+            )
+        )
+    return groups
+
+
+def _read_arrays(arrays: ArrayRecord, tok_dtype: str, lp_dtype: str) -> dict[str, np.ndarray]:
+    keys = set(arrays.keys())
+    missing = [k for k in _ARRAY_KEYS if k not in keys]
+    if missing:
+        raise PayloadError(f"arrays missing keys {missing}")
+    extra = sorted(keys - set(_ARRAY_KEYS))
+    if extra:
+        raise PayloadError(f"arrays have unexpected keys {extra}")
+    want = {
+        "prompt_ids": np.dtype(tok_dtype),
+        "completion_ids": np.dtype(tok_dtype),
+        "prompt_offsets": np.dtype(np.int64),
+        "completion_offsets": np.dtype(np.int64),
+        "group_offsets": np.dtype(np.int64),
+        "logprobs": np.dtype(_LOGPROB_WIRE_DTYPE[lp_dtype]),
+        "rewards": np.dtype(np.float32),
+    }
+    out = {}
+    for key, dtype in want.items():
+        try:
+            value = arrays[key].numpy()
+        except Exception as e:  # a corrupt buffer must become a PayloadError, whatever numpy says
+            raise PayloadError(f"array {key!r} cannot be read: {e}") from None
+        if value.ndim != 1 or value.dtype != dtype:
+            raise PayloadError(
+                f"array {key!r} must be 1-D {dtype}, got {value.ndim}-D {value.dtype}"
+            )
+        out[key] = value
+    return out
+
+
+def _check_offsets(
+    off: np.ndarray, count: int, total: int | None, key: str, unit: str, name
+) -> None:
+    """Offsets must be count+1 long, start at 0, strictly increase (no empty unit), end at total."""
+    if len(off) != count + 1:
+        raise PayloadError(f"{key} has {len(off)} entries, expected {count + 1}")
+    if off[0] != 0:
+        raise PayloadError(f"{key} starts at {off[0]}, expected 0")
+    steps = np.diff(off)
+    if count and steps.min() <= 0:
+        i = int(np.argmax(steps <= 0))
+        raise PayloadError(
+            f"{name(i)}: {key} not strictly increasing at {i} ({off[i]} -> {off[i + 1]}):"
+            f" every {unit} needs at least one element"
+        )
+    if total is not None and off[-1] != total:
+        raise PayloadError(f"{key} ends at {off[-1]} but the data holds {total}")
+
+
+def payload_bytes(arrays: ArrayRecord, meta: ConfigRecord) -> int:
+    """Bytes of the payload as Flower carries it, protobuf framing excluded.
+
+    Counted: each Array's serialized ``.data`` buffer (npy: ~128-byte header + raw data) and its
+    key; each ConfigRecord key and value (str as UTF-8, bytes as is, int/float 8, bool 1).
+    """
+    total = sum(len(k.encode()) + len(v.data) for k, v in arrays.items())
+    for key, value in meta.items():
+        total += len(key.encode())
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, bool):
+                total += 1
+            elif isinstance(item, (int, float)):
+                total += 8
+            elif isinstance(item, str):
+                total += len(item.encode("utf-8"))
+            else:
+                total += len(item)
+    return total
+
+
+def completion_tokens(arrays: ArrayRecord) -> int:
+    """Completion tokens a payload carries, read from the record's shape (nothing decoded)."""
+    return int(np.prod(arrays["completion_ids"].shape)) if "completion_ids" in arrays else 0
+
+
+def bytes_per_completion_token(arrays: ArrayRecord, meta: ConfigRecord) -> float:
+    """payload_bytes / completion tokens carried; nan when the payload carries no tokens."""
+    tokens = completion_tokens(arrays)
+    return payload_bytes(arrays, meta) / tokens if tokens else float("nan")
+
+
+def groups_by_node(groups: list[Group]) -> dict[str, list[Group]]:
+    """Groups keyed by generator node, order kept (for redistribution and per-source stats)."""
+    out: dict[str, list[Group]] = {}
+    for g in groups:
+        out.setdefault(g.node, []).append(g)
+    return out

@@ -1,0 +1,282 @@
+"""A long-lived process per node and run that holds the Node; ClientApps reach it over a socket.
+
+Why: Flower starts a fresh ClientApp process per message in deployment and moves simulated
+clients between Ray workers every round, but a model, its optimiser state and a rollout engine
+cannot be rebuilt every round. So the first ClientApp call for a (run, node) spawns this worker
+(detached, its own session), later calls connect to it; a file lock makes sure only one is ever
+spawned. Requests travel over ``multiprocessing.connection`` on 127.0.0.1 with a random auth key
+kept in a 0600 file. The worker exits on ``finish``/``stop``, or after ``idle_timeout`` seconds
+without a request.
+
+Layout of a worker's directory ``<cache>/workers/<run>/<node>/``:
+``spec.json`` (card + experiment), ``address.json`` (host, port, pid, authkey; 0600),
+``starts.log`` (one line per process start), ``worker.log`` (its stdout/stderr), ``lock``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import logging
+import os
+import secrets
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass
+from multiprocessing.connection import Client, Listener
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+SPAWN_TIMEOUT = 120.0
+
+
+class WorkerError(RuntimeError):
+    """The node's worker failed to start or failed a request; the message says why."""
+
+
+def default_cache_dir(configured: str = "") -> Path:
+    root = configured or os.environ.get("FTIS_CACHE") or "~/.cache/ftis-flwr"
+    return Path(root).expanduser().resolve()
+
+
+def worker_dir(cache_dir: Path, run_key: str, node: str) -> Path:
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in node)
+    return Path(cache_dir) / "workers" / str(run_key) / safe
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextmanager
+def _locked(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+@dataclass
+class WorkerHandle:
+    """How to reach a running worker."""
+
+    directory: Path
+    host: str
+    port: int
+    pid: int
+    authkey: bytes
+
+    @classmethod
+    def read(cls, directory: Path) -> "WorkerHandle | None":
+        try:
+            data = json.loads((directory / "address.json").read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+        return cls(directory, data["host"], int(data["port"]), int(data["pid"]), bytes.fromhex(data["authkey"]))
+
+    def call(self, op: str, payload: Any = None) -> Any:
+        """Send one request and wait for its reply (blocking: the node may be loading)."""
+        try:
+            conn = Client((self.host, self.port), authkey=self.authkey)
+        except (OSError, EOFError) as exc:
+            raise WorkerError(f"cannot reach node worker pid {self.pid} at {self.host}:{self.port}: {exc}") from exc
+        with conn:
+            conn.send((op, payload))
+            try:
+                status, value = conn.recv()
+            except EOFError:
+                raise WorkerError(f"node worker pid {self.pid} died during {op!r}; see "
+                                  f"{self.directory / 'worker.log'}") from None
+        if status == "error":
+            raise WorkerError(f"node worker failed {op!r}: {value}")
+        return value
+
+    def alive(self) -> bool:
+        if not _pid_alive(self.pid):
+            return False
+        try:
+            self.call("ping")
+        except WorkerError:
+            return False
+        return True
+
+
+def connect_or_spawn(directory: Path, spec: dict[str, Any], *, env: dict[str, str] | None = None,
+                     timeout: float = SPAWN_TIMEOUT) -> WorkerHandle:
+    """Return the node's running worker, starting it first if there is none (one, ever)."""
+    directory = Path(directory)
+    with _locked(directory / "lock"):
+        handle = WorkerHandle.read(directory)
+        if handle is not None and handle.alive():
+            return handle
+        (directory / "address.json").unlink(missing_ok=True)
+        (directory / "spec.json").write_text(json.dumps(spec))
+        child_env = dict(os.environ)
+        child_env.update(env or {})
+        pkg_root = str(Path(__file__).resolve().parent.parent)
+        child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [pkg_root, child_env.get("PYTHONPATH", "")]))
+        with open(directory / "worker.log", "ab") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "ftis_flwr.worker", "--dir", str(directory)],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                env=child_env, start_new_session=True, cwd=str(directory))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            handle = WorkerHandle.read(directory)
+            if handle is not None and handle.pid == proc.pid:
+                return handle
+            if proc.poll() is not None:
+                tail = (directory / "worker.log").read_text(errors="replace")[-2000:]
+                raise WorkerError(f"node worker exited with code {proc.returncode} before listening:\n{tail}")
+            time.sleep(0.05)
+        proc.kill()
+        raise WorkerError(f"node worker did not start listening within {timeout:.0f} s")
+
+
+# ----------------------------------------------------------------------------- worker side
+
+
+class _Server:
+    """Serves one node's requests, one at a time, in the worker process."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.spec = json.loads((directory / "spec.json").read_text())
+        self.idle_timeout = float(self.spec.get("idle_timeout", 900.0))
+        self.last_request = time.monotonic()
+        self.busy = False
+        self.node = None
+        self.load_error: str | None = None
+
+    def _load(self):
+        from .config import card_from_dict, from_dict
+        from .node import Node
+
+        experiment = from_dict(self.spec["experiment"])
+        card = card_from_dict(self.spec["card"])
+        if card.device.startswith("cuda:"):
+            card.device = "cuda"  # CUDA_VISIBLE_DEVICES already pins the chosen GPU
+        return Node(card, experiment, cache_dir=Path(self.spec["cache_dir"]))
+
+    def _watchdog(self):
+        while True:
+            time.sleep(1.0)
+            if not self.busy and time.monotonic() - self.last_request > self.idle_timeout:
+                log.info("idle for %.0f s: exiting", self.idle_timeout)
+                self._cleanup()
+                os._exit(0)
+
+    def _cleanup(self):
+        handle = WorkerHandle.read(self.directory)
+        if handle is not None and handle.pid == os.getpid():
+            (self.directory / "address.json").unlink(missing_ok=True)
+
+    def handle(self, op: str, payload: Any) -> tuple[Any, bool]:
+        """-> (reply value, stop after replying)."""
+        if op == "ping":
+            return {"pid": os.getpid(), "ready": self.node is not None}, False
+        if op == "stop":
+            return {"pid": os.getpid()}, True
+        if self.node is None:
+            if self.load_error is None:
+                try:
+                    self.node = self._load()
+                except Exception:
+                    self.load_error = traceback.format_exc()
+            if self.load_error is not None:
+                raise WorkerError(f"the node could not be built:\n{self.load_error}")
+        if op == "step":
+            return step_from_payloads(self.node, payload), False
+        if op == "finish":
+            path = self.node.save(Path(payload["out_dir"]))
+            return {"checkpoint": str(path), "updates": self.node.updates}, True
+        raise WorkerError(f"unknown request {op!r}")
+
+    def serve(self):
+        authkey = secrets.token_bytes(32)
+        listener = Listener(("127.0.0.1", 0), authkey=authkey)
+        host, port = listener.address
+        with open(self.directory / "starts.log", "a") as fh:
+            fh.write(f"{time.time():.3f} pid={os.getpid()}\n")
+        tmp = self.directory / f"address.json.{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"host": host, "port": port, "pid": os.getpid(), "authkey": authkey.hex()}, fh)
+        os.replace(tmp, self.directory / "address.json")
+        threading.Thread(target=self._watchdog, daemon=True).start()
+        log.info("node worker pid %d listening on %s:%d", os.getpid(), host, port)
+        stop = False
+        while not stop:
+            try:
+                conn = listener.accept()
+            except Exception as exc:  # a client that failed authentication, or went away
+                log.warning("rejected a connection: %s", exc)
+                continue
+            self.busy = True
+            self.last_request = time.monotonic()
+            try:
+                with conn:
+                    op, payload = conn.recv()
+                    try:
+                        value, stop = self.handle(op, payload)
+                        conn.send(("ok", value))
+                    except Exception as exc:
+                        log.error("request %r failed:\n%s", op, traceback.format_exc())
+                        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+            except (EOFError, OSError) as exc:
+                log.warning("connection lost: %s", exc)
+            finally:
+                self.busy = False
+                self.last_request = time.monotonic()
+        self._cleanup()
+        listener.close()
+
+
+def step_from_payloads(node, payload: dict[str, Any]) -> dict[str, Any]:
+    """Decode received payloads (rejecting bad ones loudly), run the round, encode the reply."""
+    from .node import StepRequest
+    from .rollouts import PayloadError, decode_groups, encode_groups
+
+    payload = dict(payload)
+    foreign, rejected, reasons = [], {}, []
+    for src, (arrays, meta) in payload.pop("foreign_payloads", {}).items():
+        try:
+            foreign += decode_groups(arrays, meta, expected_fp=node.fingerprint,
+                                     vocab_size=node.vocab_size, wire=node.cfg.wire)
+        except PayloadError as exc:
+            rejected[src] = rejected.get(src, 0) + 1
+            reasons.append(f"payload from {src} rejected: {exc}")
+            log.warning("node %s: payload from %s rejected: %s", node.card.name, src, exc)
+    result = node.step(StepRequest(**payload, foreign=foreign, rejected=rejected))
+    arrays, meta = encode_groups(result.groups, logprob_dtype=node.cfg.wire.logprob_dtype,
+                                 vocab_size=node.vocab_size)
+    return {"arrays": arrays, "meta": meta, "metrics": result.metrics, "rejections": reasons,
+            "node": node.card.name, "model_id": node.policy.model_id}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="ftis-flwr node worker (started by the ClientApp)")
+    parser.add_argument("--dir", required=True, type=Path)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    _Server(args.dir).serve()
+
+
+if __name__ == "__main__":
+    main()

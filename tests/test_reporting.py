@@ -1,0 +1,169 @@
+"""RunReporter end to end on a hand-written sequence of rounds, in a real tmp run dir."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from ftis_flwr.reporting import (RunReporter, format_summary_table, load_events,
+                                 load_metrics)
+
+NODES = ["a", "b", "c"]  # c never evaluates
+
+
+def _node(reward, filtered=3, foreign=48, test=None, ood=None, **more):
+    m = {"reward_mean": reward, "filtered": filtered, "samples": 96, "samples_foreign": foreign,
+         "loss": 0.01, "grad_norm": 0.3, "seconds": 4.2, "b/filtered": 2, **more}
+    if test is not None:
+        m["eval/test/accuracy"] = test
+    if ood is not None:
+        m["eval/ood/accuracy"] = ood
+    return m
+
+
+# Eval every 2 rounds. Node b fails in round 4 (an eval round), so its last eval is round 6.
+ROUNDS = [
+    (1, {"a": _node(0.10), "b": _node(0.20, filtered=1), "c": _node(0.05)}),
+    (2, {"a": _node(0.30, test=0.40, ood=0.10), "b": _node(0.25, test=0.50, ood=0.30),
+         "c": _node(0.06)}),
+    (3, {"a": _node(0.35), "b": _node(float("nan")), "c": _node(0.07)}),
+    (4, {"a": _node(0.41, test=0.55, ood=0.20), "c": _node(0.08)}),
+    (5, {"a": _node(0.45), "b": _node(0.52), "c": _node(0.09, foreign=0)}),
+    (6, {"a": _node(0.50, test=0.70, ood=0.25), "b": _node(0.60, test=0.65, ood=float("inf")),
+         "c": _node(0.10)}),
+]
+SERVER = {"bytes_per_token": 8.3, "round_seconds": 5.1, "nodes_replied": 3, "nodes_failed": 0}
+
+
+def _run(tmp_path, rounds=ROUNDS, **kw):
+    lines = []
+    with RunReporter(tmp_path / "run", config={"preset": "unit", "lr": 1e-5, "nodes": NODES},
+                     node_names=NODES, num_rounds=len(rounds), **kw) as rep:
+        for r, nodes in rounds:
+            lines.append(rep.log_round(r, nodes, SERVER))
+        rep.log_event("checkpoint", node="a", path="/tmp/ckpt/a", round=6)
+        summary = rep.finish({"checkpoints": {"a": "/ckpt/a", "b": "/ckpt/b"}})
+    return lines, summary
+
+
+def test_metrics_jsonl_config_and_events(tmp_path):
+    _run(tmp_path, tensorboard=False)
+    run = tmp_path / "run"
+    assert json.loads((run / "config.json").read_text())["lr"] == 1e-5
+    rows = load_metrics(run)
+    assert [r["round"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert rows[2]["nodes"]["b"]["reward_mean"] is None  # NaN -> null
+    assert rows[5]["nodes"]["b"]["eval/ood/accuracy"] is None  # inf -> null
+    assert rows[3]["missing_nodes"] == ["b"] and "b" not in rows[3]["nodes"]
+    assert rows[0]["nodes"]["a"]["filtered"] == 3 and rows[0]["server"] == SERVER
+    assert "NaN" not in (run / "metrics.jsonl").read_text()
+    events = load_events(run)
+    assert events[0]["event"] == "checkpoint" and events[0]["path"] == "/tmp/ckpt/a"
+
+
+def test_progress_line(tmp_path):
+    lines, _ = _run(tmp_path, tensorboard=False)
+    assert lines[0] == ("round 1/6 | a: reward 0.10 filt 6% | b: reward 0.20 filt 2% | "
+                        "c: reward 0.05 filt 6% | 8.3 B/tok | 5.1 s")
+    assert "acc" not in lines[0]  # no eval this round
+    assert "a: reward 0.41 acc test 0.55 ood 0.20" in lines[3]
+    assert "b: FAILED" in lines[3]
+    assert "b: reward nan" in lines[2]
+    assert "c: reward 0.09 |" in lines[4]  # samples_foreign == 0: no filter percentage
+
+
+def test_summary_numbers_and_files(tmp_path):
+    _, s = _run(tmp_path, tensorboard=False)
+    assert s.rounds == 6 and s.splits == ["test", "ood"]
+    a, b, c = (s.accuracy[n] for n in NODES)
+    assert (a["test"].first, a["test"].last) == (0.40, 0.70)
+    assert (a["test"].first_round, a["test"].last_round) == (2, 6)
+    assert a["test"].delta == pytest.approx(30.0)
+    assert (b["test"].first, b["test"].last, b["test"].last_round) == (0.50, 0.65, 6)
+    assert (b["ood"].first, b["ood"].last, b["ood"].last_round) == (0.30, 0.30, 2)  # inf skipped
+    assert c["test"].first is None and c["test"].delta is None
+    assert s.mean_delta["test"] == pytest.approx((30.0 + 15.0) / 2)
+    assert s.mean_last["ood"] == pytest.approx((0.25 + 0.30) / 2)
+    assert s.reward["b"].last == 0.60 and s.reward["c"].first == 0.05
+
+    run = tmp_path / "run"
+    data = json.loads((run / "summary.json").read_text())
+    assert data["accuracy"]["a"]["test"]["last"] == 0.70
+    assert data["accuracy"]["c"]["ood"]["first"] is None
+    assert data["mean"]["test"]["delta_points"] == pytest.approx(22.5)
+    assert data["checkpoints"] == {"a": "/ckpt/a", "b": "/ckpt/b"}
+    md = (run / "summary.md").read_text()
+    assert md.endswith(format_summary_table(s))
+    assert "| a | test | 0.400 (r2) | 0.700 (r6) | +30.0 |" in md
+    assert "| c | test | n/a | n/a | n/a |" in md
+    assert "| **mean** | test | 0.450 | 0.675 | +22.5 |" in md
+    assert "- b: `/ckpt/b`" in md
+
+    png = (run / "plot.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5_000
+
+
+def test_tensorboard_event_files(tmp_path):
+    pytest.importorskip("torch.utils.tensorboard")
+    _, s = _run(tmp_path)
+    tb = s.paths["tensorboard"]
+    files = list(tb.glob("events.out.tfevents.*"))
+    assert files and files[0].stat().st_size > 0
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(tb)).Reload()
+    assert [e.value for e in acc.Scalars("a/reward_mean")] == pytest.approx(
+        [0.10, 0.30, 0.35, 0.41, 0.45, 0.50])
+    assert [e.step for e in acc.Scalars("b/eval/test/accuracy")] == [2, 6]
+    assert "server/bytes_per_token" in acc.Tags()["scalars"]
+
+
+def test_zero_rounds_and_no_eval(tmp_path):
+    _, s = _run(tmp_path, rounds=[], tensorboard=False)
+    assert s.rounds == 0 and s.splits == [] and s.mean_delta == {}
+    assert load_metrics(tmp_path / "run") == []
+    assert "No evaluation was recorded." in (tmp_path / "run" / "summary.md").read_text()
+    assert (tmp_path / "run" / "plot.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bad_input_and_lifecycle(tmp_path):
+    rep = RunReporter(tmp_path / "r", config={}, node_names=["a"], tensorboard=False)
+    with pytest.raises(ValueError, match="unknown nodes \\['z'\\]"):
+        rep.log_round(1, {"z": {}}, {})
+    with pytest.raises(TypeError, match="'reward_mean'"):
+        rep.log_round(1, {"a": {"reward_mean": "high"}}, {})
+    assert rep.log_round(1, {"a": {"reward_mean": 1}}, {}) == "round 1 | a: reward 1.00"
+    with pytest.raises(ValueError, match="not after"):
+        rep.log_round(1, {"a": {}}, {})
+    rep.close()
+    with pytest.raises(RuntimeError, match="after finish"):
+        rep.log_round(2, {"a": {}}, {})
+    with pytest.raises(FileExistsError):
+        RunReporter(tmp_path / "r", config={}, node_names=["a"], tensorboard=False)
+    RunReporter(tmp_path / "r", config={}, node_names=["a"], tensorboard=False,
+                overwrite=True).close()
+    assert load_metrics(tmp_path / "r") == []
+
+
+def test_context_manager_closes_on_exception(tmp_path):
+    with pytest.raises(KeyError):
+        with RunReporter(tmp_path / "r", config={}, node_names=["a"], tensorboard=False) as rep:
+            rep.log_round(1, {"a": {"reward_mean": math.nan}}, {})
+            raise KeyError("boom")
+    assert rep._metrics.closed and rep._events.closed
+    assert load_metrics(tmp_path / "r")[0]["nodes"]["a"]["reward_mean"] is None
+
+
+def test_runs_without_tensorboard_and_warns_once(tmp_path, monkeypatch):
+    import sys
+
+    import ftis_flwr.reporting as reporting
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import now fails
+    monkeypatch.setattr(reporting, "_TB_WARNED", False)
+    with pytest.warns(UserWarning, match="TensorBoard unavailable"):
+        _, s = _run(tmp_path / "one")
+    assert "tensorboard" not in s.paths and (tmp_path / "one" / "run" / "plot.png").exists()
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _run(tmp_path / "two")  # second reporter: no second warning
