@@ -57,7 +57,17 @@ def run(grid: Grid, experiment, *, connect_timeout: float = 120.0) -> Path:
     return run_dir
 
 
+def _log_to_console() -> None:
+    """Our warnings and info on stderr, without raising every library's log level."""
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    logging.basicConfig(level=logging.INFO)
+    _log_to_console()
     run(grid, experiment_from_run_config(dict(context.run_config)))

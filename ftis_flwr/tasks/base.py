@@ -1,0 +1,101 @@
+"""What every task offers the rest of the system: problems by split, by id and by train index.
+
+The strategy only ever sends integers (train indices) or problem ids over the wire, so every
+node must map an index to the *same* problem: :meth:`Task.train_problem` reads the train split
+through a fixed, seeded permutation built with Python's ``random`` (identical on every machine).
+Problems are loaded lazily on first use, so constructing a task never reads a file or the hub.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One verifiable problem: ``id`` is ``"<split>:<index>"``, ``gold`` the reference answer."""
+
+    id: str
+    question: str
+    gold: str
+
+
+class Task:
+    """Base class of the prompt sources; subclasses implement :meth:`_load_split`.
+
+    Class attributes a subclass sets: ``name``, ``eval_splits`` (the splits evaluated, in
+    reporting order) and ``max_new_tokens`` (a completion-length hint for the engines).
+    """
+
+    name: str = "task"
+    train_split: str = "train"
+    eval_splits: tuple[str, ...] = ()
+    max_new_tokens: int = 640
+    shuffle_seed: int = 0
+    """Seed of the train-index permutation (subclasses derive it from their config)."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, list[Problem]] = {}
+        self._order: list[int] | None = None
+
+    # -- to implement -------------------------------------------------------------------------
+
+    def _load_split(self, split: str) -> list[Problem]:
+        raise NotImplementedError
+
+    def reward(self, completion_text: str, problem: Problem) -> float:
+        """Verifiable reward of a decoded completion (1.0 correct, 0.0 otherwise)."""
+        raise NotImplementedError
+
+    def prompt_text(self, problem: Problem, tokenizer: Any) -> str:
+        """The text a model is conditioned on (before tokenisation)."""
+        raise NotImplementedError
+
+    # -- shared -------------------------------------------------------------------------------
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        """The train split followed by the evaluation splits."""
+        return (self.train_split, *[s for s in self.eval_splits if s != self.train_split])
+
+    def problems(self, split: str) -> list[Problem]:
+        """All problems of ``split`` (a list you must not mutate: it is cached)."""
+        if split not in self.splits:
+            raise KeyError(f"task {self.name!r} has no split {split!r}; "
+                           f"splits are: {', '.join(self.splits)}")
+        if split not in self._cache:
+            problems = self._load_split(split)
+            if not problems:
+                raise ValueError(f"task {self.name!r}: split {split!r} is empty")
+            self._cache[split] = problems
+        return self._cache[split]
+
+    def problem(self, problem_id: str) -> Problem:
+        """The problem with id ``"<split>:<index>"``; KeyError naming the id otherwise."""
+        split, sep, index = str(problem_id).rpartition(":")
+        if not sep or split not in self.splits:
+            raise KeyError(f"task {self.name!r}: bad problem id {problem_id!r}; ids look like "
+                           f"'<split>:<index>' with split one of {', '.join(self.splits)}")
+        problems = self.problems(split)
+        try:
+            i = int(index)
+        except ValueError:
+            i = -1
+        if not 0 <= i < len(problems) or index != str(i):
+            raise KeyError(f"task {self.name!r}: no problem {problem_id!r}; split {split!r} has "
+                           f"indices 0..{len(problems) - 1}")
+        return problems[i]
+
+    def train_problem(self, index: int) -> Problem:
+        """Train problem number ``index`` (taken modulo the train size) of a fixed shuffle."""
+        train = self.problems(self.train_split)
+        if self._order is None:
+            order = list(range(len(train)))
+            random.Random(self.shuffle_seed).shuffle(order)
+            self._order = order
+        return train[self._order[int(index) % len(train)]]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, splits={self.splits})"

@@ -1,0 +1,97 @@
+"""`flwr run .` with the real pyproject: the path users take, against a SuperLink this test owns."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ftis_flwr.reporting import load_metrics
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parent.parent
+
+FEDERATION = """
+rounds: {num_rounds: 1, prompts_per_node: 4, eval_size: 16}
+rollout: {group_size: 4, max_new_tokens: 6}
+nodes:
+  - {name: small, tiny_size: small, warmstart_steps: 20, seed: 1}
+  - {name: large, tiny_size: large, warmstart_steps: 20, seed: 2}
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_http(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"flower-superlink exited with code {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.3)
+    raise TimeoutError("flower-superlink did not start listening")
+
+
+@pytest.fixture
+def superlink(tmp_path):
+    """A local simulation SuperLink on free ports, stopped by its pid afterwards."""
+    http, control = _free_port(), _free_port()
+    env = dict(os.environ, FLWR_HOME=str(tmp_path / "flwr-home"),
+               FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(http), FLWR_LOCAL_CONTROL_API_PORT=str(control),
+               FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
+    bindir = Path(sys.executable).parent
+    proc = subprocess.Popen(
+        [str(bindir / "flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess",
+         "--control-api-address", f"127.0.0.1:{control}", "--host", "127.0.0.1", "--port", str(http),
+         "--disable-runtime-dependency-installation", "--log-file", str(tmp_path / "superlink.log")],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        _wait_http(http, proc)
+        yield env
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # the SuperLink and the simulation process it started
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_flwr_run_with_the_real_pyproject(tmp_path, superlink):
+    config = tmp_path / "tiny.yaml"
+    config.write_text(FEDERATION)
+    cache, runs = tmp_path / "cache", tmp_path / "runs"
+    bindir = Path(sys.executable).parent
+    cmd = [str(bindir / "flwr"), "run", ".", "--stream",
+           "--federation-config", "num-supernodes=2 client-resources-num-cpus=1",
+           "--run-config", f"config-file='{config}' cache-dir='{cache}' run-dir='{runs}'"]
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, env=superlink, capture_output=True, text=True, timeout=600)
+    finally:
+        for address in cache.glob("workers/*/*/address.json"):
+            try:
+                os.kill(json.loads(address.read_text())["pid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    run_dirs = list(runs.glob("*"))
+    assert len(run_dirs) == 1, out[-4000:]
+    rounds = load_metrics(run_dirs[0])
+    assert [r["round"] for r in rounds] == [0, 1]
+    assert rounds[1]["nodes"]["small"]["samples_foreign"] == 16
+    assert "round 1/1" in out
+    summary = json.loads((run_dirs[0] / "summary.json").read_text())
+    assert set(summary["checkpoints"]) == {"small", "large"}

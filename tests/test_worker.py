@@ -1,0 +1,106 @@
+"""The long-lived node worker: one process per (run, node), reached over an authenticated socket."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from multiprocessing.connection import Client
+
+import pytest
+
+from ftis_flwr.config import load_experiment, to_dict
+from ftis_flwr.worker import WorkerError, WorkerHandle, connect_or_spawn, worker_dir
+
+
+def _spec(tmp_path, idle=60.0, **card_overrides):
+    exp = load_experiment(overrides={"cache_dir": str(tmp_path / "cache")})
+    card = to_dict(exp.nodes[0])
+    card.update(card_overrides)
+    return {"card": card, "experiment": to_dict(exp), "cache_dir": str(tmp_path / "cache"),
+            "idle_timeout": idle}
+
+
+def _wait_dead(pid, timeout=15.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        try:  # reap if it is our child
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        time.sleep(0.1)
+    return False
+
+
+@pytest.fixture
+def workers():
+    pids = []
+    yield pids
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+_CONNECT = """
+import json, sys
+from ftis_flwr.worker import connect_or_spawn
+h = connect_or_spawn(sys.argv[1], json.loads(sys.argv[2]))
+print(h.pid)
+"""
+
+
+def test_concurrent_clients_share_one_worker(tmp_path, workers):
+    d = worker_dir(tmp_path / "cache", "run1", "a")
+    spec = json.dumps(_spec(tmp_path))
+    procs = [subprocess.Popen([sys.executable, "-c", _CONNECT, str(d), spec], stdout=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    pids = {int(p.communicate(timeout=60)[0].strip()) for p in procs}
+    workers.extend(pids)
+    assert len(pids) == 1, f"more than one worker started: {pids}"
+    assert (d / "starts.log").read_text().count("\n") == 1
+    assert oct((d / "address.json").stat().st_mode & 0o777) == "0o600"
+    handle = WorkerHandle.read(d)
+    assert handle.call("ping")["pid"] == handle.pid
+    assert handle.call("stop")["pid"] == handle.pid
+    assert _wait_dead(handle.pid)
+    assert not (d / "address.json").exists()
+
+
+def test_wrong_authkey_is_refused_and_worker_survives(tmp_path, workers):
+    d = worker_dir(tmp_path / "cache", "run2", "a")
+    handle = connect_or_spawn(d, _spec(tmp_path))
+    workers.append(handle.pid)
+    from multiprocessing import AuthenticationError
+
+    with pytest.raises((AuthenticationError, EOFError, ConnectionError)):
+        Client((handle.host, handle.port), authkey=b"not the key")
+    assert handle.call("ping")["pid"] == handle.pid
+
+
+def test_idle_timeout_stops_worker_and_next_call_respawns(tmp_path, workers):
+    d = worker_dir(tmp_path / "cache", "run3", "a")
+    first = connect_or_spawn(d, _spec(tmp_path, idle=1.0))
+    workers.append(first.pid)
+    assert _wait_dead(first.pid)
+    second = connect_or_spawn(d, _spec(tmp_path, idle=60.0))
+    workers.append(second.pid)
+    assert second.pid != first.pid
+    assert (d / "starts.log").read_text().count("\n") == 2
+
+
+def test_node_that_cannot_be_built_reports_why(tmp_path, workers):
+    d = worker_dir(tmp_path / "cache", "run4", "a")
+    spec = _spec(tmp_path, source=str(tmp_path / "no-such-model-dir"))
+    handle = connect_or_spawn(d, spec)
+    workers.append(handle.pid)
+    with pytest.raises(WorkerError, match="could not be built"):
+        handle.call("step", {"round": 0, "num_rounds": 1, "prompt_indices": [], "group_size": 2,
+                             "evaluate": False, "foreign_payloads": {}})
+    assert handle.call("ping")["ready"] is False  # alive, still answering
