@@ -2,8 +2,10 @@
 
     PYTHONPATH=. python benchmarks/warmstart.py --size small --ops +- --seeds 0,1,2
 
-Prints one line per evaluation: step, training seconds so far (evaluation excluded), steps/s,
-greedy exact match on ``test`` and ``ood`` overall and per operation. No caching, no files.
+Trains one model per seed exactly as ``models.warm_start`` would (same recipe and early stop at
+``models.WARMSTART_TARGET``, but nothing cached) and prints steps run, training seconds, steps/s
+and greedy exact match on ``test`` and ``ood``, overall and per operation. ``--eval-every N``
+adds greedy evaluations along the way (not counted in the training time).
 """
 
 from __future__ import annotations

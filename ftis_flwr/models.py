@@ -293,6 +293,9 @@ def warm_start(card: ModelCard, task: ArithmeticTask, cache_dir: Path | None = N
             model.save_pretrained(tmp)
             tok.save_pretrained(tmp)
             (tmp / MARKER).write_text(json.dumps(report, indent=1))
+            log.info("warm-started %s: %d steps in %.1fs, check exact match %.3f%s", final.name,
+                     report["steps_run"], report["seconds"], report["train_exact_match"],
+                     "" if report["reached_target"] else " (target not reached)")
             if final.exists():  # a leftover without marker: never complete, safe to replace
                 shutil.rmtree(final)
             os.rename(tmp, final)
@@ -317,13 +320,11 @@ class Policy:
     """Where the base weights came from (warm-start dir, local dir or hub id): for save/reload."""
 
 
-def _model_id(card: ModelCard, base_desc: str) -> str:
-    ident = {"source": card.source, "dtype": card.dtype, "seed": card.seed, "lora": card.lora}
-    if card.source == "tiny":
-        ident.update(size=card.tiny_size, ops=card.warmstart_ops, steps=card.warmstart_steps)
-    if card.lora:
-        ident["lora_config"] = asdict(card.lora_config)
-    return f"{card.name}:{base_desc}:{_digest(ident)[:10]}"
+def _model_id(card: ModelCard, desc: str, base: str) -> str:
+    """``name:source-description:hash`` over everything that makes this card's starting model."""
+    ident = {"source": card.source, "base": base if card.source == "tiny" else "", "dtype": card.dtype,
+             "lora": asdict(card.lora_config) if card.lora else None}
+    return f"{card.name}:{desc}:{_digest(ident)[:10]}"
 
 
 def _load_base(source: str, dtype: torch.dtype) -> tuple[Any, Any]:
@@ -345,7 +346,7 @@ def load_policy(card: ModelCard, *, task: Any = None, cache_dir: Path | None = N
         raise ValueError(f"dtype {card.dtype!r} is not one of {', '.join(_DTYPES)}")
     if card.source == "tiny":
         base = warm_start(card, task, cache_dir)
-        desc = f"tiny-{card.tiny_size}-{card.warmstart_ops}-{card.warmstart_steps}"
+        desc = "tiny-" + base.name.rsplit("-", 1)[0]  # e.g. tiny-small-addsub-2500steps-seed0
     else:
         local = Path(card.source).expanduser()
         base, desc = (local if local.is_dir() else card.source), card.source
@@ -368,7 +369,7 @@ def load_policy(card: ModelCard, *, task: Any = None, cache_dir: Path | None = N
         log.warning("node %s: LoRA r=%d trains %d of %d params; lower lora_config.r for this model",
                     card.name, card.lora_config.r, trainable, total)
     return Policy(model=model, tokenizer=tok, trainable_params=trainable, total_params=total,
-                  model_id=_model_id(card, desc), base=str(base))
+                  model_id=_model_id(card, desc, Path(base).name), base=str(base))
 
 
 _README = """Saved by ftis-flwr ({kind}); model id {model_id}.

@@ -4,9 +4,14 @@ Problems are generated deterministically from ``TaskConfig.seed`` (no files, no 
 
 - ``train``: 2-digit ``a+b`` and ``a-b`` (a >= b, so no negative results), balanced by operation;
 - ``test``: held-out problems of the same kind, disjoint from ``train`` (in-distribution);
-- ``ood``: one 1-digit and one 2-digit operand (``7+48=``, ``48+7=``, ``48-7=``), never seen in
-  warm-start or training. A model warm-started on 2-digit problems only gets part of these right
-  (measured in ``benchmarks/warmstart.py``), which is the role MATH-500 plays for GSM8K.
+- ``ood``: one operand below 10, written with a leading zero (``07+48=``, ``48+07=``, ``48-07=``):
+  the same 6-character shape, but a leading 0 never occurs in warm-start or training. This is
+  the role MATH-500 plays for GSM8K, at tiny scale: warm-started small models (~70% on ``test``)
+  score 0-9% here depending on the seed (``benchmarks/warmstart.py``); it only moves through
+  generalisation. Unpadded ``7+48=``, negative results and a held-out operand range scored ~0%
+  in calibration runs, so they were not used.
+
+Sizes: train 7690 (3845 per operation), test 500 and ood 500 (250 per operation).
 
 The prompt is the raw question (``"37+48="``), the completion the answer then EOS (``"85"``), and
 the reward exact match (``rewards.arithmetic_reward``).

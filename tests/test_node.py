@@ -1,0 +1,123 @@
+"""A Node without Flower: rounds of train + generate on real tiny models, modes and rejections."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from ftis_flwr.config import load_experiment
+from ftis_flwr.node import Node, StepRequest
+
+YAML = """
+rounds: {num_rounds: 3, prompts_per_node: 4, eval_size: 8}
+rollout: {group_size: 4, max_new_tokens: 6}
+train: {lr: 1e-3, micro_batch_size: 8}
+nodes:
+  - {name: a, tiny_size: small, warmstart_steps: 60, seed: 1}
+  - {name: b, tiny_size: small, warmstart_steps: 60, seed: 2}
+"""
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("node-cache")
+
+
+def _nodes(cache, **overrides):
+    exp = load_experiment(yaml_text=YAML, overrides={"cache_dir": str(cache), **overrides})
+    return exp, Node(exp.nodes[0], exp, cache_dir=cache), Node(exp.nodes[1], exp, cache_dir=cache)
+
+
+def _params(node):
+    return [p.detach().clone() for p in node.params]
+
+
+def test_round_zero_generates_groups_of_own_log_probs(cache):
+    exp, a, _ = _nodes(cache)
+    res = a.step(StepRequest(0, 3, [0, 1, 2], 4, evaluate=True))
+    assert [g.prompt_id for g in res.groups] == [a.task.train_problem(i).id for i in (0, 1, 2)]
+    for g in res.groups:
+        assert g.size == 4 and g.node == "a" and g.tokenizer_fp == a.fingerprint
+        for c, lp in zip(g.completions, g.logprobs):
+            assert len(c) == len(lp) and np.all(lp <= 0)
+    assert "eval/test/accuracy" in res.metrics and "eval/ood/accuracy" in res.metrics
+    assert "samples" not in res.metrics  # nothing to train on in round 0
+
+
+def test_vertical_round_trains_on_own_and_foreign(cache):
+    _, a, b = _nodes(cache)
+    ga = a.step(StepRequest(0, 3, [0, 1], 4, False)).groups
+    gb = b.step(StepRequest(0, 3, [2, 3], 4, False)).groups
+    before = _params(a)
+    m = a.step(StepRequest(1, 3, [4, 5], 4, False, foreign=gb)).metrics
+    assert m["samples_own"] == 8 and m["samples_foreign"] == 8 and m["b/samples"] == 8
+    assert m["kl_mean_own"] < 1e-4  # own samples are exactly on-policy
+    if m["samples_effective"] > 0:   # some group had differing rewards: the weights must move
+        assert any(not torch.equal(p, q) for p, q in zip(before, a.params))
+    assert len(a.pending) == 2 and a.updates == 1
+
+
+def test_rewards_are_recomputed_not_trusted(cache):
+    _, a, b = _nodes(cache)
+    a.step(StepRequest(0, 3, [], 4, False))
+    gb = b.step(StepRequest(0, 3, [0, 1, 2, 3], 4, False)).groups
+    honest = [a._rewards(g) for g in gb]
+    inflated = [dataclasses.replace(g, rewards=np.ones_like(g.rewards)) for g in gb]
+    assert [a._rewards(g).tolist() for g in inflated] == [r.tolist() for r in honest]
+    m = a.step(StepRequest(1, 3, [], 4, False, foreign=inflated)).metrics
+    assert m["train_reward_foreign"] == pytest.approx(float(np.mean(np.concatenate(honest))))
+
+
+def test_group_with_foreign_prompt_tokens_is_rejected_and_counted(cache):
+    _, a, b = _nodes(cache)
+    gb = b.step(StepRequest(0, 3, [0, 1], 4, False)).groups
+    bad = dataclasses.replace(gb[0], prompt_tokens=gb[1].prompt_tokens)
+    unknown = dataclasses.replace(gb[1], prompt_id="train:999999999")
+    m = a.step(StepRequest(1, 3, [], 4, False, foreign=[bad, unknown])).metrics
+    assert m["b/groups_rejected"] == 2
+    assert "samples" not in m  # nothing usable, nothing trained, nothing silently dropped
+
+
+def test_alone_ignores_foreign_groups_and_says_so(cache):
+    _, a, b = _nodes(cache, **{"advantage.mode": "alone"})
+    a.step(StepRequest(0, 3, [0], 4, False))
+    gb = b.step(StepRequest(0, 3, [1], 4, False)).groups
+    m = a.step(StepRequest(1, 3, [], 4, False, foreign=gb)).metrics
+    assert m["samples_foreign"] == 0 and m["foreign_ignored_alone"] == 4
+
+
+def _crafted(node, index, answers, name):
+    """A group whose completions are the given answer strings (rewards follow from the text)."""
+    from ftis_flwr.rollouts import Group
+
+    problem = node.task.train_problem(index)
+    comps = [np.asarray(node.tokenizer(t, add_special_tokens=False)["input_ids"] + [node.tokenizer.eos_token_id])
+             for t in answers]
+    return Group(prompt_id=problem.id, prompt_tokens=node._prompt_tokens(problem), completions=comps,
+                 logprobs=[np.full(len(c), -0.5, dtype=np.float32) for c in comps],
+                 rewards=np.zeros(len(comps), dtype=np.float32), node=name,
+                 model_id=f"{name}:crafted", tokenizer_fp=node.fingerprint), problem.gold
+
+
+def test_horizontal_pools_the_same_prompt_across_nodes(cache):
+    _, a, b = _nodes(cache, **{"advantage.mode": "horizontal"})
+    ga = a.step(StepRequest(0, 3, [0, 1], 2, False)).groups
+    gb = b.step(StepRequest(0, 3, [0, 1], 2, False)).groups
+    assert [g.prompt_id for g in ga] == [g.prompt_id for g in gb]  # same prompts, G/m each
+    # prompt 0: a right twice, b wrong twice -> only the pooled group has reward variance
+    gold0 = a.task.train_problem(0).gold
+    a.pending = [_crafted(a, 0, [gold0, gold0], "a")[0], _crafted(a, 1, ["x", "y"], "a")[0]]
+    foreign = [_crafted(a, 0, ["x", "y"], "b")[0], _crafted(a, 1, ["x", "y"], "b")[0]]
+    m = a.step(StepRequest(1, 3, [], 2, False, foreign=foreign)).metrics
+    assert m["samples"] == 8
+    assert m["frac_zero_std_groups"] == pytest.approx(0.5)  # unpooled it would be 1.0
+    assert m["positive_advantage"] == 2 and m["negative_advantage"] == 2
+
+
+def test_vertical_does_not_pool_across_nodes(cache):
+    _, a, _ = _nodes(cache)
+    gold0 = a.task.train_problem(0).gold
+    a.pending = [_crafted(a, 0, [gold0, gold0], "a")[0]]
+    m = a.step(StepRequest(1, 3, [], 4, False, foreign=[_crafted(a, 0, ["x", "y"], "b")[0]])).metrics
+    assert m["frac_zero_std_groups"] == 1.0 and m["zero_advantage"] == 4

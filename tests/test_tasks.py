@@ -1,0 +1,199 @@
+"""Tasks: generated arithmetic splits, GSM8K/MATH JSONL loading, ids and the train shuffle."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from ftis_flwr.config import TaskConfig
+from ftis_flwr.models import build_char_tokenizer
+from ftis_flwr.tasks import ArithmeticTask, MathTask, Problem, load_jsonl, make_task, op_of
+from ftis_flwr.tasks.gsm8k import chat_prompt
+
+SHARED = Path("/work/shared/data")
+
+
+def _eval(question: str) -> int:
+    m = re.fullmatch(r"(\d\d)([+-])(\d\d)=", question)
+    assert m, question
+    a, op, b = int(m[1]), m[2], int(m[3])
+    return a + b if op == "+" else a - b
+
+
+# ------------------------------------------------------------------------------ arithmetic
+
+@pytest.fixture(scope="module")
+def arith() -> ArithmeticTask:
+    return ArithmeticTask(seed=1234)
+
+
+def test_arithmetic_splits_are_disjoint_and_golds_correct(arith):
+    questions = {s: [p.question for p in arith.problems(s)] for s in arith.splits}
+    assert arith.splits == ("train", "test", "ood")
+    for s, qs in questions.items():
+        assert len(set(qs)) == len(qs), f"duplicates in {s}"
+    assert not set(questions["train"]) & set(questions["test"])
+    assert not set(questions["train"]) & set(questions["ood"])
+    assert not set(questions["test"]) & set(questions["ood"])
+    for s in arith.splits:
+        for p in arith.problems(s):
+            assert int(p.gold) == _eval(p.question) >= 0
+            assert p.gold == str(int(p.gold))  # no leading zeros in answers
+    # in-distribution: two 2-digit operands; ood: one operand below 10 (written "0d")
+    assert all(not re.search(r"(^|[+-])0", q) for q in questions["train"] + questions["test"])
+    assert all(re.search(r"(^|[+-])0\d", q) for q in questions["ood"])
+    for s in arith.splits:  # both operations in every split
+        assert {op_of(p) for p in arith.problems(s)} == {"+", "-"}
+
+
+def test_arithmetic_is_deterministic_and_seeded(arith):
+    again = ArithmeticTask(seed=1234)
+    for s in arith.splits:
+        assert again.problems(s) == arith.problems(s)
+    other = ArithmeticTask(seed=99)
+    assert other.problems("test") != arith.problems("test")
+    assert [again.train_problem(i) for i in range(50)] == [arith.train_problem(i) for i in range(50)]
+
+
+def test_train_problem_index_is_modulo_a_shuffle(arith):
+    n = len(arith.problems("train"))
+    assert arith.train_problem(3) == arith.train_problem(3 + n) == arith.train_problem(3 + 5 * n)
+    first = [arith.train_problem(i) for i in range(n)]
+    assert sorted(p.id for p in first) == sorted(p.id for p in arith.problems("train"))
+    assert [p.id for p in first[:20]] != [p.id for p in arith.problems("train")[:20]]
+
+
+def test_problem_lookup_and_unknown_ids(arith):
+    p = arith.problems("test")[7]
+    assert arith.problem("test:7") == p and p.id == "test:7"
+    n = len(arith.problems("test"))
+    for bad in (f"test:{n}", "test:-1", "test:x", "test:07", "nosplit:1", "17"):
+        with pytest.raises(KeyError, match=re.escape(bad)):
+            arith.problem(bad)
+    with pytest.raises(KeyError, match=f"0..{n - 1}"):
+        arith.problem(f"test:{n}")
+    with pytest.raises(KeyError, match="train, test, ood"):
+        arith.problems("validation")
+
+
+def test_warmstart_data_restricted_to_ops_and_train(arith):
+    train_ids = {p.id for p in arith.problems("train")}
+    add, sub, both = (arith.warmstart_problems(o) for o in ("+", "-", "+-"))
+    assert {op_of(p) for p in add} == {"+"} and {op_of(p) for p in sub} == {"-"}
+    assert len(add) + len(sub) == len(both) == len(train_ids)
+    assert {p.id for p in both} == train_ids
+    for bad in ("", "*", "+x"):
+        with pytest.raises(ValueError, match="ops"):
+            arith.warmstart_problems(bad)
+
+
+def test_arithmetic_prompt_and_reward(arith):
+    p = arith.problems("test")[0]
+    assert arith.prompt_text(p, build_char_tokenizer()) == p.question
+    assert arith.reward(p.gold, p) == 1.0
+    assert arith.reward(p.gold + "1", p) == 0.0
+    assert arith.max_new_tokens >= 4
+
+
+def test_make_task():
+    assert isinstance(make_task(TaskConfig()), ArithmeticTask)
+    assert make_task(TaskConfig(seed=7)).seed == 7
+    assert isinstance(make_task(TaskConfig(name="gsm8k")), MathTask)
+    assert make_task(TaskConfig(name="math500")).eval_splits[0] == "math500"
+    with pytest.raises(ValueError, match="arithmetic, gsm8k, math500"):
+        make_task(TaskConfig(name="mnist"))
+
+
+# ------------------------------------------------------------------------------ gsm8k / math
+
+GSM_ROWS = [
+    {"question": "tom has 3 apples and buys 4 more. how many?", "answer": "3+4=7\n#### 7"},
+    {"question": "a box holds 1,200 pins; how many in 2 boxes?", "answer": "so\n#### 2,400"},
+]
+MATH_ROWS = [{"problem": "what is $\\frac{1}{2}+\\frac{1}{4}$?", "answer": "\\frac{3}{4}",
+              "solution": "...", "level": 1}]
+
+
+def _write(path: Path, rows, extra: str = "") -> Path:
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n" + extra)
+    return path
+
+
+def test_jsonl_gsm8k_and_math_rows(tmp_path):
+    gsm = load_jsonl(_write(tmp_path / "g.jsonl", GSM_ROWS, extra="\n\n"), "train")
+    assert gsm == [Problem("train:0", GSM_ROWS[0]["question"], "7"),
+                   Problem("train:1", GSM_ROWS[1]["question"], "2400")]
+    math = load_jsonl(_write(tmp_path / "m.jsonl", MATH_ROWS), "math500")
+    assert math == [Problem("math500:0", MATH_ROWS[0]["problem"], "\\frac{3}{4}")]
+
+
+@pytest.mark.parametrize("line, match", [
+    ("{not json", "invalid JSON"),
+    ('{"question": "q", "answer": "no marker"}', "####"),
+    ('{"text": "q"}', "'question'\\+'answer'"),
+    ('["a", "b"]', "JSON object"),
+])
+def test_jsonl_bad_rows_name_file_and_line(tmp_path, line, match):
+    path = _write(tmp_path / "bad.jsonl", GSM_ROWS, extra=line + "\n")
+    with pytest.raises(ValueError, match=match) as err:
+        load_jsonl(path, "train")
+    assert f"{path}: line 3" in str(err.value)
+
+
+def test_missing_and_empty_files(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+        load_jsonl(tmp_path / "nope.jsonl", "train")
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(ValueError, match="no rows"):
+        load_jsonl(tmp_path / "empty.jsonl", "train")
+    task = make_task(TaskConfig(name="gsm8k", train_path=str(tmp_path / "gone.jsonl"),
+                                eval_paths={"test": str(tmp_path / "gone.jsonl")}))
+    with pytest.raises(FileNotFoundError, match="gone.jsonl"):
+        task.train_problem(0)
+
+
+def test_math_task_from_local_files(tmp_path):
+    train = _write(tmp_path / "train.jsonl", GSM_ROWS)
+    math = _write(tmp_path / "math.jsonl", MATH_ROWS)
+    task = make_task(TaskConfig(name="gsm8k", train_path=str(train),
+                                eval_paths={"test": str(train), "math500": str(math)}, seed=3))
+    assert task.splits == ("train", "test", "math500")
+    assert task.problem("math500:0").gold == "\\frac{3}{4}"
+    assert {task.train_problem(i).id for i in range(4)} == {"train:0", "train:1"}
+    assert task.train_problem(0) == task.train_problem(2)
+    with pytest.raises(KeyError, match="math500:1"):
+        task.problem("math500:1")
+    p = task.problem("train:0")
+    assert task.reward("<think>3 and 4</think><answer>7</answer>", p) == 1.0
+    assert task.reward("<think>3 and 4</think><answer>8</answer>", p) == 0.0
+    assert task.reward("7", p) == 0.0  # strict format
+    with pytest.raises(ValueError, match="reserved"):
+        MathTask("gsm8k", str(train), {"train": str(train)})
+
+
+def test_math_prompt_uses_chat_template_with_system_prompt():
+    from ftis_flwr.rewards import SYSTEM_PROMPT
+
+    tok = build_char_tokenizer()
+    plain = chat_prompt("what is 2+2?", tok)  # no template: plain-text fallback
+    assert plain.startswith(SYSTEM_PROMPT) and "what is 2+2?" in plain
+    tok.chat_template = ("{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}\n{% endfor %}"
+                         "{% if add_generation_prompt %}[assistant]{% endif %}")
+    text = chat_prompt("what is 2+2?", tok)
+    assert text == f"[system]{SYSTEM_PROMPT}\n[user]what is 2+2?\n[assistant]"
+
+
+@pytest.mark.parametrize("name, rows", [("gsm8k_train.jsonl", 7473), ("gsm8k_test.jsonl", 1319),
+                                        ("math500_test.jsonl", 500)])
+def test_shared_data_files(name, rows):
+    path = SHARED / name
+    if not path.is_file():
+        pytest.skip(f"{path} not present (optional real data; the project does not need it)")
+    problems = load_jsonl(path, "x")
+    assert len(problems) == rows
+    assert all(p.gold and p.question for p in problems)
+    if name.startswith("gsm8k"):
+        assert all(re.fullmatch(r"-?[\d.]+", p.gold) for p in problems)
