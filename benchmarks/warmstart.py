@@ -3,7 +3,7 @@
     PYTHONPATH=. python benchmarks/warmstart.py --size small --ops +- --seeds 0,1,2
 
 Trains one model per seed exactly as ``models.warm_start`` would (same recipe and early stop at
-``models.WARMSTART_TARGET``, but nothing cached) and prints steps run, training seconds, steps/s
+``ModelCard.warmstart_target``, but nothing cached) and prints steps run, training seconds, steps/s
 and greedy exact match on ``test`` and ``ood``, overall and per operation. ``--eval-every N``
 adds greedy evaluations along the way (not counted in the training time).
 """
@@ -49,7 +49,7 @@ def main() -> None:
     ap.add_argument("--ops", default="+-")
     ap.add_argument("--steps", type=int, default=None, help="max steps (default: the card default)")
     ap.add_argument("--target", type=float, default=None,
-                    help="stop accuracy (default: models.WARMSTART_TARGET; 0 = run all steps)")
+                    help="stop accuracy (default: ModelCard.warmstart_target; 0 = run all steps)")
     ap.add_argument("--eval-every", type=int, default=0, help="greedy test/ood every N steps (0: end only)")
     ap.add_argument("--seeds", default="0", help="comma-separated model seeds")
     ap.add_argument("--task-seed", type=int, default=1234)
@@ -72,7 +72,7 @@ def main() -> None:
         if args.steps is not None:
             card.warmstart_steps = args.steps
         if args.target is not None:
-            card.warmstart_target = args.target  # type: ignore[attr-defined]
+            card.warmstart_target = args.target
 
         def on_step(step: int, model) -> None:
             if args.eval_every and step % args.eval_every == 0:

@@ -14,8 +14,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 
 from ftis_flwr import protocol
-from ftis_flwr.config import ExperimentConfig, ModelCard, card_from_dict, from_dict, to_dict
-from ftis_flwr.worker import connect_or_spawn, default_cache_dir, worker_dir
+from ftis_flwr.config import (ExperimentConfig, ModelCard, card_from_dict, default_cache_dir, from_dict,
+                              to_dict)
+from ftis_flwr.worker import connect_or_spawn, worker_dir
 
 app = ClientApp()
 
@@ -57,7 +58,7 @@ def _worker_env(card: ModelCard) -> dict[str, str]:
 def _worker(msg_config: ConfigRecord, context: Context):
     experiment = from_dict(json.loads(str(msg_config["experiment"])))
     card = select_card(experiment, dict(context.node_config))
-    cache = default_cache_dir(experiment.cache_dir)
+    cache = default_cache_dir(experiment.cache_dir).resolve()
     run_key = str(msg_config.get("run_name") or context.run_id)
     spec = {"card": to_dict(card), "experiment": to_dict(experiment), "cache_dir": str(cache),
             "idle_timeout": experiment.worker_idle_timeout}

@@ -9,6 +9,7 @@ that names the offending keys. Merging goes defaults <- YAML experiment file <- 
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -16,6 +17,12 @@ from typing import Any, Mapping
 from omegaconf import OmegaConf
 
 LOSS_METHODS = ("nois", "vis", "tis", "f-nois", "f-vis", "f-tis")
+
+
+def default_cache_dir(configured: str = "") -> Path:
+    """``configured``, else ``$FTIS_CACHE``, else ``~/.cache/ftis-flwr`` (never the app directory)."""
+    root = configured or os.environ.get("FTIS_CACHE") or "~/.cache/ftis-flwr"
+    return Path(root).expanduser()
 
 
 class ConfigError(ValueError):
@@ -179,9 +186,13 @@ class ModelCard:
     warmstart_steps: int = 2500
     """tiny source only: at most this many supervised warm-start steps (batch 128); training stops
     earlier once the model answers 70% of a check slice of its warm-start data exactly
-    (models.WARMSTART_TARGET), which gives every seed about the same starting skill (~70% test).
+    (warmstart_target), which gives every seed about the same starting skill (~70% test).
     Measured on 2 shared cores, 1 thread: small ~15 steps/s, 700-1700 steps (45-115 s); large
     ~6 steps/s, ~1150 steps (~200 s). Cached on disk after the first run."""
+    warmstart_target: float = 0.7
+    """tiny source only: warm-start stops once the model answers this fraction of a check slice
+    of its warm-start data exactly (0 = always run all warmstart_steps). Default 0.7, the
+    starting skill of the CPU-scale study (SPEC §11)."""
     seed: int = 0
     """Seed of the model's initialisation, warm-start data and sampling."""
     dtype: str = "float32"
@@ -335,6 +346,8 @@ def _card_errors(card: ModelCard) -> list[str]:
         errors.append(f"{where}.tiny_size={card.tiny_size!r} is not one of small, large")
     if not card.warmstart_ops or set(card.warmstart_ops) - {"+", "-"}:
         errors.append(f"{where}.warmstart_ops={card.warmstart_ops!r} must use '+' and/or '-'")
+    if not 0 <= card.warmstart_target <= 1:
+        errors.append(f"{where}.warmstart_target={card.warmstart_target} must be in [0, 1]")
     if card.dtype not in ("float32", "bfloat16", "float16"):
         errors.append(f"{where}.dtype={card.dtype!r} is not one of float32, bfloat16, float16")
     if card.engine not in ("hf", "vllm"):

@@ -30,7 +30,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models as tok_models, pre_tokenizers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config
 
-from .config import ModelCard
+from .config import ModelCard, default_cache_dir
 from .tasks.arithmetic import ArithmeticTask, parse_ops
 
 log = logging.getLogger(__name__)
@@ -53,9 +53,6 @@ WARMSTART_BETAS = (0.9, 0.98)
 WARMSTART_BATCH = 128
 WARMSTART_WARMUP = 20
 WARMSTART_FLOOR = 0.1
-WARMSTART_TARGET = 0.7
-"""Default stop accuracy (exact match on the check slice); a card may override it with a
-``warmstart_target`` attribute (None or <= 0: always run all ``warmstart_steps``)."""
 WARMSTART_CHECK = 25
 WARMSTART_CHECK_SIZE = 512
 MARKER = "warmstart.json"
@@ -110,12 +107,6 @@ def tiny_config(size: str, vocab_size: int, pad_token_id: int, eos_token_id: int
 
 
 # ------------------------------------------------------------------------------ warm start
-
-def default_cache_dir() -> Path:
-    """``$FTIS_CACHE`` or ``~/.cache/ftis-flwr``: never inside the app directory."""
-    env = os.environ.get("FTIS_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "ftis-flwr"
-
 
 def _check_cache_root(root: Path) -> Path:
     root = root.expanduser().resolve()
@@ -188,8 +179,8 @@ def exact_match(model: Any, ids: torch.Tensor, mask: torch.Tensor, labels: torch
 
 
 def warmstart_target(card: ModelCard) -> float | None:
-    """Stop accuracy of a card: ``card.warmstart_target`` if the config has it, else the default."""
-    target = getattr(card, "warmstart_target", WARMSTART_TARGET)
+    """Stop accuracy of a card (``ModelCard.warmstart_target``); None = run every step."""
+    target = card.warmstart_target
     return None if target is None or target <= 0 else float(target)
 
 

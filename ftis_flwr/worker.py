@@ -41,11 +41,6 @@ class WorkerError(RuntimeError):
     """The node's worker failed to start or failed a request; the message says why."""
 
 
-def default_cache_dir(configured: str = "") -> Path:
-    root = configured or os.environ.get("FTIS_CACHE") or "~/.cache/ftis-flwr"
-    return Path(root).expanduser().resolve()
-
-
 def worker_dir(cache_dir: Path, run_key: str, node: str) -> Path:
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in node)
     return Path(cache_dir) / "workers" / str(run_key) / safe

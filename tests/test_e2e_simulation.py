@@ -21,9 +21,11 @@ TINY_FEDERATION = """
 rounds: {num_rounds: 2, prompts_per_node: 4, eval_every: 1, eval_size: 16, round_timeout: 300}
 rollout: {group_size: 4, max_new_tokens: 6, batch_size: 64}
 train: {lr: 1e-3, micro_batch_size: 32}
+# one warm-start (same size and seed) shared by a full and a LoRA node: heterogeneous budgets;
+# warm-started to 30% so groups have reward variance and the updates have a signal
 nodes:
-  - {name: small, source: tiny, tiny_size: small, warmstart_ops: "+-", warmstart_steps: 40, seed: 1}
-  - {name: large, source: tiny, tiny_size: large, warmstart_ops: "+-", warmstart_steps: 40, seed: 2, lora: true,
+  - {name: full, tiny_size: small, warmstart_target: 0.3, warmstart_steps: 800, seed: 1}
+  - {name: lora, tiny_size: small, warmstart_target: 0.3, warmstart_steps: 800, seed: 1, lora: true,
      lora_config: {r: 8, alpha: 16}, lr: 1e-2}
 """
 
@@ -63,8 +65,8 @@ def test_groups_were_exchanged_every_round(federation):
     rounds = load_metrics(run_dir)
     assert [r["round"] for r in rounds] == [0, 1, 2]
     for r in rounds[1:]:
-        assert set(r["nodes"]) == {"small", "large"}
-        for me, other in (("small", "large"), ("large", "small")):
+        assert set(r["nodes"]) == {"full", "lora"}
+        for me, other in (("full", "lora"), ("lora", "full")):
             m = r["nodes"][me]
             assert m["samples_foreign"] == 4 * 4, m  # 4 prompts x G=4 from the other node
             assert m[f"{other}/samples"] == 16 and m[f"{me}/samples"] == 16
@@ -92,20 +94,20 @@ def test_parameters_changed_and_checkpoints_load(federation):
 
     summary = json.loads((run_dir / "summary.json").read_text())
     ckpts = summary["checkpoints"]
-    assert set(ckpts) == {"small", "large"}
+    assert set(ckpts) == {"full", "lora"}
     task = make_task(exp.task)
-    small = exp.nodes[0]
-    before = AutoModelForCausalLM.from_pretrained(warmstart_dir(small, task, root / "cache"))
-    after = AutoModelForCausalLM.from_pretrained(ckpts["small"])
+    full = exp.nodes[0]
+    before = AutoModelForCausalLM.from_pretrained(warmstart_dir(full, task, root / "cache"))
+    after = AutoModelForCausalLM.from_pretrained(ckpts["full"])
     changed = [n for n, p in after.state_dict().items() if not torch.equal(p, before.state_dict()[n])]
-    assert changed, "two F-TIS updates left every parameter of the small node unchanged"
+    assert changed, "two F-TIS updates left every parameter of the full node unchanged"
 
     from peft import PeftModel
 
-    large = exp.nodes[1]
-    base = AutoModelForCausalLM.from_pretrained(warmstart_dir(large, task, root / "cache"))
+    lora_card = exp.nodes[1]
+    base = AutoModelForCausalLM.from_pretrained(warmstart_dir(lora_card, task, root / "cache"))
     base_state = {k: v.clone() for k, v in base.state_dict().items()}
-    lora = PeftModel.from_pretrained(base, ckpts["large"])
+    lora = PeftModel.from_pretrained(base, ckpts["lora"])
     merged = lora.merge_and_unload()
     assert any(not torch.equal(v, base_state[k]) for k, v in merged.state_dict().items()), \
         "the LoRA node's adapter did not change its weights"
