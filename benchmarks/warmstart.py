@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import time
 
 import torch
 

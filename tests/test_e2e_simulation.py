@@ -1,19 +1,13 @@
 """End to end: a real Flower simulation of two tiny heterogeneous nodes exchanging groups."""
 
 import json
-import os
-import signal
-from pathlib import Path
 
 import pytest
 import torch
-from flwr.serverapp import ServerApp
-from flwr.simulation import run_simulation
+from conftest import simulate
 
-from clients.client_app import app as client_app
 from ftis_flwr.config import load_experiment
 from ftis_flwr.reporting import load_metrics
-from server_app.server_app import run
 
 pytestmark = pytest.mark.slow
 
@@ -30,34 +24,12 @@ nodes:
 """
 
 
-def _kill_workers(cache: Path) -> None:
-    for address in cache.glob("workers/*/*/address.json"):
-        pid = json.loads(address.read_text())["pid"]
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
 @pytest.fixture(scope="module")
 def federation(tmp_path_factory):
     root = tmp_path_factory.mktemp("e2e")
     exp = load_experiment(yaml_text=TINY_FEDERATION,
                           overrides={"cache_dir": str(root / "cache"), "run_dir": str(root / "runs")})
-    out = {}
-    server = ServerApp()
-
-    @server.main()
-    def main(grid, context):
-        out["run_dir"] = run(grid, exp, connect_timeout=60)
-
-    try:
-        run_simulation(server, client_app, num_supernodes=2,
-                       backend_config={"client_resources": {"num_cpus": 1}})
-    finally:
-        _kill_workers(root / "cache")
-    assert "run_dir" in out, "the ServerApp did not finish: see the simulation log above"
-    return exp, root, out["run_dir"]
+    return exp, root, simulate(exp)
 
 
 def test_groups_were_exchanged_every_round(federation):
@@ -118,3 +90,22 @@ def test_run_directory_has_reports(federation):
     for name in ("metrics.jsonl", "summary.md", "summary.json", "plot.png", "config.json"):
         assert (run_dir / name).is_file(), name
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_a_failing_node_is_logged_and_the_round_goes_on(federation):
+    """One node cannot build its model: every round reports it failed; the other keeps training."""
+    exp, root, _ = federation
+    from ftis_flwr.reporting import load_events
+
+    broken = load_experiment(yaml_text=TINY_FEDERATION, overrides={
+        "cache_dir": str(root / "cache"), "run_dir": str(root / "runs-broken"),
+        "nodes.1.source": str(root / "no-such-model"), "nodes.1.lora": False})
+    run_dir = simulate(broken)
+    rounds = load_metrics(run_dir)
+    assert [r["round"] for r in rounds] == [0, 1, 2]
+    for r in rounds:
+        assert set(r["nodes"]) == {"full"} and r["server"]["nodes_failed"] == 1
+    assert rounds[1]["nodes"]["full"]["samples_foreign"] == 0
+    assert rounds[1]["nodes"]["full"]["samples_own"] == 16
+    failures = [e for e in load_events(run_dir) if e["event"] == "node_failed"]
+    assert len(failures) == 3 and all("could not be built" in e["reason"] for e in failures)

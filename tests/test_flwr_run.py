@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import kill_workers
 
 from ftis_flwr.reporting import load_metrics
 
@@ -80,11 +81,7 @@ def test_flwr_run_with_the_real_pyproject(tmp_path, superlink):
     try:
         proc = subprocess.run(cmd, cwd=REPO, env=superlink, capture_output=True, text=True, timeout=600)
     finally:
-        for address in cache.glob("workers/*/*/address.json"):
-            try:
-                os.kill(json.loads(address.read_text())["pid"], signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_workers(cache)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     run_dirs = list(runs.glob("*"))

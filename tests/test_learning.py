@@ -1,18 +1,11 @@
 """A learning claim that can fail: two tiny nodes trained with F-TIS in a real Flower simulation
 get better at held-out problems. (Scaled-down default: same recipe, fewer rounds.)"""
 
-import json
-import os
-import signal
-
 import pytest
-from flwr.serverapp import ServerApp
-from flwr.simulation import run_simulation
+from conftest import simulate
 
-from clients.client_app import app as client_app
 from ftis_flwr.config import load_experiment
 from ftis_flwr.reporting import load_metrics
-from server_app.server_app import run
 
 pytestmark = pytest.mark.slow
 
@@ -29,23 +22,7 @@ nodes:
 def test_ftis_federation_improves_held_out_accuracy(tmp_path):
     exp = load_experiment("cpu-pair", yaml_text=FEDERATION,
                           overrides={"cache_dir": str(tmp_path / "cache"), "run_dir": str(tmp_path / "runs")})
-    out = {}
-    server = ServerApp()
-
-    @server.main()
-    def main(grid, context):
-        out["run_dir"] = run(grid, exp, connect_timeout=60)
-
-    try:
-        run_simulation(server, client_app, num_supernodes=2,
-                       backend_config={"client_resources": {"num_cpus": 1}})
-    finally:
-        for address in (tmp_path / "cache").glob("workers/*/*/address.json"):
-            try:
-                os.kill(json.loads(address.read_text())["pid"], signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    rounds = load_metrics(out["run_dir"])
+    rounds = load_metrics(simulate(exp))
     first = {n: m["eval/test/accuracy"] for n, m in rounds[0]["nodes"].items()}
     last = {n: m["eval/test/accuracy"] for n, m in rounds[-1]["nodes"].items()}
     gain = sum(last[n] - first[n] for n in first) / len(first)

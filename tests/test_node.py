@@ -47,7 +47,7 @@ def test_round_zero_generates_groups_of_own_log_probs(cache):
 
 def test_vertical_round_trains_on_own_and_foreign(cache):
     _, a, b = _nodes(cache)
-    ga = a.step(StepRequest(0, 3, [0, 1], 4, False)).groups
+    a.step(StepRequest(0, 3, [0, 1], 4, False))
     gb = b.step(StepRequest(0, 3, [2, 3], 4, False)).groups
     before = _params(a)
     m = a.step(StepRequest(1, 3, [4, 5], 4, False, foreign=gb)).metrics
