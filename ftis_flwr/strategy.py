@@ -129,6 +129,10 @@ class FTISStrategy(Strategy):
                 continue
             c = reply.content
             name = str(c[protocol.INFO]["node"])
+            if name in groups:  # two SuperNodes claim one model card: keep the first, flag both
+                outcome.failures[nid] = (f"model card {name!r} is already served by another node this "
+                                         "round; give each SuperNode its own card")
+                continue
             self._names[nid] = name
             arr, meta = c[protocol.GROUPS], c[protocol.GROUPS_META]
             groups[name] = (arr, meta)
