@@ -97,7 +97,7 @@ def _crafted(node, index, answers, name):
     return Group(prompt_id=problem.id, prompt_tokens=node._prompt_tokens(problem), completions=comps,
                  logprobs=[np.full(len(c), -0.5, dtype=np.float32) for c in comps],
                  rewards=np.zeros(len(comps), dtype=np.float32), node=name,
-                 model_id=f"{name}:crafted", tokenizer_fp=node.fingerprint), problem.gold
+                 model_id=f"{name}:crafted", tokenizer_fp=node.fingerprint)
 
 
 def test_horizontal_pools_the_same_prompt_across_nodes(cache):
@@ -107,8 +107,8 @@ def test_horizontal_pools_the_same_prompt_across_nodes(cache):
     assert [g.prompt_id for g in ga] == [g.prompt_id for g in gb]  # same prompts, G/m each
     # prompt 0: a right twice, b wrong twice -> only the pooled group has reward variance
     gold0 = a.task.train_problem(0).gold
-    a.pending = [_crafted(a, 0, [gold0, gold0], "a")[0], _crafted(a, 1, ["x", "y"], "a")[0]]
-    foreign = [_crafted(a, 0, ["x", "y"], "b")[0], _crafted(a, 1, ["x", "y"], "b")[0]]
+    a.pending = [_crafted(a, 0, [gold0, gold0], "a"), _crafted(a, 1, ["x", "y"], "a")]
+    foreign = [_crafted(a, 0, ["x", "y"], "b"), _crafted(a, 1, ["x", "y"], "b")]
     m = a.step(StepRequest(1, 3, [], 2, False, foreign=foreign)).metrics
     assert m["samples"] == 8
     assert m["frac_zero_std_groups"] == pytest.approx(0.5)  # unpooled it would be 1.0
@@ -118,6 +118,6 @@ def test_horizontal_pools_the_same_prompt_across_nodes(cache):
 def test_vertical_does_not_pool_across_nodes(cache):
     _, a, _ = _nodes(cache)
     gold0 = a.task.train_problem(0).gold
-    a.pending = [_crafted(a, 0, [gold0, gold0], "a")[0]]
-    m = a.step(StepRequest(1, 3, [], 4, False, foreign=[_crafted(a, 0, ["x", "y"], "b")[0]])).metrics
+    a.pending = [_crafted(a, 0, [gold0, gold0], "a")]
+    m = a.step(StepRequest(1, 3, [], 4, False, foreign=[_crafted(a, 0, ["x", "y"], "b")])).metrics
     assert m["frac_zero_std_groups"] == 1.0 and m["zero_advantage"] == 4
