@@ -90,11 +90,8 @@ def pooled_advantages(rewards: Sequence[np.ndarray], keys: Sequence[str], scale:
         if a.ndim != 1 or a.size == 0:
             raise ValueError(f"rewards[{i}] must be a non-empty 1-D array, got shape {a.shape}")
         arrays.append(a)
-    by_key: dict[str, list[int]] = {}
-    for i, k in enumerate(keys):
-        by_key.setdefault(k, []).append(i)
     out: list[np.ndarray] = [np.empty(0)] * len(arrays)
-    for idx in by_key.values():
+    for idx in _indices_by_key(keys):
         pooled = np.concatenate([arrays[i] for i in idx])[None, :]
         adv = group_advantages(pooled, scale=scale, eps=eps)[0]
         start = 0
@@ -102,6 +99,19 @@ def pooled_advantages(rewards: Sequence[np.ndarray], keys: Sequence[str], scale:
             out[i] = adv[start:start + arrays[i].size]
             start += arrays[i].size
     return out
+
+
+def _indices_by_key(keys: Sequence[str]) -> list[list[int]]:
+    """Positions of the entries sharing each key, in first-seen key order."""
+    by_key: dict[str, list[int]] = {}
+    for i, k in enumerate(keys):
+        by_key.setdefault(k, []).append(i)
+    return list(by_key.values())
+
+
+def pooled_rewards(rewards: Sequence[np.ndarray], keys: Sequence[str]) -> list[np.ndarray]:
+    """The groups :func:`pooled_advantages` normalises over: entries sharing a key, concatenated."""
+    return [np.concatenate([np.asarray(rewards[i]) for i in idx]) for idx in _indices_by_key(keys)]
 
 
 def frac_zero_std_groups(rewards: np.ndarray | torch.Tensor | Sequence[np.ndarray]) -> float:

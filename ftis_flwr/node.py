@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .advantages import frac_zero_std_groups, g_for_round, pooled_advantages
+from .advantages import frac_zero_std_groups, g_for_round, pooled_advantages, pooled_rewards
 from .config import ExperimentConfig, ModelCard
 from .engines import make_engine
 from .logprobs import completion_logprobs, pack_batch
@@ -203,7 +203,7 @@ class Node:
         metrics.update({
             "lr": self.base_lr * self._lr_scale(),
             "g": g_now,
-            "frac_zero_std_groups": frac_zero_std_groups(_pool(rewards, keys)),
+            "frac_zero_std_groups": frac_zero_std_groups(pooled_rewards(rewards, keys)),
             "train_reward_own": float(np.mean(np.concatenate(own))) if own else float("nan"),
             "train_reward_foreign": float(np.mean(np.concatenate(foreign))) if foreign else float("nan"),
             "updates": float(self.updates),
@@ -267,14 +267,6 @@ class Node:
 
     def save(self, out_dir: Path) -> Path:
         return save_policy(self.policy, Path(out_dir))
-
-
-def _pool(rewards: list[np.ndarray], keys: list[str]) -> list[np.ndarray]:
-    """The groups advantages were normalised over (horizontal mode pools a prompt's groups)."""
-    pooled: dict[str, list[np.ndarray]] = {}
-    for r, k in zip(rewards, keys):
-        pooled.setdefault(k, []).append(r)
-    return [np.concatenate(v) for v in pooled.values()]
 
 
 def _concat_inputs(parts: list[LossInputs]) -> LossInputs:

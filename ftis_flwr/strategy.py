@@ -129,7 +129,7 @@ class FTISStrategy(Strategy):
                 continue
             c = reply.content
             name = str(c[protocol.INFO]["node"])
-            if name in groups:  # two SuperNodes claim one model card: keep the first, flag both
+            if name in groups:  # two SuperNodes claim one model card: keep the first, fail the other
                 outcome.failures[nid] = (f"model card {name!r} is already served by another node this "
                                          "round; give each SuperNode its own card")
                 continue

@@ -2,6 +2,8 @@
 
 import os
 
+import pytest
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -49,3 +51,40 @@ def simulate(experiment, num_supernodes: int = 2):
         kill_workers(experiment.cache_dir)
     assert "run_dir" in out, "the ServerApp did not finish: see the simulation log above"
     return out["run_dir"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_listening(port: int, proc, timeout: float = 60.0) -> None:
+    """Wait until ``proc`` (a Flower SuperLink) accepts connections on ``port``; fail if it exits."""
+    import socket
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"flower-superlink exited with code {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.3)
+    raise TimeoutError("flower-superlink did not start listening")
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Tensor tests on one thread: two cores are shared with the rest of the suite."""
+    import torch
+
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(prev)

@@ -11,8 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import kill_workers
-from test_flwr_run import _free_port, _wait_http
+from conftest import free_port, kill_workers, wait_listening
 
 from ftis_flwr.reporting import load_metrics
 
@@ -48,7 +47,7 @@ def _stop(proc):
 
 
 def test_superlink_and_two_supernodes(tmp_path):
-    port = _free_port()
+    port = free_port()
     home = tmp_path / "flwr-home"
     home.mkdir()
     (home / "config.toml").write_text(
@@ -60,10 +59,10 @@ def test_superlink_and_two_supernodes(tmp_path):
                      "--host", "127.0.0.1", "--port", str(port), "--disable-runtime-dependency-installation"],
                     env, tmp_path / "superlink.log")]
     try:
-        _wait_http(port, procs[0])
+        wait_listening(port, procs[0])
         for card in ("full", "lora"):
             procs.append(_start([str(BIN / "flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{port}",
-                                 "--port", str(_free_port()), "--node-config", f'card="{card}"'],
+                                 "--port", str(free_port()), "--node-config", f'card="{card}"'],
                                 env, tmp_path / f"supernode-{card}.log"))
         run = subprocess.run(
             [str(BIN / "flwr"), "run", ".", "dep", "--stream", "--run-config",

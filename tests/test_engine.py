@@ -23,12 +23,7 @@ PROMPTS = [[5, 6], [7, 8, 9, 10, 11], [12, 13, 14, 15, 16, 17, 18, 19, 20]]
 MAX_NEW = 12
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def make_tokenizer(pad: str = "<pad>", eos: str = "<eos>") -> PreTrainedTokenizerFast:

@@ -3,14 +3,12 @@
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from conftest import kill_workers
+from conftest import free_port, kill_workers, wait_listening
 
 from ftis_flwr.reporting import load_metrics
 
@@ -26,29 +24,10 @@ nodes:
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_http(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"flower-superlink exited with code {proc.returncode}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return
-        except OSError:
-            time.sleep(0.3)
-    raise TimeoutError("flower-superlink did not start listening")
-
-
 @pytest.fixture
 def superlink(tmp_path):
     """A local simulation SuperLink on free ports, stopped by its pid afterwards."""
-    http, control = _free_port(), _free_port()
+    http, control = free_port(), free_port()
     env = dict(os.environ, FLWR_HOME=str(tmp_path / "flwr-home"),
                FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(http), FLWR_LOCAL_CONTROL_API_PORT=str(control),
                FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
@@ -59,7 +38,7 @@ def superlink(tmp_path):
          "--disable-runtime-dependency-installation", "--log-file", str(tmp_path / "superlink.log")],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        _wait_http(http, proc)
+        wait_listening(http, proc)
         yield env
     finally:
         os.killpg(proc.pid, signal.SIGTERM)  # the SuperLink and the simulation process it started
