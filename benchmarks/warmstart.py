@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python benchmarks/warmstart.py --size small --ops +- --seeds 0,1,2
 
-Trains one model per seed exactly as ``models.warm_start`` would (same recipe and early stop at
+Trains one model per seed exactly as ``tiny.warm_start`` would (same recipe and early stop at
 ``ModelCard.warmstart_target``, but nothing cached) and prints steps run, training seconds, steps/s
 and greedy exact match on ``test`` and ``ood``, overall and per operation. ``--eval-every N``
 adds greedy evaluations along the way (not counted in the training time).
@@ -16,7 +16,7 @@ import logging
 import torch
 
 from ftis_flwr.config import ModelCard
-from ftis_flwr.models import build_char_tokenizer, train_tiny
+from ftis_flwr.tiny import build_char_tokenizer, train_tiny
 from ftis_flwr.tasks import ArithmeticTask, op_of
 
 

@@ -139,7 +139,9 @@ class RoundConfig:
     min_nodes: int = 1
     """A round with fewer replying nodes aborts the run."""
     seed: int = 0
-    """Seed of the prompt schedule."""
+    """Seed of the run: offsets the prompt schedule and is mixed into every node's sampling
+    seed. A card's own ``seed`` picks its model (warm-start, LoRA init); this one picks the run's
+    randomness, so repeats of one federation differ only here. Default 0."""
 
 
 @dataclass

@@ -58,6 +58,11 @@ class StepResult:
     metrics: dict[str, float]
 
 
+def sampling_seed(card_seed: int, run_seed: int, round_idx: int) -> int:
+    """The torch seed of one node's sampling in one round: distinct per card, run and round."""
+    return (int(card_seed) * 1_000_003 + int(run_seed) * 7_919_000_047 + int(round_idx)) % (2**63)
+
+
 class GroupRejected(ValueError):
     """A received group that this node cannot use (unknown prompt, mismatched prompt tokens)."""
 
@@ -69,7 +74,7 @@ class Node:
         self.card = card
         self.cfg = experiment
         torch.set_num_threads(card.torch_threads)
-        torch.manual_seed(card.seed)
+        torch.manual_seed(sampling_seed(card.seed, experiment.rounds.seed, 0))
         self.task = make_task(experiment.task)
         self.policy = load_policy(card, task=self.task, cache_dir=cache_dir)
         self.model = self.policy.model
@@ -237,7 +242,7 @@ class Node:
         samples = self.engine.sample(
             [p.tolist() for p in prompts], n, temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
             max_new_tokens=r.max_new_tokens, batch_size=r.batch_size,
-            generator_seed=self.card.seed * 1_000_003 + round_idx)
+            generator_seed=sampling_seed(self.card.seed, self.cfg.rounds.seed, round_idx))
         groups = []
         for problem, prompt, group in zip(problems, prompts, samples):
             g = Group(

@@ -33,6 +33,8 @@ from .rollouts import completion_tokens, payload_bytes
 
 log = logging.getLogger(__name__)
 
+PROMPT_STRIDE = 1_009
+"""Train-index offset per unit of ``rounds.seed`` (indices wrap modulo the train split)."""
 RoundCallback = Callable[[int, dict[str, dict[str, float]], dict[str, float]], None]
 
 
@@ -60,7 +62,7 @@ class FTISStrategy(Strategy):
         self.on_event = on_event or (lambda kind, **fields: None)
         self.connect_timeout = connect_timeout
         self._experiment_json = json.dumps(to_dict(experiment))
-        self._next_prompt = 0
+        self._next_prompt = PROMPT_STRIDE * experiment.rounds.seed  # rounds.seed offsets the schedule
         self._names: dict[int, str] = {}          # Flower node id -> node name (from replies)
         self._groups: dict[str, tuple[ArrayRecord, ConfigRecord]] = {}  # last round's, by name
         self._sent: dict[str, int] = {}           # message id -> destination node id

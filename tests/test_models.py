@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 from pathlib import Path
 
@@ -10,10 +11,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-from ftis_flwr import models
+from ftis_flwr import tiny as models
 from ftis_flwr.config import LoraConfig, ModelCard
-from ftis_flwr.models import (CHARS, SPECIAL_TOKENS, build_char_tokenizer, load_policy,
-                              load_tokenizer, save_policy, tiny_config, train_tiny, warm_start)
+from ftis_flwr.models import load_policy, load_tokenizer, save_policy
+from ftis_flwr.tiny import (CHARS, SPECIAL_TOKENS, build_char_tokenizer, tiny_config, train_tiny,
+                            warm_start)
 from ftis_flwr.tasks import ArithmeticTask
 
 STEPS = 20
@@ -258,3 +260,51 @@ def test_load_policy_errors(task, tmp_path):
         load_policy(card(source=str(tmp_path / "missing-model")), task=task)
     with pytest.raises(ValueError, match="float8"):
         load_policy(dataclasses.replace(card(), dtype="float8"), task=task, cache_dir=tmp_path)
+
+
+# ------------------------------------------------------------------------------ shipped models
+
+def _preset_cards(name="cpu-pair"):
+    from ftis_flwr.config import load_experiment
+
+    return load_experiment(name).nodes
+
+
+def test_default_preset_models_are_shipped_and_used_without_training(task, tmp_path, monkeypatch):
+    def boom(*a, **k):
+        raise AssertionError("trained a model that is shipped")
+
+    monkeypatch.setattr(models, "train_tiny", boom)
+    for c in _preset_cards():
+        path = warm_start(c, task, tmp_path)
+        report = json.loads((path / models.MARKER).read_text())
+        assert report["shipped"].endswith(f"{path.name}.safetensors")
+        model = AutoModelForCausalLM.from_pretrained(path)
+        for p in model.parameters():  # stored as bf16 values
+            assert torch.equal(p, p.to(torch.bfloat16).float())
+        assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+        # the shipped model is warm-started: it answers a good share of the check slice
+        tok = build_char_tokenizer()
+        check = task.warmstart_problems(c.warmstart_ops)[:models.WARMSTART_CHECK_SIZE]
+        acc = models.exact_match(model, *models._encode_examples(tok, check))
+        assert acc >= 0.9 * c.warmstart_target, acc
+
+
+def test_a_damaged_shipped_model_is_refused(task, tmp_path, monkeypatch):
+    c = _preset_cards()[0]
+    name = models.warmstart_dir(c, task, tmp_path).name
+    weights, manifest = models.find_shipped(name)
+    bad = tmp_path / "assets"
+    bad.mkdir()
+    (bad / weights.name).write_bytes(weights.read_bytes()[:-8] + b"\0" * 8)
+    (bad / f"{name}.json").write_text(json.dumps(manifest))
+    monkeypatch.setattr(models, "shipped_dirs", lambda: [bad])
+    with pytest.raises(ValueError, match="SHA-256"):
+        warm_start(c, task, tmp_path / "cache")
+    assert not (tmp_path / "cache" / "tiny" / name).exists()
+
+
+def test_a_trained_warm_start_holds_bf16_values(task, cache):
+    model, _, report = train_tiny(card(), task)
+    assert all(torch.equal(p, p.to(torch.bfloat16).float()) for p in model.parameters())
+    assert 0 <= report["train_exact_match_bf16"] <= 1

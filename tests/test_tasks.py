@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ftis_flwr.config import TaskConfig
-from ftis_flwr.models import build_char_tokenizer
+from ftis_flwr.tiny import build_char_tokenizer
 from ftis_flwr.tasks import ArithmeticTask, MathTask, Problem, load_jsonl, make_task, op_of
 from ftis_flwr.tasks.gsm8k import chat_prompt
 
