@@ -65,20 +65,25 @@ def _worker(msg_config: ConfigRecord, context: Context):
     return card, connect_or_spawn(worker_dir(cache, run_key, card.name), spec, env=_worker_env(card))
 
 
-@app.train()
-def train(msg: Message, context: Context) -> Message:
+def step_payload(msg: Message) -> dict:
+    """The worker's ``step`` request for a round message; foreign groups keyed by the server's stamp."""
     cfg = msg.content[protocol.ROUND]
-    card, handle = _worker(cfg, context)
-    foreign = {}
-    for src in protocol.foreign_sources(msg.content.keys()):
+    foreign = {}  # source as the server stamped it -> (arrays, meta, train indices it assigned)
+    for src, indices in json.loads(str(cfg.get("foreign", "{}"))).items():
         arrays_key, meta_key = protocol.foreign_keys(src)
-        foreign[src] = (msg.content[arrays_key], msg.content[meta_key])
-    reply = handle.call("step", {
+        foreign[src] = (msg.content[arrays_key], msg.content[meta_key], [int(i) for i in indices])
+    return {
         "round": int(cfg["round"]), "num_rounds": int(cfg["num_rounds"]),
         "prompt_indices": [int(i) for i in json.loads(str(cfg["prompt_indices"]))],
         "group_size": int(cfg["group_size"]), "evaluate": bool(cfg["evaluate"]),
         "foreign_payloads": foreign,
-    })
+    }
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    card, handle = _worker(msg.content[protocol.ROUND], context)
+    reply = handle.call("step", step_payload(msg))
     starts = (handle.directory / "starts.log").read_text().count("\n")
     content = RecordDict({
         protocol.GROUPS: reply["arrays"],

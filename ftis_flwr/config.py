@@ -1,9 +1,14 @@
 """Typed configuration: one dataclass per concern, merged from defaults, YAML and flwr run-config.
 
 Every field says its default and where it comes from ("paper" = Blagoev et al., F-TIS, 2026,
-see SPEC.md). Incompatible settings are rejected in one place, :func:`validate`, with a message
-that names the offending keys. Merging goes defaults <- YAML experiment file <- flat
-``flwr run --run-config`` keys (dotted, e.g. ``loss.method``; dashes and underscores are equal).
+see SPEC.md). Merging goes defaults <- YAML preset <- YAML file <- flat ``flwr run --run-config``
+keys (dotted, e.g. ``loss.method``; dashes and underscores are equal): see
+:mod:`ftis_flwr.config_merge`. Incompatible settings are rejected in one place,
+:func:`ftis_flwr.validation.validate`, all at once, each message naming its key; allowed values
+are read from the modules that own them. Every scalar field here is a ``--run-config`` key:
+``[tool.flwr.app.config]`` in pyproject.toml is generated from these dataclasses
+(``python -m ftis_flwr.config_keys --write``). ``load_experiment``, ``validate``, ``from_dict``
+and the other merge/validation names are re-exported from this module.
 """
 
 from __future__ import annotations
@@ -12,11 +17,7 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
-
-from omegaconf import OmegaConf
-
-LOSS_METHODS = ("nois", "vis", "tis", "f-nois", "f-vis", "f-tis")
+from typing import TYPE_CHECKING, Any
 
 
 def default_cache_dir(configured: str = "") -> Path:
@@ -34,7 +35,9 @@ class LossConfig:
     """The F-TIS loss family and its filter (SPEC §5-6)."""
 
     method: str = "f-tis"
-    """Loss method, one of nois, vis, tis, f-nois, f-vis, f-tis. Default f-tis (paper)."""
+    """Loss method: a name in ``ftis_flwr.loss.LOSS_REGISTRY`` (built in: nois, vis, tis, f-nois,
+    f-vis, f-tis; add one with ``register_loss``) or an import path "package.module:function"
+    ("f-package.module:function" = filtered), imported on first use. Default f-tis (paper)."""
     trunc_c: float = 2.0
     """C: the truncated importance weight is min(pi_theta/pi_gen, C). Default 2 (paper)."""
     clip_eps: float = 0.2
@@ -83,6 +86,9 @@ class WireConfig:
     """A received completion longer than this is rejected. Default 4096."""
     max_groups: int = 4096
     """A payload with more groups is rejected. Default 4096."""
+    max_tokens_per_payload: int = 1_048_576
+    """A payload with more completion tokens in total is rejected before it is decoded.
+    Default 2^20 (~8 MB at fp32): 11x the paper presets' 12 prompts x 12 completions x 640."""
 
 
 @dataclass
@@ -198,9 +204,19 @@ class ModelCard:
     seed: int = 0
     """Seed of the model's initialisation, warm-start data and sampling."""
     dtype: str = "float32"
-    """Weights dtype: float32 (default, paper), bfloat16 or float16."""
+    """Weights dtype: float32 (default, paper), bfloat16 or float16. Adam's state follows it, so
+    a fully fine-tuned node needs float32 for small learning rates (a bf16 weight cannot move by
+    1e-6 of itself); a LoRA node's adapters are float32 whatever this is (peft)."""
+    compute_dtype: str = ""
+    """Matmul precision of generation and the learner's forward, through ``torch.autocast``,
+    while the weights stay in ``dtype``: "" (default: ``dtype``), "bfloat16" or "float16".
+    bfloat16 on a CPU with AVX-512 BF16 ran SmolLM2-135M ~1.2-1.7x faster than float32 here."""
     device: str = "cpu"
     """"cpu", "cuda" or "cuda:N" (the worker pins CUDA_VISIBLE_DEVICES to N)."""
+    stop_tokens: list[str] = field(default_factory=list)
+    """Extra tokens that end a completion, besides the tokenizer's EOS, the generation config's
+    EOS ids and the chat template's end-of-turn token (``<|im_end|>``, ``<|eot_id|>``, ...),
+    which are found automatically. Default: none."""
     engine: str = "hf"
     """Rollout engine: "hf" (transformers generate, default) or "vllm" (optional extra)."""
     lora: bool = False
@@ -220,13 +236,18 @@ class TaskConfig:
     """Which problems are trained and evaluated (SPEC §8-9)."""
 
     name: str = "arithmetic"
-    """"arithmetic" (offline, generated), "gsm8k" or "math500"."""
+    """"arithmetic" (offline, generated, for the tiny character models), "basic-math" (offline,
+    generated one-step questions in words for small real chat models), "gsm8k" or "math500"."""
     train_path: str = ""
     """gsm8k/math: local JSONL file or empty for the hub data set."""
     eval_paths: dict[str, str] = field(default_factory=dict)
     """gsm8k/math: named evaluation splits -> JSONL path (or hub id)."""
     seed: int = 1234
-    """arithmetic: seed of the generated problems."""
+    """arithmetic/basic-math: seed of the generated problems (and of every task's shuffle)."""
+    shots: int = 0
+    """Chat tasks (basic-math, gsm8k, math500): worked examples shown as earlier chat turns
+    after the paper's system prompt, each answered in the strict <think>/<answer> format.
+    Default 0 (paper). A 135M model follows the format in ~1 of 64 samples without one."""
 
 
 @dataclass
@@ -255,246 +276,32 @@ class ExperimentConfig:
     """Name or path of the YAML preset this config was built from (informational)."""
 
 
-_CHOICES: dict[str, tuple[str, ...]] = {
-    "loss.method": LOSS_METHODS,
-    "loss.filter_rule": ("and", "or"),
-    "loss.filter_scope": ("foreign", "all"),
-    "loss.filter_action": ("zero", "drop"),
-    "loss.kl_estimator": ("k3", "k1"),
-    "loss.reduction": ("sequence", "token"),
-    "advantage.mode": ("vertical", "horizontal", "alone"),
-    "advantage.scale_rewards": ("group", "none"),
-    "wire.logprob_dtype": ("fp32", "fp16", "bf16"),
-    "task.name": ("arithmetic", "gsm8k", "math500"),
+# Merging and validation live in ftis_flwr.config_merge and ftis_flwr.validation (they import the
+# dataclasses above); their public names are re-exported here, resolved on first use so that
+# importing this module stays cheap and free of import cycles.
+_REEXPORTS = {
+    "APP_KEYS": "config_merge", "PRESET_DIR": "config_merge", "card_from_dict": "config_merge",
+    "flat_to_nested": "config_merge", "from_dict": "config_merge", "load_experiment": "config_merge",
+    "load_run_config": "config_merge", "parse_overrides": "config_merge",
+    "resolve_preset": "config_merge", "card_errors": "validation", "experiment_errors": "validation",
+    "validate": "validation",
 }
 
-
-def _get(cfg: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        cfg = getattr(cfg, part)
-    return cfg
-
-
-def validate(cfg: ExperimentConfig) -> ExperimentConfig:
-    """Reject impossible or contradictory settings, all at once, naming each key."""
-    errors: list[str] = []
-    for key, choices in _CHOICES.items():
-        value = _get(cfg, key)
-        if value not in choices:
-            errors.append(f"{key}={value!r} is not one of {', '.join(choices)}")
-    if cfg.loss.trunc_c <= 0:
-        errors.append(f"loss.trunc_c={cfg.loss.trunc_c} must be > 0")
-    if not 0 < cfg.loss.clip_eps < 1:
-        errors.append(f"loss.clip_eps={cfg.loss.clip_eps} must be in (0, 1)")
-    if cfg.loss.kl_threshold < 0:
-        errors.append(f"loss.kl_threshold={cfg.loss.kl_threshold} must be >= 0")
-    r = cfg.rollout
-    if r.group_size < 2:
-        errors.append(f"rollout.group_size={r.group_size} must be >= 2 (advantages need a group)")
-    if r.temperature <= 0:
-        errors.append(f"rollout.temperature={r.temperature} must be > 0 for training rollouts "
-                      "(evaluation is always greedy)")
-    if r.top_k < 0:
-        errors.append(f"rollout.top_k={r.top_k} must be >= 0 (0 = off)")
-    if not 0 < r.top_p <= 1:
-        errors.append(f"rollout.top_p={r.top_p} must be in (0, 1]")
-    if r.max_new_tokens < 1 or r.batch_size < 1:
-        errors.append("rollout.max_new_tokens and rollout.batch_size must be >= 1")
-    if r.group_size > cfg.wire.max_completions_per_group:
-        errors.append(f"rollout.group_size={r.group_size} exceeds wire.max_completions_per_group="
-                      f"{cfg.wire.max_completions_per_group}: receivers would reject every group")
-    if r.max_new_tokens > cfg.wire.max_tokens_per_completion:
-        errors.append(f"rollout.max_new_tokens={r.max_new_tokens} exceeds "
-                      f"wire.max_tokens_per_completion={cfg.wire.max_tokens_per_completion}")
-    t = cfg.train
-    if t.lr <= 0 or t.grad_clip <= 0 or t.micro_batch_size < 1 or t.updates_per_round < 1:
-        errors.append("train.lr and train.grad_clip must be > 0, train.micro_batch_size and "
-                      "train.updates_per_round >= 1")
-    if t.warmup_rounds < 0:
-        errors.append(f"train.warmup_rounds={t.warmup_rounds} must be >= 0")
-    rd = cfg.rounds
-    if rd.num_rounds < 1 or rd.prompts_per_node < 1:
-        errors.append("rounds.num_rounds and rounds.prompts_per_node must be >= 1")
-    if rd.min_nodes < 1 or rd.round_timeout <= 0 or rd.eval_every < 0 or rd.eval_size < 0:
-        errors.append("rounds.min_nodes >= 1, rounds.round_timeout > 0, rounds.eval_every >= 0 "
-                      "and rounds.eval_size >= 0 are required")
-    if cfg.worker_idle_timeout <= 0:
-        errors.append(f"worker_idle_timeout={cfg.worker_idle_timeout} must be > 0")
-    if not cfg.nodes:
-        errors.append("nodes: at least one model card is required")
-    names = [n.name for n in cfg.nodes]
-    if len(set(names)) != len(names):
-        errors.append(f"nodes: names must be unique, got {names}")
-    if rd.min_nodes > max(len(cfg.nodes), 1):
-        errors.append(f"rounds.min_nodes={rd.min_nodes} exceeds the {len(cfg.nodes)} model cards")
-    if cfg.advantage.mode == "horizontal" and cfg.nodes and r.group_size % len(cfg.nodes):
-        errors.append(f"advantage.mode=horizontal splits each group across nodes: "
-                      f"rollout.group_size={r.group_size} must be divisible by the "
-                      f"{len(cfg.nodes)} nodes")
-    for card in cfg.nodes:
-        errors.extend(_card_errors(card))
-    if cfg.task.name != "arithmetic" and any(c.source == "tiny" for c in cfg.nodes):
-        errors.append(f"task.name={cfg.task.name!r} needs real models: the tiny character-level "
-                      "models only know the arithmetic task")
-    if errors:
-        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(errors))
-    return cfg
+if TYPE_CHECKING:
+    from .config_merge import (APP_KEYS, PRESET_DIR, card_from_dict, flat_to_nested, from_dict,
+                               load_experiment, load_run_config, parse_overrides, resolve_preset)
+    from .validation import card_errors, experiment_errors, validate
 
 
-def _card_errors(card: ModelCard) -> list[str]:
-    where = f"nodes[{card.name}]"
-    errors = []
-    if card.tiny_size not in ("small", "large"):
-        errors.append(f"{where}.tiny_size={card.tiny_size!r} is not one of small, large")
-    if not card.warmstart_ops or set(card.warmstart_ops) - {"+", "-"}:
-        errors.append(f"{where}.warmstart_ops={card.warmstart_ops!r} must use '+' and/or '-'")
-    if not 0 <= card.warmstart_target <= 1:
-        errors.append(f"{where}.warmstart_target={card.warmstart_target} must be in [0, 1]")
-    if card.dtype not in ("float32", "bfloat16", "float16"):
-        errors.append(f"{where}.dtype={card.dtype!r} is not one of float32, bfloat16, float16")
-    if card.engine not in ("hf", "vllm"):
-        errors.append(f"{where}.engine={card.engine!r} is not one of hf, vllm")
-    if card.engine == "vllm" and not card.device.startswith("cuda"):
-        errors.append(f"{where}: engine=vllm needs a cuda device, got device={card.device!r}")
-    if not (card.device == "cpu" or card.device.startswith("cuda")):
-        errors.append(f"{where}.device={card.device!r} must be cpu, cuda or cuda:N")
-    if card.lr is not None and card.lr <= 0:
-        errors.append(f"{where}.lr={card.lr} must be > 0")
-    if card.g.kind not in ("constant", "linear"):
-        errors.append(f"{where}.g.kind={card.g.kind!r} is not one of constant, linear")
-    if card.g.start < 0 or card.g.end < 0:
-        errors.append(f"{where}.g: start and end must be >= 0")
-    if card.lora and (card.lora_config.r < 1 or not card.lora_config.target_modules):
-        errors.append(f"{where}.lora_config: r >= 1 and at least one target module are required")
-    if card.torch_threads < 1:
-        errors.append(f"{where}.torch_threads must be >= 1")
-    return errors
+def __getattr__(name: str) -> Any:
+    module = _REEXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
 
-
-# ---------------------------------------------------------------------------------------------
-# Merging
-
-
-def _normalise_key(key: str) -> str:
-    return key.strip().replace("-", "_")
-
-
-def _known_keys(cls: type, prefix: str = "") -> dict[str, Any]:
-    """Dotted keys of a dataclass tree -> field type (for nice errors on unknown keys)."""
-    keys: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        dotted = f"{prefix}{f.name}"
-        default = (f.default_factory() if f.default_factory is not dataclasses.MISSING  # type: ignore[misc]
-                   else f.default)
-        if dataclasses.is_dataclass(default):
-            keys.update(_known_keys(type(default), dotted + "."))
-        keys[dotted] = f.type
-    return keys
-
-
-# flwr run-config keys that are not experiment fields (read by the apps themselves).
-APP_KEYS = {"preset", "config_file"}
-
-
-def flat_to_nested(flat: Mapping[str, Any]) -> dict[str, Any]:
-    """``{"loss.method": "tis"}`` -> ``{"loss": {"method": "tis"}}``; rejects unknown keys."""
-    known = _known_keys(ExperimentConfig)
-    nested: dict[str, Any] = {}
-    unknown = []
-    for raw_key, value in flat.items():
-        key = _normalise_key(raw_key)
-        if key in APP_KEYS:
-            continue
-        if key not in known and not key.startswith("nodes."):
-            unknown.append(raw_key)
-            continue
-        node = nested
-        parts = key.split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-        node[parts[-1]] = value
-    if unknown:
-        raise ConfigError(f"unknown configuration keys: {', '.join(sorted(unknown))}. "
-                          f"Known keys look like: loss.method, rollout.group_size, rounds.num_rounds")
-    return nested
-
-
-PRESET_DIR = Path(__file__).resolve().parent.parent / "simulations" / "presets"
-
-
-def resolve_preset(preset: str) -> Path:
-    """A preset name (file stem under simulations/presets) or a path to a YAML file."""
-    path = Path(preset).expanduser()
-    if path.suffix in (".yaml", ".yml") and path.is_file():
-        return path
-    candidate = PRESET_DIR / f"{preset}.yaml"
-    if candidate.is_file():
-        return candidate
-    available = sorted(p.stem for p in PRESET_DIR.glob("*.yaml")) if PRESET_DIR.is_dir() else []
-    raise ConfigError(f"preset {preset!r} is neither a YAML file nor one of: "
-                      f"{', '.join(available) or '(none found)'}")
-
-
-def _nodes_overrides(nested: dict[str, Any], base_nodes: list[Any]) -> None:
-    """``nodes.0.lr`` style keys patch one card; OmegaConf would replace the whole list."""
-    node_patch = nested.pop("nodes", None)
-    if node_patch is None:
-        return
-    if isinstance(node_patch, list):
-        nested["nodes"] = node_patch
-        return
-    for idx, patch in node_patch.items():
-        try:
-            i = int(idx)
-            base_nodes[i]
-        except (ValueError, IndexError):
-            raise ConfigError(f"nodes.{idx}: no model card with that index "
-                              f"(the preset has {len(base_nodes)})") from None
-        base_nodes[i] = OmegaConf.merge(base_nodes[i], patch)
-
-
-def load_experiment(preset: str | None = None, overrides: Mapping[str, Any] | None = None,
-                    yaml_text: str | None = None) -> ExperimentConfig:
-    """defaults <- YAML preset (name or path) <- YAML text <- flat dotted overrides; validated."""
-    schema = OmegaConf.structured(ExperimentConfig)
-    layers = []
-    if preset:
-        layers.append(OmegaConf.load(resolve_preset(preset)))
-    if yaml_text:
-        layers.append(OmegaConf.create(yaml_text))
-    try:
-        merged = OmegaConf.merge(schema, *layers)
-        if overrides:
-            nested = flat_to_nested(overrides)
-            nodes = list(merged.nodes)
-            _nodes_overrides(nested, nodes)
-            merged.nodes = nodes
-            merged = OmegaConf.merge(merged, OmegaConf.create(nested))
-        if preset:
-            merged.preset = preset
-        cfg = OmegaConf.to_object(merged)
-    except ConfigError:
-        raise
-    except Exception as exc:  # OmegaConf's type/key errors: keep the message, lose the trace
-        raise ConfigError(f"invalid configuration: {exc}") from None
-    return validate(cfg)  # type: ignore[arg-type]
+    return getattr(importlib.import_module(f"{__package__}.{module}"), name)
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
     """Plain nested dict (for logging, the wire and the worker)."""
     return dataclasses.asdict(cfg)
-
-
-def from_dict(data: Mapping[str, Any]) -> ExperimentConfig:
-    """Inverse of :func:`to_dict`, validated."""
-    merged = OmegaConf.merge(OmegaConf.structured(ExperimentConfig), OmegaConf.create(dict(data)))
-    return validate(OmegaConf.to_object(merged))  # type: ignore[arg-type]
-
-
-def card_from_dict(data: Mapping[str, Any]) -> ModelCard:
-    merged = OmegaConf.merge(OmegaConf.structured(ModelCard), OmegaConf.create(dict(data)))
-    card = OmegaConf.to_object(merged)
-    errors = _card_errors(card)  # type: ignore[arg-type]
-    if errors:
-        raise ConfigError("invalid model card:\n  - " + "\n  - ".join(errors))
-    return card  # type: ignore[return-value]

@@ -137,11 +137,14 @@ def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:
 
 
 def completion_logprobs(
-    model: torch.nn.Module, batch: PackedBatch, temperature: float = 1.0
+    model: torch.nn.Module, batch: PackedBatch, temperature: float = 1.0,
+    vocab_size: int | None = None,
 ) -> torch.Tensor:
     """``[B, T]`` float32 log-probs of each completion token under ``log_softmax(logits / T)``.
 
-    Full vocabulary (no top-k/top-p truncation: the learner's policy is the untruncated one),
+    Over the first ``vocab_size`` output rows (the tokenizer's vocabulary: the rows the engine
+    samples from; None = all rows), with no top-k/top-p truncation (the learner's policy is the
+    untruncated one),
     with gradient through ``model``; padded positions are 0.0. Works for plain HF causal LMs and
     peft-wrapped ones. Runs ``model`` in whatever train/eval mode it is in.
     """
@@ -167,6 +170,11 @@ def completion_logprobs(
             f"completion_logprobs: model returned {logits.shape[1]} logit columns, expected {width_t}"
         )
     logits = logits.float()
+    if vocab_size is not None and logits.shape[-1] > vocab_size:
+        if int(batch.completion_ids.max()) >= vocab_size:
+            raise ValueError(f"completion_logprobs: a completion token id is >= the vocabulary "
+                             f"size {vocab_size}")
+        logits = logits[..., :vocab_size]
     if temperature != 1.0:
         logits = logits / temperature
     token_logits = logits.gather(-1, batch.completion_ids.unsqueeze(-1)).squeeze(-1)

@@ -11,21 +11,27 @@ tensors and does not depend on the padding side.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
-from .config import ModelCard
+from . import sources
+from .config import ModelCard, default_cache_dir
 from .tiny import _digest, warm_start
 
 log = logging.getLogger(__name__)
 
 POLICY_INFO = "ftis_policy.json"
+PROBE = "ftis_probe.json"
+"""Logits of the saved model on a fixed input, computed in memory when it was saved: a reload
+must give the same numbers (tests/test_real_model.py checks it)."""
+PROBE_TEXT = "What is 2 plus 3?"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _GENERIC_TOKENIZERS = ("PreTrainedTokenizerFast", "TokenizersBackend")
 
@@ -45,6 +51,46 @@ def load_tokenizer(path: str | Path, **kwargs: Any) -> Any:
 
 
 # ------------------------------------------------------------------------------ policies
+
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "<|endoftext|>")
+"""Chat templates' end-of-turn markers: one that the template writes stops generation."""
+
+
+def stop_token_ids(tokenizer: Any, model: Any, extra: list[str] | tuple[str, ...] = ()) -> list[int]:
+    """Ids that end a completion: the tokenizer's EOS, the generation config's EOS ids, the
+    end-of-turn token the chat template writes (a base model's config often lists only
+    ``<|endoftext|>``, and a chat-formatted completion would run on past ``<|im_end|>``) and
+    ``extra`` (ModelCard.stop_tokens, which must be single tokens)."""
+    ids: list[int] = []
+
+    def add(i: Any) -> None:
+        for v in (i if isinstance(i, (list, tuple)) else [i]):
+            if v is not None and int(v) not in ids:
+                ids.append(int(v))
+
+    add(getattr(tokenizer, "eos_token_id", None))
+    add(getattr(getattr(model, "generation_config", None), "eos_token_id", None))
+    template = getattr(tokenizer, "chat_template", None) or ""
+    vocab = tokenizer.get_vocab()
+    for tok in END_OF_TURN_TOKENS:
+        if isinstance(template, str) and tok in template and tok in vocab:
+            add(vocab[tok])
+    for tok in extra:
+        if tok not in vocab:
+            raise ValueError(f"stop token {tok!r} is not a single token of this tokenizer")
+        add(vocab[tok])
+    return ids
+
+
+def compute_context(card: ModelCard) -> Callable[[], contextlib.AbstractContextManager]:
+    """A factory of the context that generation and the learner's forward run in: autocast to
+    ``card.compute_dtype`` when it differs from the weights' dtype, else nothing."""
+    dtype = card.compute_dtype or card.dtype
+    if dtype == card.dtype:
+        return contextlib.nullcontext
+    device_type = "cuda" if card.device.startswith("cuda") else "cpu"
+    return lambda: torch.autocast(device_type=device_type, dtype=_DTYPES[dtype])
+
 
 @dataclass
 class Policy:
@@ -66,30 +112,32 @@ def _model_id(card: ModelCard, desc: str, base: str) -> str:
     return f"{card.name}:{desc}:{_digest(ident)[:10]}"
 
 
-def _load_base(source: str, dtype: torch.dtype) -> tuple[Any, Any]:
+def _load_base(source: str, dtype: torch.dtype, cache_dir: Path) -> tuple[Any, Any, str]:
+    """(model, tokenizer, folder or hub id the weights were loaded from)."""
+    source = sources.resolve(source)
     path = Path(source).expanduser()
-    if source.endswith(".gguf"):  # de-quantised by transformers; see FACTS.md
-        kwargs = {"gguf_file": path.name}
-        return (AutoModelForCausalLM.from_pretrained(str(path.parent), dtype=dtype, **kwargs),
-                AutoTokenizer.from_pretrained(str(path.parent), **kwargs))
+    if source.endswith(".gguf"):  # converted once to a safetensors folder (sources.gguf_folder)
+        path = sources.gguf_folder(path, cache_dir)
     if path.is_dir():
-        return (AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype), load_tokenizer(path))
+        return (AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype), load_tokenizer(path),
+                str(path))
     if source.startswith(("/", ".", "~")):
         raise FileNotFoundError(f"model source {source!r} is not an existing directory")
-    return AutoModelForCausalLM.from_pretrained(source, dtype=dtype), AutoTokenizer.from_pretrained(source)
+    return (AutoModelForCausalLM.from_pretrained(source, dtype=dtype),
+            AutoTokenizer.from_pretrained(source), source)
 
 
 def load_policy(card: ModelCard, *, task: Any = None, cache_dir: Path | None = None) -> Policy:
     """Build the policy of a model card (warm-starting tiny models on first use)."""
     if card.dtype not in _DTYPES:
         raise ValueError(f"dtype {card.dtype!r} is not one of {', '.join(_DTYPES)}")
+    cache_dir = default_cache_dir(str(cache_dir or ""))
     if card.source == "tiny":
         base = warm_start(card, task, cache_dir)
         desc = "tiny-" + base.name.rsplit("-", 1)[0]  # e.g. tiny-small-addsub-2500steps-seed0
     else:
-        local = Path(card.source).expanduser()
-        base, desc = (local if local.is_dir() else card.source), card.source
-    model, tok = _load_base(str(base), _DTYPES[card.dtype])
+        base, desc = card.source, card.source
+    model, tok, base = _load_base(str(base), _DTYPES[card.dtype], cache_dir)
     if tok.pad_token is None:  # hub causal LMs often have none; masks keep EOS as a real token
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
@@ -118,6 +166,21 @@ The tokenizer is saved next to the weights. {tok_note}
 """
 
 
+@torch.no_grad()
+def probe_logits(model: Any, tokenizer: Any, text: str = PROBE_TEXT) -> dict[str, Any]:
+    """The 256 largest float32 last-position logits of ``text`` (their ids and values) and the
+    sum of all of them (eval mode, weights' own dtype)."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    logits = model(input_ids=torch.tensor([ids], device=device)).logits[0, -1].float().cpu()
+    model.train(was_training)
+    top = torch.topk(logits, min(256, logits.numel()))
+    return {"text": text, "input_ids": ids, "top_ids": top.indices.tolist(),
+            "top_logits": top.values.tolist(), "sum": float(logits.double().sum())}
+
+
 def save_policy(policy: Policy, out_dir: Path) -> Path:
     """Save weights (full) or the adapter (LoRA) plus tokenizer, a README.txt and ftis_policy.json."""
     out_dir = Path(out_dir)
@@ -141,6 +204,7 @@ def save_policy(policy: Policy, out_dir: Path) -> Path:
     (out_dir / "README.txt").write_text(_README.format(kind="LoRA" if is_lora else "full",
                                                        model_id=policy.model_id, how=how,
                                                        tok_note=tok_note))
+    (out_dir / PROBE).write_text(json.dumps(probe_logits(policy.model, policy.tokenizer)))
     info = {"kind": "lora" if is_lora else "full", "model_id": policy.model_id, "base": policy.base,
             "tokenizer": "char" if char_tok else "auto"}
     (out_dir / POLICY_INFO).write_text(json.dumps(info, indent=1))

@@ -27,11 +27,25 @@ from .config import ExperimentConfig, ModelCard
 from .engines import make_engine
 from .logprobs import completion_logprobs, pack_batch
 from .loss import LossInputs, compute_loss
-from .models import load_policy, save_policy
-from .rollouts import Group, tokenizer_fingerprint
+from .models import compute_context, load_policy, save_policy, stop_token_ids
+from .rollouts import Group, PayloadError, tokenizer_fingerprint
 from .tasks import make_task
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class Received:
+    """One source's groups as the server forwarded them.
+
+    Provenance is the server's: ``source`` is the node the server received the groups from, and
+    ``prompt_indices`` the train indices it assigned to that source in the round they were made.
+    A group whose own ``node`` label or prompt disagrees is rejected (:meth:`Node._usable`).
+    """
+
+    source: str
+    groups: list[Group]
+    prompt_indices: list[int]
 
 
 @dataclass
@@ -46,16 +60,18 @@ class StepRequest:
     group_size: int
     """Completions per prompt this node samples (G, or G/m in horizontal mode)."""
     evaluate: bool
-    foreign: list[Group] = field(default_factory=list)
-    """Groups other nodes generated last round, already decoded and validated."""
-    rejected: dict[str, int] = field(default_factory=dict)
-    """Source node -> number of groups that failed validation (counted, never silent)."""
+    foreign: list[Received] = field(default_factory=list)
+    """What the server forwarded from other nodes' last round, already decoded and validated."""
+    rejected: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Source -> (groups, samples) of its payload that failed decoding (counted, never silent)."""
 
 
 @dataclass
 class StepResult:
     groups: list[Group]
     metrics: dict[str, float]
+    rejections: list[str] = field(default_factory=list)
+    """``"<source>: <reason>"`` per source and kind of rejected group, for the server's log."""
 
 
 def sampling_seed(card_seed: int, run_seed: int, round_idx: int) -> int:
@@ -79,9 +95,13 @@ class Node:
         self.policy = load_policy(card, task=self.task, cache_dir=cache_dir)
         self.model = self.policy.model
         self.tokenizer = self.policy.tokenizer
-        self.engine = make_engine(card.engine, self.model, self.tokenizer)
-        self.fingerprint = tokenizer_fingerprint(self.tokenizer)
         self.vocab_size = len(self.tokenizer)
+        """The sampling vocabulary: the tokenizer's tokens, never the model's spare output rows."""
+        self.engine = make_engine(card.engine, self.model, self.tokenizer, vocab_size=self.vocab_size,
+                                  eos_token_ids=stop_token_ids(self.tokenizer, self.model, card.stop_tokens))
+        self.compute = compute_context(card)
+        self.generate_metrics: dict[str, float] = {}
+        self.fingerprint = tokenizer_fingerprint(self.tokenizer)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.base_lr = card.lr if card.lr is not None else experiment.train.lr
         self.optimizer = torch.optim.AdamW(self.params, lr=self.base_lr,
@@ -95,13 +115,16 @@ class Node:
     # ------------------------------------------------------------------ round
     def step(self, req: StepRequest) -> StepResult:
         metrics: dict[str, float] = {"round": float(req.round)}
-        for src, n in req.rejected.items():
-            metrics[f"{src}/groups_rejected"] = float(n)
+        for src, (n_groups, n_samples) in req.rejected.items():
+            metrics[f"{src}/payloads_rejected"] = 1.0
+            metrics[f"{src}/groups_rejected"] = float(n_groups)
+            metrics[f"{src}/samples_rejected"] = float(n_samples)
+        rejections: list[str] = []
         batch = list(self.pending)
         if self.cfg.advantage.mode != "alone":
-            batch += self._usable(req.foreign, metrics)
+            batch += self._usable(req.foreign, metrics, rejections)
         elif req.foreign:
-            metrics["foreign_ignored_alone"] = float(sum(g.size for g in req.foreign))
+            metrics["foreign_ignored_alone"] = float(sum(g.size for r in req.foreign for g in r.groups))
         t0 = time.perf_counter()
         if batch:
             metrics.update(self.train(batch, req.round, req.num_rounds))
@@ -109,13 +132,14 @@ class Node:
         t0 = time.perf_counter()
         self.pending = self.generate(req.prompt_indices, req.group_size, req.round)
         metrics["seconds_generate"] = time.perf_counter() - t0
+        metrics.update(self.generate_metrics)
         if self.pending:
             metrics["reward_mean"] = float(np.mean(np.concatenate([g.rewards for g in self.pending])))
         if req.evaluate:
             t0 = time.perf_counter()
             metrics.update(self.evaluate())
             metrics["seconds_eval"] = time.perf_counter() - t0
-        return StepResult(groups=self.pending, metrics=metrics)
+        return StepResult(groups=self.pending, metrics=metrics, rejections=rejections)
 
     # ---------------------------------------------------------------- helpers
     def _prompt_tokens(self, problem) -> np.ndarray:
@@ -126,23 +150,51 @@ class Node:
             cached = self._prompt_cache[problem.id] = np.asarray(ids, dtype=np.int64)
         return cached
 
-    def _usable(self, foreign: list[Group], metrics: dict[str, float]) -> list[Group]:
-        """Foreign groups whose prompt this node knows and whose prompt tokens it would use."""
-        usable = []
-        for g in foreign:
-            try:
-                problem = self.task.problem(g.prompt_id)
-            except KeyError as exc:
-                reason = f"unknown prompt id: {exc}"
-            else:
-                if np.array_equal(self._prompt_tokens(problem), g.prompt_tokens):
+    def _usable(self, received: list[Received], metrics: dict[str, float],
+                reasons: list[str]) -> list[Group]:
+        """Foreign groups this node may train on: provenance, assignment and prompt tokens checked.
+
+        Every rejected group is counted in ``<source>/groups_rejected`` and ``samples_rejected``
+        under the server's stamp, and each (source, reason) is reported once in ``reasons``.
+        """
+        usable, rejected = [], {}  # (source, reason) -> [groups, samples, first prompt id]
+        for rec in received:
+            src, seen = rec.source, set()
+            assigned = {self.task.train_problem(i).id for i in rec.prompt_indices}
+            for g in rec.groups:
+                reason = self._why_unusable(g, src, assigned, seen)
+                seen.add(g.prompt_id)
+                if reason is None:
                     usable.append(g)
                     continue
-                reason = "prompt tokens differ from this node's encoding of the prompt"
-            key = f"{g.node}/groups_rejected"
-            metrics[key] = metrics.get(key, 0.0) + 1
-            log.warning("node %s rejects group %s from %s: %s", self.card.name, g.prompt_id, g.node, reason)
+                for key, n in (("groups_rejected", 1), ("samples_rejected", g.size)):
+                    metrics[f"{src}/{key}"] = metrics.get(f"{src}/{key}", 0.0) + n
+                entry = rejected.setdefault((src, reason), [0, 0, g.prompt_id])
+                entry[0] += 1
+                entry[1] += g.size
+        for (src, reason), (n, samples, first) in rejected.items():
+            text = f"{src}: {n} group(s), {samples} sample(s) rejected: {reason} (first: {first!r})"
+            reasons.append(text)
+            log.warning("node %s: %s", self.card.name, text)
         return usable
+
+    def _why_unusable(self, g: Group, src: str, assigned: set[str], seen: set[str]) -> str | None:
+        """Why a group forwarded from ``src`` cannot be trained on, or None; cheapest checks first."""
+        if src == self.card.name:
+            return "the server stamped these groups with this node's own name"
+        if g.node != src:
+            return f"labelled as made by {g.node!r}, but the server received it from {src!r}"
+        if g.prompt_id not in assigned:
+            return f"prompt id not assigned to {src} in the round it was generated"
+        if g.prompt_id in seen:
+            return "prompt id used more than once in one round"
+        try:
+            problem = self.task.problem(g.prompt_id)
+        except KeyError as exc:
+            return f"unknown prompt id: {exc}"
+        if not np.array_equal(self._prompt_tokens(problem), g.prompt_tokens):
+            return "prompt tokens differ from this node's encoding of the prompt"
+        return None
 
     def _rewards(self, group: Group) -> np.ndarray:
         """Recomputed from the decoded text: a node never trusts a reward it did not compute."""
@@ -200,6 +252,7 @@ class Node:
             if update == 0:
                 whole = _concat_inputs(detached)
                 metrics.update(compute_loss(whole, loss_cfg).metrics)
+                metrics.update(_own_gap(whole))
                 metrics["grad_norm"] = grad_norm
         self.optimizer.zero_grad(set_to_none=True)
         self.updates += 1
@@ -219,7 +272,9 @@ class Node:
         prompts, comps, gens, advs, foreign, sources = zip(*chunk)
         batch = pack_batch(list(prompts), list(comps), pad_id=self.tokenizer.pad_token_id)
         device = self.model.device
-        lp = completion_logprobs(self.model, batch.to(device), temperature=self.cfg.rollout.temperature)
+        with self.compute():
+            lp = completion_logprobs(self.model, batch.to(device), temperature=self.cfg.rollout.temperature,
+                                     vocab_size=self.vocab_size)
         gen = torch.zeros_like(lp, dtype=torch.float32)
         for i, g in enumerate(gens):
             gen[i, : len(g)] = torch.from_numpy(np.asarray(g, dtype=np.float32))
@@ -239,19 +294,27 @@ class Node:
         r = self.cfg.rollout
         problems = [self.task.train_problem(i) for i in indices]
         prompts = [self._prompt_tokens(p) for p in problems]
-        samples = self.engine.sample(
-            [p.tolist() for p in prompts], n, temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
-            max_new_tokens=r.max_new_tokens, batch_size=r.batch_size,
-            generator_seed=sampling_seed(self.card.seed, self.cfg.rounds.seed, round_idx))
-        groups = []
+        with self.compute():
+            samples = self.engine.sample(
+                [p.tolist() for p in prompts], n, temperature=r.temperature, top_k=r.top_k,
+                top_p=r.top_p, max_new_tokens=r.max_new_tokens, batch_size=r.batch_size,
+                generator_seed=sampling_seed(self.card.seed, self.cfg.rounds.seed, round_idx))
+        groups, dropped = [], 0
         for problem, prompt, group in zip(problems, prompts, samples):
             g = Group(
                 prompt_id=problem.id, prompt_tokens=prompt,
                 completions=[s.tokens for s in group], logprobs=[s.logprobs for s in group],
                 rewards=np.zeros(len(group), dtype=np.float32), node=self.card.name,
                 model_id=self.policy.model_id, tokenizer_fp=self.fingerprint)
+            try:  # a group that cannot go on the wire is dropped and counted, never the whole reply
+                g.validate(self.vocab_size)
+            except PayloadError as exc:
+                dropped += 1
+                log.warning("node %s drops its own group %s: %s", self.card.name, problem.id, exc)
+                continue
             g.rewards = self._rewards(g)
             groups.append(g)
+        self.generate_metrics = {"groups_dropped_unencodable": float(dropped)}
         return groups
 
     # --------------------------------------------------------------- evaluate
@@ -263,8 +326,9 @@ class Node:
             problems = self.task.problems(split)
             problems = problems[:size] if size else problems
             prompts = [self._prompt_tokens(p).tolist() for p in problems]
-            completions = self.engine.greedy(prompts, max_new_tokens=self.cfg.rollout.max_new_tokens,
-                                             batch_size=self.cfg.rollout.batch_size)
+            with self.compute():
+                completions = self.engine.greedy(prompts, max_new_tokens=self.cfg.rollout.max_new_tokens,
+                                                 batch_size=self.cfg.rollout.batch_size)
             texts = self.tokenizer.batch_decode([c.tolist() for c in completions], skip_special_tokens=True)
             scores = [self.task.reward(t, p) for t, p in zip(texts, problems)]
             out[f"eval/{split}/accuracy"] = float(np.mean(scores)) if scores else float("nan")
@@ -272,6 +336,16 @@ class Node:
 
     def save(self, out_dir: Path) -> Path:
         return save_policy(self.policy, Path(out_dir))
+
+
+def _own_gap(x: LossInputs) -> dict[str, float]:
+    """|learner - generator| log-prob of own samples before the update: 0 up to rounding when
+    the learner scores exactly the distribution the engine sampled from (the on-policy check)."""
+    own = ~x.foreign
+    if not bool(own.any()):
+        return {}
+    gap = (x.logprobs[own] - x.gen_logprobs[own]).abs()[x.mask[own].bool()]
+    return {"own_logprob_gap_max": float(gap.max()), "own_logprob_gap_mean": float(gap.mean())}
 
 
 def _concat_inputs(parts: list[LossInputs]) -> LossInputs:

@@ -7,10 +7,16 @@ each node to save its model and stop its worker.
 
 ROUND = "ftis.round"
 """ConfigRecord server -> node: round, num_rounds, prompt_indices (JSON list), group_size,
-evaluate, experiment (JSON of the resolved ExperimentConfig), run_name."""
+evaluate, experiment (JSON of the resolved ExperimentConfig), run_name, and ``foreign``: JSON
+{source: train indices the server assigned to that source in the round its groups come from}.
+``foreign`` is the provenance stamp: the server names each source from the Flower node id that
+sent the groups, so a receiver never has to trust the groups' own ``node`` label."""
 
-FOREIGN_PREFIX = "groups."
-"""server -> node: ``groups.<source node>`` (ArrayRecord) + ``groups.<source node>.meta``."""
+FOREIGN_ARRAYS = "groups.arrays."
+FOREIGN_META = "groups.meta."
+"""server -> node: ``groups.arrays.<source>`` (ArrayRecord) + ``groups.meta.<source>``
+(ConfigRecord), one pair per source listed in ``foreign``. Distinct prefixes: no source name
+can make one source's key equal another's."""
 
 GROUPS = "groups"
 GROUPS_META = "groups.meta"
@@ -20,7 +26,8 @@ METRICS = "metrics"
 """node -> server: MetricRecord of the round (train, filter, eval, timing)."""
 
 INFO = "info"
-"""node -> server: ConfigRecord with node, model_id, rejections, worker_pid, worker_starts."""
+"""node -> server: ConfigRecord with node, model_id, rejections, worker_pid, worker_starts.
+``rejections``: list of str, each ``"<source>: <reason>"`` ([""] when there are none)."""
 
 FINISH = "ftis.finish"
 """ConfigRecord server -> node (query message): out_dir where the node saves its final model."""
@@ -30,10 +37,5 @@ CHECKPOINT = "checkpoint"
 
 
 def foreign_keys(source: str) -> tuple[str, str]:
-    return f"{FOREIGN_PREFIX}{source}", f"{FOREIGN_PREFIX}{source}.meta"
-
-
-def foreign_sources(keys) -> list[str]:
-    """Source node names present in a round message's content keys."""
-    return sorted(k[len(FOREIGN_PREFIX):-len(".meta")] for k in keys
-                  if k.startswith(FOREIGN_PREFIX) and k.endswith(".meta"))
+    """(ArrayRecord key, ConfigRecord key) of one source's forwarded groups."""
+    return f"{FOREIGN_ARRAYS}{source}", f"{FOREIGN_META}{source}"

@@ -277,6 +277,7 @@ def decode_groups(
         raise PayloadError(f"meta lists differ in length: { {k: len(v) for k, v in strs.items()} }")
     if n > wire.max_groups:
         raise PayloadError(f"{n} groups exceed wire.max_groups={wire.max_groups}")
+    _check_token_cap(_declared_length(arrays, "completion_ids"), wire)  # before decoding anything
 
     def name(g: int) -> str:
         return f"group {g} (prompt_id {strs['prompt_id'][g]!r})"
@@ -287,6 +288,7 @@ def decode_groups(
                 f"{name(g)}: tokenizer fingerprint {fp!r} differs from this node's {expected_fp!r}"
             )
     a = _read_arrays(arrays, tok_dtype, lp_dtype)
+    _check_token_cap(len(a["completion_ids"]), wire)  # the declared shape may have lied
     g_off, c_off = a["group_offsets"], a["completion_offsets"]
     _check_offsets(a["prompt_offsets"], n, len(a["prompt_ids"]), "prompt_offsets", "prompt", name)
     _check_offsets(g_off, n, None, "group_offsets", "group", name)
@@ -364,6 +366,31 @@ def decode_groups(
             )
         )
     return groups
+
+
+def _declared_length(arrays: ArrayRecord, key: str) -> int:
+    """Elements the sender declares for ``key`` (its shape; nothing decoded); 0 if unreadable."""
+    try:
+        return int(np.prod([int(d) for d in arrays[key].shape]))
+    except Exception:  # a missing key or odd shape is reported by _read_arrays
+        return 0
+
+
+def _check_token_cap(tokens: int, wire: WireConfig) -> None:
+    if tokens > wire.max_tokens_per_payload:
+        raise PayloadError(f"{tokens} completion tokens exceed wire.max_tokens_per_payload="
+                           f"{wire.max_tokens_per_payload}")
+
+
+def payload_size(arrays: ArrayRecord, meta: ConfigRecord) -> tuple[int, int]:
+    """(groups, completions) a payload claims, read without decoding, to count a rejected one.
+
+    Groups: the meta ``prompt_id`` list, else the declared ``group_offsets`` length; completions:
+    the declared ``completion_offsets`` length. 0 for what cannot be read.
+    """
+    ids = meta.get("prompt_id") if isinstance(meta, ConfigRecord) else None
+    groups = len(ids) if isinstance(ids, list) else max(_declared_length(arrays, "group_offsets") - 1, 0)
+    return groups, max(_declared_length(arrays, "completion_offsets") - 1, 0)
 
 
 def _read_arrays(arrays: ArrayRecord, tok_dtype: str, lp_dtype: str) -> dict[str, np.ndarray]:

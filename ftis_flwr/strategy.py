@@ -11,6 +11,11 @@ F-TIS needs one message per node per round (train on last round's groups, then g
 
 Rounds: round 0 only generates (and evaluates the starting models); rounds 1..R each take one
 update per node on the groups of the round before, then generate again (not after the last).
+
+One node must not crash or fool it: a node's name is bound to its Flower node id at its first
+reply, forwarded groups are stamped with that name and the prompt indices the node was given
+(receivers check both), and any malformed, undeliverable, late or missing reply becomes a failure
+of that node with a reason.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -36,10 +42,31 @@ log = logging.getLogger(__name__)
 PROMPT_STRIDE = 1_009
 """Train-index offset per unit of ``rounds.seed`` (indices wrap modulo the train split)."""
 RoundCallback = Callable[[int, dict[str, dict[str, float]], dict[str, float]], None]
+NODE_NAME = re.compile(r"[A-Za-z0-9_.+-]{1,64}")
+"""A node name as it may appear in record keys and metric names ("/" separates metric parts)."""
+REJECTION_STREAK = 3
+"""Rounds in a row a source's groups are rejected by some receiver before the strategy warns."""
 
 
 class FederationError(RuntimeError):
     """The federation cannot go on (too few nodes connected or replying)."""
+
+
+class BadReply(ValueError):
+    """A node's reply lacks a record or has one of the wrong type; the message says which."""
+
+
+@dataclass
+class TrainReply:
+    """The parts of a well-formed train reply the strategy uses."""
+
+    name: str
+    arrays: ArrayRecord
+    meta: ConfigRecord
+    metrics: dict[str, float]
+    rejections: list[str]
+    nbytes: int
+    ntokens: int
 
 
 @dataclass
@@ -63,10 +90,16 @@ class FTISStrategy(Strategy):
         self.connect_timeout = connect_timeout
         self._experiment_json = json.dumps(to_dict(experiment))
         self._next_prompt = PROMPT_STRIDE * experiment.rounds.seed  # rounds.seed offsets the schedule
-        self._names: dict[int, str] = {}          # Flower node id -> node name (from replies)
-        self._groups: dict[str, tuple[ArrayRecord, ConfigRecord]] = {}  # last round's, by name
+        self._names: dict[int, str] = {}          # Flower node id -> node name (bound at first reply)
+        self._owners: dict[str, int] = {}         # node name -> the node id bound to it
+        self._claimed: dict[int, str] = {}        # node id -> name its last good reply claimed
+        # last round's groups by source name, with the train indices that source was assigned
+        self._groups: dict[str, tuple[ArrayRecord, ConfigRecord, list[int]]] = {}
+        self._assigned: dict[int, list[int]] = {}   # node id -> train indices, round in flight
+        self._forwarded: dict[int, list[str]] = {}  # node id -> sources sent to it, round in flight
+        self._streaks: dict[str, int] = {}        # source -> consecutive rounds it was rejected
         self._sent: dict[str, int] = {}           # message id -> destination node id
-        self._timed_out: dict[int, str] = {}      # node id -> reason, for the round in flight
+        self._lost: dict[int, str] = {}           # node id -> why no reply came, round in flight
         self.history: list[RoundOutcome] = []
         self.checkpoints: dict[str, str] = {}
 
@@ -96,64 +129,73 @@ class FTISStrategy(Strategy):
     # ------------------------------------------------- Strategy interface
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
-        """One message per node: prompt indices + the other nodes' groups of last round."""
+        """One message per node: prompt indices + the other nodes' groups of last round, stamped."""
         node_ids = sorted(grid.get_node_ids())
         prompts = self._prompts(node_ids, server_round)
+        self._assigned, self._forwarded = prompts, {}
         messages = []
         for nid in node_ids:
-            content = RecordDict({protocol.ROUND: ConfigRecord({
+            content, foreign = RecordDict(), {}
+            if self.cfg.advantage.mode != "alone":
+                me = {self._names.get(nid), self._claimed.get(nid)}  # an impostor gets no copy either
+                for src, (arr, meta, indices) in self._groups.items():
+                    if src not in me:
+                        arrays_key, meta_key = protocol.foreign_keys(src)
+                        content[arrays_key], content[meta_key] = arr, meta
+                        foreign[src] = indices
+            self._forwarded[nid] = list(foreign)
+            content[protocol.ROUND] = ConfigRecord({
                 "round": server_round, "num_rounds": self.cfg.rounds.num_rounds,
                 "prompt_indices": json.dumps(prompts[nid]), "group_size": self._group_size(),
                 "evaluate": self._evaluate_now(server_round), "experiment": self._experiment_json,
-                "run_name": self.run_name,
-            })})
-            if self.cfg.advantage.mode != "alone":
-                me = self._names.get(nid)
-                for src, (arr, meta) in self._groups.items():
-                    if src != me:
-                        arrays_key, meta_key = protocol.foreign_keys(src)
-                        content[arrays_key] = arr
-                        content[meta_key] = meta
+                "run_name": self.run_name, "foreign": json.dumps(foreign),
+            })
             messages.append(Message(content=content, dst_node_id=nid, message_type="train"))
         return messages
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Keep each node's new groups for the next round; collect metrics; log failures."""
-        outcome = RoundOutcome(failures=dict(self._timed_out))
-        self._timed_out = {}
-        groups: dict[str, tuple[ArrayRecord, ConfigRecord]] = {}
-        total_bytes, total_tokens = 0, 0
+        """Keep each node's new groups for the next round; collect metrics; log failures.
+
+        Never raises because of what a node sent: a bad reply becomes that node's failure.
+        """
+        outcome = RoundOutcome(failures=dict(self._lost))
+        self._lost = {}
+        good: dict[int, TrainReply] = {}
         for reply in replies:
-            nid = self._sent.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
+            nid = self._reply_node(reply, server_round, set(good) | set(outcome.failures))
+            if nid is None:
+                continue
             if reply.has_error():
                 outcome.failures[nid] = f"code {reply.error.code}: {reply.error.reason}"
                 continue
-            c = reply.content
-            name = str(c[protocol.INFO]["node"])
-            if name in groups:  # two SuperNodes claim one model card: keep the first, fail the other
-                outcome.failures[nid] = (f"model card {name!r} is already served by another node this "
-                                         "round; give each SuperNode its own card")
+            try:
+                good[nid] = _read_train_reply(reply.content)
+            except Exception as exc:  # whatever a node sent, it must not stop the federation
+                why = str(exc) if isinstance(exc, BadReply) else f"{type(exc).__name__}: {exc}"
+                outcome.failures[nid] = f"malformed reply: {why}"
+        groups: dict[str, tuple[ArrayRecord, ConfigRecord, list[int]]] = {}
+        rejected: set[str] = set()
+        total_bytes, total_tokens = 0, 0
+        live = set(self._sent.values())
+        # node ids bound in earlier rounds first: the order replies arrive in cannot steal a card
+        for nid in sorted(good, key=lambda n: n not in self._names):
+            r = good[nid]
+            self._claimed[nid] = r.name
+            reason = self._bind(nid, r.name, live)
+            if reason is not None:
+                outcome.failures[nid] = reason
                 continue
-            self._names[nid] = name
-            arr, meta = c[protocol.GROUPS], c[protocol.GROUPS_META]
-            groups[name] = (arr, meta)
-            nbytes = payload_bytes(arr, meta)
-            ntok = completion_tokens(arr)
-            total_bytes += nbytes
-            total_tokens += ntok
-            metrics = dict(c[protocol.METRICS])
-            metrics["payload_bytes"] = float(nbytes)
-            metrics["worker_starts"] = float(c[protocol.INFO]["worker_starts"])
-            outcome.node_metrics[name] = metrics
-            for reason in c[protocol.INFO]["rejections"]:
-                if reason:
-                    log.warning("node %s: %s", name, reason)
-                    self.on_event("payload_rejected", round=server_round, node=name, reason=str(reason))
+            groups[r.name] = (r.arrays, r.meta, list(self._assigned.get(nid, [])))
+            total_bytes += r.nbytes
+            total_tokens += r.ntokens
+            outcome.node_metrics[r.name] = {**r.metrics, "payload_bytes": float(r.nbytes)}
+            rejected |= self._note_rejections(server_round, nid, r)
         for nid, reason in outcome.failures.items():
             name = self._names.get(nid, f"node-{nid}")
             log.warning("round %d: node %s failed: %s", server_round, name, reason)
             self.on_event("node_failed", round=server_round, node=name, reason=reason)
+        self._update_streaks(server_round, rejected)
         self._groups = groups  # a node that failed contributes nothing stale
         outcome.server_metrics = {
             "nodes_replied": float(len(outcome.node_metrics)),
@@ -162,6 +204,56 @@ class FTISStrategy(Strategy):
         }
         self.history.append(outcome)
         return None, MetricRecord({k: v for k, v in outcome.server_metrics.items() if math.isfinite(v)})
+
+    def _reply_node(self, reply: Message, rnd: int | str, done: set[int]) -> int | None:
+        """The node id a reply answers for (from the message it replies to), or None to discard it."""
+        nid = self._sent.get(reply.metadata.reply_to_message_id)
+        if nid is None:
+            log.warning("round %s: discarded a reply to message %r (from node id %s): not a message "
+                        "of this round", rnd, reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
+        elif nid in done:
+            log.warning("round %s: discarded a second reply from node id %d", rnd, nid)
+            return None
+        return nid
+
+    def _bind(self, nid: int, name: str, live: set[int]) -> str | None:
+        """Bind a node id to the card name of its first good reply; the reason it cannot, or None."""
+        bound = self._names.get(nid)
+        if bound is not None and bound != name:
+            return f"node id {nid} served model card {bound!r} and now claims {name!r}"
+        owner = self._owners.get(name)
+        if owner is not None and owner != nid:
+            if owner in live:  # two SuperNodes claim one model card: the first keeps it
+                return (f"model card {name!r} is already served by node id {owner}; give each "
+                        "SuperNode its own card")
+            log.warning("model card %r moves from node id %d (gone) to node id %d", name, owner, nid)
+            del self._names[owner]
+        self._names[nid], self._owners[name] = name, nid
+        return None
+
+    def _note_rejections(self, rnd: int, nid: int, r: TrainReply) -> set[str]:
+        """Log a receiver's rejections; event per source it rejected; returns those sources."""
+        for reason in r.rejections:
+            log.warning("node %s: %s", r.name, reason)
+        sources = set()
+        for src in self._forwarded.get(nid, []):  # only what was really sent to it counts
+            groups, samples, payloads = (r.metrics.get(f"{src}/{k}_rejected", 0.0)
+                                         for k in ("groups", "samples", "payloads"))
+            if groups > 0 or payloads > 0:
+                sources.add(src)
+                why = "; ".join(x for x in r.rejections if x.startswith(f"{src}: "))
+                self.on_event("payload_rejected", round=rnd, node=r.name, source=src, groups=groups,
+                              samples=samples, reason=why or "see the receiver's log")
+        return sources
+
+    def _update_streaks(self, rnd: int, rejected: set[str]) -> None:
+        """Warn when a source's groups were rejected in REJECTION_STREAK rounds in a row."""
+        self._streaks = {src: self._streaks.get(src, 0) + 1 for src in rejected}
+        for src, n in self._streaks.items():
+            if n >= REJECTION_STREAK:
+                log.warning("round %d: node %s keeps sending bad data: its groups were rejected in %d "
+                            "consecutive rounds", rnd, src, n)
+                self.on_event("payload_rejected_repeatedly", round=rnd, node=src, rounds=n)
 
     def configure_evaluate(self, server_round, arrays, config, grid) -> Iterable[Message]:
         return []  # evaluation rides on the round message (``evaluate`` flag)
@@ -193,12 +285,24 @@ class FTISStrategy(Strategy):
         return ids
 
     def _send(self, grid: Grid, messages: list[Message], timeout: float) -> list[Message]:
-        self._sent = {}
+        """Push, then pull until every delivered message is answered or ``timeout`` passes.
+
+        A message that could not be pushed, or got no reply in time, is recorded in ``_lost``.
+        """
+        self._sent, self._lost = {}, {}
         ids = list(grid.push_messages(messages))
-        for mid, msg in zip(ids, messages):
-            self._sent[mid] = msg.metadata.dst_node_id
+        returned = {i for i in ids if i}
+        for i, msg in enumerate(messages):
+            # Flower's grids stamp a message's id before pushing it and return "" (SuperLink) or
+            # nothing (in-memory) for one they could not store: match by id, not by position
+            mid = msg.metadata.message_id or (ids[i] if len(ids) == len(messages) else "")
+            if mid and mid in returned:
+                self._sent[mid] = msg.metadata.dst_node_id
+            else:
+                self._lost[msg.metadata.dst_node_id] = ("the message could not be delivered "
+                                                        "(push_messages returned no id for it)")
         replies: list[Message] = []
-        pending = set(i for i in ids if i)
+        pending = set(self._sent)
         deadline = time.monotonic() + timeout
         while pending and time.monotonic() < deadline:
             for reply in grid.pull_messages(list(pending)):
@@ -206,9 +310,8 @@ class FTISStrategy(Strategy):
                 pending.discard(reply.metadata.reply_to_message_id)
             if pending:
                 time.sleep(0.2)
-        # A node that missed the deadline is reported as failed by aggregate_train.
-        self._timed_out = {self._sent[mid]: f"no reply within the {timeout:.0f} s round timeout"
-                           for mid in pending}
+        for mid in pending:
+            self._lost[self._sent[mid]] = f"no reply within the {timeout:.0f} s round timeout"
         return replies
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int | None = None,
@@ -239,19 +342,78 @@ class FTISStrategy(Strategy):
         return result
 
     def finish(self, grid: Grid, timeout: float) -> dict[str, str]:
-        """Ask each node to save its final model (and stop its worker); returns name -> path."""
+        """Ask each node to save its final model (and stop its worker); returns name -> path.
+
+        A node that fails to (error, malformed or missing reply) is logged as ``checkpoint_failed``.
+        """
         messages = [Message(content=RecordDict({protocol.FINISH: ConfigRecord({
             "out_dir": self.out_dir or "checkpoints", "experiment": self._experiment_json,
             "run_name": self.run_name})}), dst_node_id=nid, message_type="query")
             for nid in sorted(grid.get_node_ids())]
-        for reply in self._send(grid, messages, timeout):
-            nid = self._sent.get(reply.metadata.reply_to_message_id)
-            if reply.has_error():
-                name = self._names.get(nid, f"node-{nid}")
-                log.warning("node %s could not save its model: %s", name, reply.error.reason)
-                self.on_event("checkpoint_failed", node=name, reason=reply.error.reason)
+        replies = self._send(grid, messages, timeout)
+        failures, done = dict(self._lost), set()
+        for reply in replies:
+            nid = self._reply_node(reply, "finish", done | set(failures))
+            if nid is None:
                 continue
-            rec = reply.content[protocol.CHECKPOINT]
-            self.checkpoints[str(rec["node"])] = str(rec["path"])
-            self.on_event("checkpoint", node=str(rec["node"]), path=str(rec["path"]))
+            done.add(nid)
+            try:
+                name, path = self._read_checkpoint(nid, reply)
+            except Exception as exc:  # whatever a node sent, the others' checkpoints are kept
+                failures[nid] = str(exc) if isinstance(exc, BadReply) else f"{type(exc).__name__}: {exc}"
+                continue
+            self.checkpoints[name] = path
+            self.on_event("checkpoint", node=name, path=path)
+        for nid, reason in failures.items():
+            name = self._names.get(nid, f"node-{nid}")
+            log.warning("node %s could not save its model: %s", name, reason)
+            self.on_event("checkpoint_failed", node=name, reason=reason)
         return self.checkpoints
+
+    def _read_checkpoint(self, nid: int, reply: Message) -> tuple[str, str]:
+        """(card name, path) from a finish reply, checked against the node id's bound name."""
+        if reply.has_error():
+            raise BadReply(f"code {reply.error.code}: {reply.error.reason}")
+        rec = _record(reply.content, protocol.CHECKPOINT, ConfigRecord)
+        name, path = rec.get("node"), rec.get("path")
+        if not isinstance(name, str) or not isinstance(path, str) or not path:
+            raise BadReply(f"record {protocol.CHECKPOINT!r} needs str 'node' and 'path', got "
+                           f"{name!r}, {path!r}")
+        bound, owner = self._names.get(nid, name), self._owners.get(name, nid)
+        if owner != nid:
+            raise BadReply(f"node id {nid} claims the checkpoint of model card {name!r}, which node id "
+                           f"{owner} serves")
+        if name != bound:
+            raise BadReply(f"node id {nid} serves model card {bound!r} but its checkpoint claims {name!r}")
+        return name, path
+
+
+def _record(content: RecordDict, key: str, kind: type):
+    """content[key], checked to be a ``kind``; BadReply naming the key otherwise."""
+    rec = content.get(key)
+    if rec is None:
+        raise BadReply(f"record {key!r} is missing")
+    if not isinstance(rec, kind):
+        raise BadReply(f"record {key!r} is a {type(rec).__name__}, expected a {kind.__name__}")
+    return rec
+
+
+def _read_train_reply(content: RecordDict) -> TrainReply:
+    """Check a train reply's records (protocol.GROUPS, GROUPS_META, METRICS, INFO); BadReply if not."""
+    arrays = _record(content, protocol.GROUPS, ArrayRecord)
+    meta = _record(content, protocol.GROUPS_META, ConfigRecord)
+    metric_rec = _record(content, protocol.METRICS, MetricRecord)
+    info = _record(content, protocol.INFO, ConfigRecord)
+    name = info.get("node")
+    if not isinstance(name, str) or not NODE_NAME.fullmatch(name):
+        raise BadReply(f"info 'node' must be a node name (1-64 letters, digits, _ . + -), got {name!r}")
+    rejections = info.get("rejections", [])
+    if not isinstance(rejections, list) or not all(isinstance(x, str) for x in rejections):
+        raise BadReply(f"info 'rejections' must be a list of str, got {rejections!r}")
+    metrics = {k: float(v) for k, v in metric_rec.items() if isinstance(v, (int, float))}
+    starts = info.get("worker_starts")
+    if isinstance(starts, (int, float)) and not isinstance(starts, bool):
+        metrics["worker_starts"] = float(starts)
+    return TrainReply(name=name, arrays=arrays, meta=meta, metrics=metrics,
+                      rejections=[x for x in rejections if x], nbytes=payload_bytes(arrays, meta),
+                      ntokens=completion_tokens(arrays))

@@ -163,7 +163,9 @@ class _Server:
         from .config import card_from_dict, from_dict
         from .node import Node
 
-        experiment = from_dict(self.spec["experiment"])
+        # import_registries: a loss.method given as "package.module:function" is imported and
+        # registered here, in the worker process, before the Node looks it up.
+        experiment = from_dict(self.spec["experiment"], import_registries=True)
         card = card_from_dict(self.spec["card"])
         if card.device.startswith("cuda:"):
             card.device = "cuda"  # CUDA_VISIBLE_DEVICES already pins the chosen GPU
@@ -244,24 +246,31 @@ class _Server:
 
 
 def step_from_payloads(node, payload: dict[str, Any]) -> dict[str, Any]:
-    """Decode received payloads (rejecting bad ones loudly), run the round, encode the reply."""
-    from .node import StepRequest
-    from .rollouts import PayloadError, decode_groups, encode_groups
+    """Decode received payloads (rejecting bad ones loudly), run the round, encode the reply.
+
+    ``payload["foreign_payloads"]``: {source: (arrays, meta, assigned train indices)}, the source
+    being the server's stamp. A payload that fails decoding is counted in groups and samples.
+    """
+    from .node import Received, StepRequest
+    from .rollouts import PayloadError, decode_groups, encode_groups, payload_size
 
     payload = dict(payload)
     foreign, rejected, reasons = [], {}, []
-    for src, (arrays, meta) in payload.pop("foreign_payloads", {}).items():
+    for src, (arrays, meta, indices) in payload.pop("foreign_payloads", {}).items():
         try:
-            foreign += decode_groups(arrays, meta, expected_fp=node.fingerprint,
-                                     vocab_size=node.vocab_size, wire=node.cfg.wire)
+            groups = decode_groups(arrays, meta, expected_fp=node.fingerprint,
+                                   vocab_size=node.vocab_size, wire=node.cfg.wire)
         except PayloadError as exc:
-            rejected[src] = rejected.get(src, 0) + 1
-            reasons.append(f"payload from {src} rejected: {exc}")
-            log.warning("node %s: payload from %s rejected: %s", node.card.name, src, exc)
+            n_groups, n_samples = rejected[src] = payload_size(arrays, meta)
+            reasons.append(f"{src}: payload rejected ({n_groups} group(s), {n_samples} sample(s)): {exc}")
+            log.warning("node %s: %s", node.card.name, reasons[-1])
+            continue
+        foreign.append(Received(src, groups, [int(i) for i in indices]))
     result = node.step(StepRequest(**payload, foreign=foreign, rejected=rejected))
     arrays, meta = encode_groups(result.groups, logprob_dtype=node.cfg.wire.logprob_dtype,
                                  vocab_size=node.vocab_size)
-    return {"arrays": arrays, "meta": meta, "metrics": result.metrics, "rejections": reasons,
+    return {"arrays": arrays, "meta": meta, "metrics": result.metrics,
+            "rejections": reasons + result.rejections,
             "node": node.card.name, "model_id": node.policy.model_id}
 
 

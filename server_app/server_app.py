@@ -16,7 +16,7 @@ from pathlib import Path
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from ftis_flwr.config import load_experiment, to_dict
+from ftis_flwr.config import ConfigError, load_run_config, to_dict
 from ftis_flwr.reporting import RunReporter, format_summary_table
 from ftis_flwr.strategy import FTISStrategy
 
@@ -26,13 +26,9 @@ app = ServerApp()
 
 
 def experiment_from_run_config(run_config: dict):
-    """Split Flower's flat run config into preset, YAML file and non-empty overrides."""
-    preset = str(run_config.get("preset", "") or "")
-    config_file = str(run_config.get("config-file", run_config.get("config_file", "")) or "")
-    overrides = {k: v for k, v in run_config.items()
-                 if k not in ("preset", "config-file", "config_file") and v != ""}
-    yaml_text = Path(config_file).expanduser().read_text() if config_file else None
-    return load_experiment(preset or None, overrides, yaml_text=yaml_text)
+    """Flower's flat run config -> validated experiment (:func:`ftis_flwr.config.load_run_config`):
+    the ``preset``, the ``config-file`` on top, every non-empty key, then ``overrides``."""
+    return load_run_config(run_config)
 
 
 def run(grid: Grid, experiment, *, connect_timeout: float = 120.0) -> Path:
@@ -70,7 +66,26 @@ def _log_to_console() -> None:
         log.propagate = False
 
 
+class _ConfigErrorWithoutTraceback(logging.Filter):
+    """Flower logs a failed ServerApp with its traceback; for a ConfigError the message suffices."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, ConfigError):
+            record.msg, record.args = f"{record.getMessage()}: invalid configuration (listed above)", ()
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     _log_to_console()
-    run(grid, experiment_from_run_config(dict(context.run_config)))
+    try:
+        experiment = experiment_from_run_config(dict(context.run_config))
+    except ConfigError as exc:
+        # One short message listing every error; raising marks the run failed in Flower (`flwr ls`),
+        # but `flwr run --stream` still exits 0 in Flower 1.42: it does not check the run's status.
+        print(f"ftis-flwr: {exc}", flush=True)
+        logging.getLogger("flwr").addFilter(_ConfigErrorWithoutTraceback())
+        raise exc.with_traceback(None) from None
+    run(grid, experiment)

@@ -71,3 +71,253 @@ def test_unknown_preset_lists_available():
 
 def test_flat_to_nested_skips_app_keys():
     assert flat_to_nested({"preset": "x", "loss.method": "tis"}) == {"loss": {"method": "tis"}}
+
+
+# --- flwr run-config keys, typed values, registries as the source of truth (issue #11) -----------
+
+from pathlib import Path  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _through_flower(run_config: str) -> dict:
+    """What the ServerApp's context.run_config holds for `flwr run . --run-config <run_config>`:
+    Flower's own parsing and its check against the declared keys of the real pyproject.toml."""
+    from flwr.common.config import get_fused_config_from_dir, parse_config_args
+
+    return get_fused_config_from_dir(REPO, parse_config_args([run_config]))
+
+
+def test_run_config_reaches_every_section_through_flower_and_the_real_merge():
+    from server_app.server_app import experiment_from_run_config
+
+    run_config = _through_flower(
+        "loss.trunc-c=3 loss.filter-action='drop' advantage.scale-rewards='none' "
+        "wire.logprob-dtype='bf16' rollout.group-size=8.0 rollout.top-p='0.9' train.lr='1e-4' "
+        "train.micro-batch-size=32 rounds.num-rounds=3 rounds.round-timeout=60 task.seed=7 "
+        "worker-idle-timeout=30 overrides='nodes.0.lr=1e-3 nodes.large.lora=true nodes.1.g.kind=linear'")
+    cfg = experiment_from_run_config(run_config)
+    assert cfg.preset == "cpu-pair" and cfg.loss.method == "f-tis"  # "" = the preset decides
+    assert cfg.loss.trunc_c == 3.0 and isinstance(cfg.loss.trunc_c, float)
+    assert cfg.loss.filter_action == "drop" and cfg.advantage.scale_rewards == "none"
+    assert cfg.wire.logprob_dtype == "bf16"
+    assert cfg.rollout.group_size == 8 and isinstance(cfg.rollout.group_size, int)
+    assert cfg.rollout.top_p == 0.9 and cfg.train.lr == 1e-4 and cfg.train.micro_batch_size == 32
+    assert cfg.rounds.num_rounds == 3 and cfg.rounds.round_timeout == 60.0
+    assert cfg.task.seed == 7 and cfg.worker_idle_timeout == 30.0
+    assert cfg.nodes[0].lr == 1e-3 and cfg.nodes[1].lora is True and cfg.nodes[1].g.kind == "linear"
+    assert cfg.nodes[0].lora is False and cfg.nodes[1].lr is None
+
+
+def test_flower_accepts_every_generated_key_and_rejects_undeclared_ones():
+    from ftis_flwr.config_keys import run_config_keys
+
+    keys = run_config_keys()
+    assert {"loss.method", "train.micro-batch-size", "wire.max-groups", "run-dir"} <= set(keys)
+    fused = _through_flower(" ".join(f"{k}='x'" for k in keys))
+    assert all(fused[k] == "x" for k in keys)
+    with pytest.raises(ValueError, match="nodes.0.lr"):  # why per-node fields go via `overrides`
+        _through_flower("nodes.0.lr=0.1")
+
+
+@pytest.mark.parametrize("value, expected", [
+    ({"rollout.group-size": 8.0}, 8), ({"rollout.group-size": "8"}, 8), ({"rollout.group-size": "8.0"}, 8),
+    ({"train.lr": "1e-4"}, 1e-4), ({"train.lr": 1}, 1.0), ({"nodes.0.lora": "true"}, True),
+    ({"nodes.0.lora": 0}, False), ({"nodes.0.lr": "none"}, None),
+])
+def test_typed_values_are_converted_to_the_field_type(value, expected):
+    cfg = load_experiment(overrides=value)
+    key = next(iter(value)).replace("-", "_")
+    got = cfg.nodes[0] if key.startswith("nodes.0.") else cfg
+    for part in key.removeprefix("nodes.0.").split("."):
+        got = getattr(got, part)
+    assert got == expected and type(got) is type(expected)
+
+
+def test_every_error_is_listed_at_once_without_a_traceback_chain():
+    with pytest.raises(ConfigError) as err:
+        load_experiment(overrides={"rollout.group-size": 8.5, "train.lr": "fast", "nodes.0.lora": "maybe",
+                                   "loss.methd": "tis", "nodes.9.lr": 0.1, "loss.method": "ppo",
+                                   "rollout.top_p": 2.0, "nodes.0.engine": "nope"})
+    msg = str(err.value)
+    for fragment in ("rollout.group_size=8.5 is not an integer", "train.lr='fast' is not a number",
+                     "nodes.0.lora='maybe' is not a boolean", "unknown configuration keys: loss.methd.", "nodes.9",
+                     "loss.method='ppo'", "rollout.top_p=2.0", "nodes[a].engine='nope'"):
+        assert fragment in msg, (fragment, msg)
+    assert msg.startswith("invalid configuration (8 errors)")
+    assert err.value.__cause__ is None and err.value.__context__ is None
+
+
+def test_choices_come_from_the_owning_registries():
+    from ftis_flwr import advantages, engines, loss, rollouts, tasks
+
+    with pytest.raises(ConfigError) as err:
+        load_experiment(overrides={"loss.filter_rule": "xor", "task.name": "nope", "nodes.0.engine": "x",
+                                   "wire.logprob_dtype": "fp8", "loss.method": "nope"})
+    msg = str(err.value)
+    assert ", ".join(advantages.FILTER_RULES) in msg and ", ".join(tasks.TASK_NAMES) in msg
+    assert ", ".join(engines.ENGINES) in msg and ", ".join(rollouts.LOGPROB_DTYPES) in msg
+    assert ", ".join(sorted(loss.LOSS_REGISTRY)) in msg
+
+
+@pytest.fixture
+def registered_loss():
+    from ftis_flwr.loss import LOSS_REGISTRY, register_loss
+
+    before = dict(LOSS_REGISTRY)
+
+    @register_loss("test-plain-pg", "f-test-plain-pg")
+    def plain_pg(terms, cfg):
+        return -terms.lp * terms.adv
+
+    yield plain_pg
+    LOSS_REGISTRY.clear()
+    LOSS_REGISTRY.update(before)
+
+
+def test_user_registered_loss_is_selectable_from_a_preset_yaml(tmp_path, registered_loss):
+    preset = tmp_path / "my-preset.yaml"
+    preset.write_text("loss: {method: f-test-plain-pg}\nrounds: {num_rounds: 2}\n")
+    cfg = load_experiment(str(preset))
+    assert cfg.loss.method == "f-test-plain-pg" and cfg.rounds.num_rounds == 2
+
+
+LOSS_MODULE = '''
+from ftis_flwr.loss import register_loss
+
+
+def my_loss(terms, cfg):
+    return -terms.lp * terms.adv
+
+
+@register_loss("by-name-in-module")
+def _registered(terms, cfg):
+    return -terms.lp * terms.adv
+'''
+
+
+@pytest.fixture
+def loss_module(tmp_path, monkeypatch):
+    from ftis_flwr.loss import LOSS_REGISTRY
+
+    name = f"user_losses_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{name}.py").write_text(LOSS_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = dict(LOSS_REGISTRY)
+    yield name
+    LOSS_REGISTRY.clear()
+    LOSS_REGISTRY.update(before)
+
+
+def test_import_path_loss_is_imported_and_registered_on_first_use(loss_module):
+    import torch
+
+    from ftis_flwr.config import LossConfig
+    from ftis_flwr.loss import LOSS_REGISTRY, LossInputs, compute_loss, is_filtered
+
+    for method in (f"{loss_module}:my_loss", f"f-{loss_module}:my_loss", f"{loss_module}:by-name-in-module"):
+        cfg = load_experiment(overrides={"loss.method": method})
+        assert cfg.loss.method == method and method in LOSS_REGISTRY
+    assert is_filtered(f"f-{loss_module}:my_loss") and not is_filtered(f"{loss_module}:my_loss")
+    lp = torch.zeros(2, 3, requires_grad=True)
+    out = compute_loss(LossInputs(lp, torch.zeros(2, 3), torch.tensor([1.0, -1.0]),
+                                  torch.ones(2, 3, dtype=torch.bool), torch.tensor([False, True])),
+                       LossConfig(method=f"{loss_module}:my_loss"))
+    out.loss.backward()
+    assert torch.allclose(lp.grad, torch.tensor([[-1.0] * 3, [1.0] * 3]) / 6)
+
+
+def test_bad_import_path_loss_is_a_config_error(loss_module):
+    with pytest.raises(ConfigError, match="cannot import 'no_such_module_xyz'"):
+        load_experiment(overrides={"loss.method": "no_such_module_xyz:fn"})
+    with pytest.raises(ConfigError, match="has no loss function or registered loss 'nope'"):
+        load_experiment(overrides={"loss.method": f"{loss_module}:nope"})
+
+
+def test_node_worker_imports_an_import_path_loss_when_it_builds_the_experiment(loss_module, tmp_path):
+    """A fresh process, like a node worker: ``_Server._load`` must register the loss itself."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    cfg = load_experiment(overrides={"loss.method": f"{loss_module}:my_loss"})
+    (tmp_path / "spec.json").write_text(json.dumps({"experiment": to_dict(cfg), "card": to_dict(cfg.nodes[0]),
+                                                    "cache_dir": str(tmp_path)}))
+    script = f"""
+import ftis_flwr.node, ftis_flwr.worker as w
+from pathlib import Path
+ftis_flwr.node.Node = lambda card, experiment, cache_dir: experiment  # no model: just the experiment
+experiment = w._Server(Path({str(tmp_path)!r}))._load()
+from ftis_flwr.loss import get_loss_fn
+print("OK", get_loss_fn(experiment.loss.method).__name__)
+"""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO)]))
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "OK my_loss" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_from_dict_stays_cheap_for_the_per_message_client_app():
+    """The ClientApp rebuilds the experiment per message: it must not import torch to validate."""
+    import subprocess
+    import sys
+
+    script = ("import sys; from ftis_flwr.config import from_dict, load_experiment, to_dict, ExperimentConfig;"
+              "from_dict(to_dict(ExperimentConfig())); print(sorted(m for m in ('torch', 'transformers') "
+              "if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr[-2000:]
+
+
+def test_run_config_file_and_overrides_and_missing_file(tmp_path):
+    from ftis_flwr.config import load_run_config
+
+    text = tmp_path / "exp.yaml"
+    text.write_text("rounds: {num_rounds: 4}\nnodes:\n  - {name: x}\n  - {name: y, seed: 5}\n")
+    cfg = load_run_config({"preset": "", "config-file": str(text), "rounds.num-rounds": "",
+                           "overrides": "nodes.y.tiny-size=large 'nodes.0.lora-config.target-modules=q_proj, v_proj'"})
+    assert cfg.rounds.num_rounds == 4 and cfg.nodes[1].tiny_size == "large" and cfg.nodes[1].seed == 5
+    assert cfg.nodes[0].lora_config.target_modules == ["q_proj", "v_proj"]
+    with pytest.raises(ConfigError, match="no such file"):
+        load_run_config({"config-file": str(tmp_path / "missing.yaml")})
+    with pytest.raises(ConfigError, match="is not key=value"):
+        load_run_config({"overrides": "nodes.0.lr"})
+
+
+def test_yaml_type_errors_name_the_file_and_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"YAML config.*rollout.group_size"):
+        load_experiment(yaml_text="rollout: {group_size: many}\n")
+
+
+def test_server_app_prints_one_short_message_and_fails_the_run(capsys):
+    import logging
+
+    from flwr.app import Context, RecordDict
+
+    from server_app.server_app import main
+
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                      run_config={"preset": "cpu-pair", "loss.method": "ppo", "rollout.group-size": 1.5})
+    ours, flwr_log = logging.getLogger("ftis_flwr"), logging.getLogger("flwr")
+    saved = (list(ours.handlers), ours.level, ours.propagate, list(flwr_log.filters))
+    try:
+        with pytest.raises(ConfigError) as err:
+            main(None, context)
+        _check_short_message(capsys, err, flwr_log)
+    finally:  # main() configures logging for a real run: undo it for the tests that follow
+        ours.handlers[:], flwr_log.filters[:] = saved[0], saved[3]
+        ours.setLevel(saved[1])
+        ours.propagate = saved[2]
+
+
+def _check_short_message(capsys, err, flwr_log):
+    import logging
+
+    out = capsys.readouterr().out
+    assert "ftis-flwr: invalid configuration (2 errors)" in out and "loss.method='ppo'" in out
+    assert "rollout.group_size=1.5 is not an integer" in out
+    # Flower then logs the failure with exc_info: our filter drops the traceback.
+    record = flwr_log.makeRecord("flwr", logging.ERROR, __file__, 1, "%s raised an exception", ("ServerApp",),
+                                 (ConfigError, err.value, err.value.__traceback__))
+    assert all(f.filter(record) for f in flwr_log.filters)
+    assert record.exc_info is None and "listed above" in record.getMessage()

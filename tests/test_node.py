@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ftis_flwr.config import load_experiment
-from ftis_flwr.node import Node, StepRequest
+from ftis_flwr.node import Node, Received, StepRequest
 
 YAML = """
 rounds: {num_rounds: 3, prompts_per_node: 4, eval_size: 8}
@@ -49,12 +49,15 @@ def test_vertical_round_trains_on_own_and_foreign(cache):
     _, a, b = _nodes(cache)
     a.step(StepRequest(0, 3, [0, 1], 4, False))
     gb = b.step(StepRequest(0, 3, [2, 3], 4, False)).groups
+    # one of b's groups right and wrong in turn, so the update has a signal whatever was sampled
+    gold = a.task.train_problem(2).gold
+    gb[0] = _crafted(a, 2, [gold, "x", gold, "y"], "b")
     before = _params(a)
-    m = a.step(StepRequest(1, 3, [4, 5], 4, False, foreign=gb)).metrics
+    m = a.step(StepRequest(1, 3, [4, 5], 4, False, foreign=[Received("b", gb, [2, 3])])).metrics
     assert m["samples_own"] == 8 and m["samples_foreign"] == 8 and m["b/samples"] == 8
     assert m["kl_mean_own"] < 1e-4  # own samples are exactly on-policy
-    if m["samples_effective"] > 0:   # some group had differing rewards: the weights must move
-        assert any(not torch.equal(p, q) for p, q in zip(before, a.params))
+    assert m["samples_effective"] >= 2  # the right answers at least (the filter only takes A <= 0)
+    assert any(not torch.equal(p, q) for p, q in zip(before, a.params)), "the update left a unchanged"
     assert len(a.pending) == 2 and a.updates == 1
 
 
@@ -65,7 +68,7 @@ def test_rewards_are_recomputed_not_trusted(cache):
     honest = [a._rewards(g) for g in gb]
     inflated = [dataclasses.replace(g, rewards=np.ones_like(g.rewards)) for g in gb]
     assert [a._rewards(g).tolist() for g in inflated] == [r.tolist() for r in honest]
-    m = a.step(StepRequest(1, 3, [], 4, False, foreign=inflated)).metrics
+    m = a.step(StepRequest(1, 3, [], 4, False, foreign=[Received("b", inflated, [0, 1, 2, 3])])).metrics
     assert m["train_reward_foreign"] == pytest.approx(float(np.mean(np.concatenate(honest))))
 
 
@@ -73,17 +76,33 @@ def test_group_with_foreign_prompt_tokens_is_rejected_and_counted(cache):
     _, a, b = _nodes(cache)
     gb = b.step(StepRequest(0, 3, [0, 1], 4, False)).groups
     bad = dataclasses.replace(gb[0], prompt_tokens=gb[1].prompt_tokens)
-    unknown = dataclasses.replace(gb[1], prompt_id="train:999999999")
-    m = a.step(StepRequest(1, 3, [], 4, False, foreign=[bad, unknown])).metrics
-    assert m["b/groups_rejected"] == 2
-    assert "samples" not in m  # nothing usable, nothing trained, nothing silently dropped
+    unknown = dataclasses.replace(gb[1], prompt_id="test:0")  # an evaluation problem
+    res = a.step(StepRequest(1, 3, [], 4, False, foreign=[Received("b", [bad, unknown], [0, 1])]))
+    assert res.metrics["b/groups_rejected"] == 2 and res.metrics["b/samples_rejected"] == 8
+    assert "samples" not in res.metrics  # nothing usable, nothing trained, nothing silently dropped
+    assert len(res.rejections) == 2
+    assert "prompt tokens differ" in res.rejections[0] and "not assigned to b" in res.rejections[1]
+
+
+def test_provenance_comes_from_the_stamp_not_the_label(cache):
+    _, a, b = _nodes(cache)
+    gb = b.step(StepRequest(0, 3, [0, 1], 4, False)).groups
+    as_own = [dataclasses.replace(g, node="a") for g in gb]  # b passes its groups off as a's own
+    res = a.step(StepRequest(1, 3, [], 4, False, foreign=[Received("b", as_own, [0, 1]),
+                                                         Received("a", gb, [0, 1])]))
+    m = res.metrics
+    assert m["b/groups_rejected"] == 2 and m["b/samples_rejected"] == 8
+    assert m["a/groups_rejected"] == 2 and m["a/samples_rejected"] == 8
+    assert "samples" not in m
+    assert any("labelled as made by 'a', but the server received it from 'b'" in r for r in res.rejections)
+    assert any("this node's own name" in r for r in res.rejections)
 
 
 def test_alone_ignores_foreign_groups_and_says_so(cache):
     _, a, b = _nodes(cache, **{"advantage.mode": "alone"})
     a.step(StepRequest(0, 3, [0], 4, False))
     gb = b.step(StepRequest(0, 3, [1], 4, False)).groups
-    m = a.step(StepRequest(1, 3, [], 4, False, foreign=gb)).metrics
+    m = a.step(StepRequest(1, 3, [], 4, False, foreign=[Received("b", gb, [1])])).metrics
     assert m["samples_foreign"] == 0 and m["foreign_ignored_alone"] == 4
 
 
@@ -109,7 +128,7 @@ def test_horizontal_pools_the_same_prompt_across_nodes(cache):
     gold0 = a.task.train_problem(0).gold
     a.pending = [_crafted(a, 0, [gold0, gold0], "a"), _crafted(a, 1, ["x", "y"], "a")]
     foreign = [_crafted(a, 0, ["x", "y"], "b"), _crafted(a, 1, ["x", "y"], "b")]
-    m = a.step(StepRequest(1, 3, [], 2, False, foreign=foreign)).metrics
+    m = a.step(StepRequest(1, 3, [], 2, False, foreign=[Received("b", foreign, [0, 1])])).metrics
     assert m["samples"] == 8
     assert m["frac_zero_std_groups"] == pytest.approx(0.5)  # unpooled it would be 1.0
     assert m["positive_advantage"] == 2 and m["negative_advantage"] == 2
@@ -119,5 +138,18 @@ def test_vertical_does_not_pool_across_nodes(cache):
     _, a, _ = _nodes(cache)
     gold0 = a.task.train_problem(0).gold
     a.pending = [_crafted(a, 0, [gold0, gold0], "a")]
-    m = a.step(StepRequest(1, 3, [], 4, False, foreign=[_crafted(a, 0, ["x", "y"], "b")])).metrics
+    foreign = [Received("b", [_crafted(a, 0, ["x", "y"], "b")], [0])]
+    m = a.step(StepRequest(1, 3, [], 4, False, foreign=foreign)).metrics
     assert m["frac_zero_std_groups"] == 1.0 and m["zero_advantage"] == 4
+
+
+def test_the_filter_drops_a_far_off_policy_foreign_group(cache):
+    """A sampler that claimed its tokens had log-prob -200: KL ~ 200 > g, so the wrong answers go."""
+    _, a, _ = _nodes(cache)
+    gold = a.task.train_problem(0).gold
+    far = _crafted(a, 0, [gold, "x", "y", "z"], "b")
+    far.logprobs = [np.full(len(c), -200.0, dtype=np.float32) for c in far.completions]
+    m = a.step(StepRequest(1, 3, [], 4, False, foreign=[Received("b", [far], [0])])).metrics
+    assert m["negative_advantage"] == 3 and m["kl_mean_foreign"] > a.cfg.loss.kl_threshold
+    assert m["filtered_kl"] == 3 and m["filtered"] == 3 and m["b/filtered_kl"] == 3
+    assert m["samples_effective"] == 1  # only the right answer still pushes the update

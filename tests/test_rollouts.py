@@ -20,6 +20,7 @@ from ftis_flwr.rollouts import (
     encode_groups,
     groups_by_node,
     payload_bytes,
+    payload_size,
     tokenizer_fingerprint,
 )
 
@@ -212,6 +213,38 @@ def test_caps_enforced():
         decode(arrays, meta, wire=WireConfig(max_groups=2))
     assert len(decode(arrays, meta, wire=WireConfig(max_groups=3, max_completions_per_group=5,
                                                     max_tokens_per_completion=longest))) == 3
+
+
+def test_token_cap_per_payload():
+    arrays, meta = encode_groups(sample_groups(), vocab_size=1000)
+    tokens = sum(g.num_tokens for g in sample_groups())
+    with pytest.raises(PayloadError, match=rf"^{tokens} completion tokens exceed "
+                                           rf"wire.max_tokens_per_payload={tokens - 1}$"):
+        decode(arrays, meta, wire=WireConfig(max_tokens_per_payload=tokens - 1))
+    assert len(decode(arrays, meta, wire=WireConfig(max_tokens_per_payload=tokens))) == 3
+    # a declared shape that hides the real length is caught once the data is read
+    real = arrays["completion_ids"]
+    arrays["completion_ids"] = Array(dtype=real.dtype, shape=(1,), stype=real.stype, data=real.data)
+    with pytest.raises(PayloadError, match=rf"^{tokens} completion tokens exceed"):
+        decode(arrays, meta, wire=WireConfig(max_tokens_per_payload=tokens - 1))
+
+
+def test_token_cap_is_checked_against_the_rollout_settings():
+    from ftis_flwr.config import ConfigError, load_experiment
+
+    load_experiment("paper-size-base")  # the paper presets fit the default cap
+    with pytest.raises(ConfigError, match=r"prompts_per_node x rollout.group_size x rollout.max_new_tokens"
+                                          r" = 92160 exceeds wire.max_tokens_per_payload=1000"):
+        load_experiment(overrides={"wire.max_tokens_per_payload": 1000, "rounds.prompts_per_node": 12,
+                                   "rollout.group_size": 12, "rollout.max_new_tokens": 640})
+
+
+def test_payload_size_counts_what_a_rejected_payload_claims():
+    arrays, meta = encode_groups(sample_groups(), vocab_size=1000)
+    assert payload_size(arrays, meta) == (3, 9)
+    del meta["prompt_id"]  # unreadable meta: the group count comes from the offsets' shape
+    assert payload_size(arrays, meta) == (3, 9)
+    assert payload_size(ArrayRecord(), ConfigRecord()) == (0, 0)
 
 
 def test_missing_keys_and_version_rejected():

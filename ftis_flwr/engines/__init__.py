@@ -16,10 +16,11 @@ __all__ = ["ENGINES", "HFEngine", "Sample", "make_engine"]
 ENGINES = ("hf", "vllm")
 
 
-def make_engine(name: str, model: Any, tokenizer: Any):
-    """Build the rollout engine called ``name`` for ``(model, tokenizer)``."""
+def make_engine(name: str, model: Any, tokenizer: Any, **options: Any):
+    """Build the rollout engine called ``name`` for ``(model, tokenizer)``; ``options`` are the
+    engine's keyword arguments (``eos_token_ids``, ``vocab_size``)."""
     if name == "hf":
-        return HFEngine(model, tokenizer)
+        return HFEngine(model, tokenizer, **options)
     if name == "vllm":
         raise RuntimeError(
             "vllm engine not available in this build: install the [vllm] extra on a CUDA machine"

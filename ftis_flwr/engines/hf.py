@@ -88,7 +88,8 @@ class Sample:
 class _WarpAndRecord(LogitsProcessor):
     """Temperature -> top-k -> top-p (HF semantics and order), recording sampled log-probs."""
 
-    def __init__(self, temperature: float, top_k: int, top_p: float):
+    def __init__(self, temperature: float, top_k: int, top_p: float, vocab_size: int | None = None):
+        self.vocab_size = vocab_size
         self.temperature = float(temperature)
         self.top_k = int(top_k)
         self.top_p = float(top_p)
@@ -96,7 +97,7 @@ class _WarpAndRecord(LogitsProcessor):
         self._steps: list[torch.Tensor] = []  # gathered log-probs, one [B] per step
 
     def warp(self, scores: torch.Tensor) -> torch.Tensor:
-        s = scores.float()
+        s = _mask_unused_rows(scores.float(), self.vocab_size)
         if self.temperature != 1.0:
             s = s / self.temperature
         if 0 < self.top_k < s.shape[-1]:
@@ -132,6 +133,26 @@ class _WarpAndRecord(LogitsProcessor):
         return torch.stack(steps[:num_steps], dim=1)
 
 
+def _mask_unused_rows(scores: torch.Tensor, vocab_size: int | None) -> torch.Tensor:
+    """-inf on output rows past the tokenizer's vocabulary (Qwen2.5: 151,936 rows, 151,665
+    tokens): such an id cannot be decoded, so it is never sampled nor chosen greedily."""
+    if vocab_size is None or scores.shape[-1] <= vocab_size:
+        return scores
+    scores = scores.clone()
+    scores[..., vocab_size:] = float("-inf")
+    return scores
+
+
+class _MaskUnused(LogitsProcessor):
+    """Greedy decoding's only processor: keeps argmax inside the tokenizer's vocabulary."""
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        return _mask_unused_rows(scores, self.vocab_size)
+
+
 def _generation_kwargs(**overrides: Any) -> dict[str, Any]:
     known = GenerationConfig()
     kw = {k: v for k, v in NEUTRAL_GENERATION_KWARGS.items() if hasattr(known, k)}
@@ -164,7 +185,9 @@ class HFEngine:
 
     ``eos_token_ids`` defaults to the tokenizer's EOS plus the model's ``generation_config`` EOS
     ids (e.g. both ``<|im_end|>`` and ``<|endoftext|>`` for Qwen instruct models);
-    ``pad_token_id`` to the tokenizer's pad id, else the first EOS id.
+    ``pad_token_id`` to the tokenizer's pad id, else the first EOS id. ``vocab_size`` is the
+    sampling vocabulary, ``len(tokenizer)`` by default: output rows past it are never emitted,
+    and the learner scores the same restricted distribution (``completion_logprobs``).
     """
 
     def __init__(
@@ -174,6 +197,7 @@ class HFEngine:
         *,
         eos_token_ids: list[int] | None = None,
         pad_token_id: int | None = None,
+        vocab_size: int | None = None,
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -190,9 +214,15 @@ class HFEngine:
         if pad_token_id is None:
             pad_token_id = getattr(tokenizer, "pad_token_id", None)
         self.pad_token_id = int(self.eos_token_ids[0] if pad_token_id is None else pad_token_id)
-        self.vocab_size = self._vocab_size()
+        rows = self._embedding_rows()
+        if vocab_size is None:
+            vocab_size = len(tokenizer) if hasattr(tokenizer, "__len__") else rows
+        if rows is not None and vocab_size is not None and vocab_size > rows:
+            raise ValueError(f"HFEngine: the tokenizer has {vocab_size} tokens but the model only "
+                             f"{rows} embedding rows: they do not belong together")
+        self.vocab_size = vocab_size
 
-    def _vocab_size(self) -> int | None:
+    def _embedding_rows(self) -> int | None:
         emb = self.model.get_input_embeddings() if hasattr(self.model, "get_input_embeddings") else None
         return int(emb.weight.shape[0]) if emb is not None else None
 
@@ -308,7 +338,7 @@ class HFEngine:
         with self._seeded(generator_seed), _eval_mode(self.model), torch.inference_mode():
             for start in range(0, len(jobs), int(batch_size)):
                 chunk = jobs[start : start + int(batch_size)]
-                recorder = _WarpAndRecord(temperature, top_k, top_p)
+                recorder = _WarpAndRecord(temperature, top_k, top_p, self.vocab_size)
                 gen_ids, steps = self._generate(
                     [prompts[i] for i, _ in chunk],
                     do_sample=True,
@@ -343,6 +373,8 @@ class HFEngine:
                     do_sample=False,
                     top_k=None,  # sample-only flag; None keeps generate from warning about it
                     max_new_tokens=int(max_new_tokens),
+                    logits_processor=LogitsProcessorList(
+                        [_MaskUnused(self.vocab_size)] if self.vocab_size else []),
                 )
                 gen_np = gen_ids.cpu().numpy().astype(np.int64)
                 for row, i in enumerate(chunk):

@@ -6,24 +6,27 @@ from typing import TYPE_CHECKING
 
 from .arithmetic import ArithmeticTask, op_of, parse_ops
 from .base import Problem, Task
+from .basic_math import BasicMathTask
 from .gsm8k import MathTask, gsm8k_task, load_jsonl, math500_task
 
 if TYPE_CHECKING:
     from ftis_flwr.config import TaskConfig
 
-TASK_NAMES = ("arithmetic", "gsm8k", "math500")
+TASK_NAMES = ("arithmetic", "basic-math", "gsm8k", "math500")
 
 
 def make_task(cfg: "TaskConfig") -> Task:
     """Build the task named by ``cfg.name``; nothing is read until problems are first asked for."""
     if cfg.name == "arithmetic":
         return ArithmeticTask(seed=cfg.seed)
+    if cfg.name == "basic-math":
+        return BasicMathTask(seed=cfg.seed, shots=cfg.shots)
     if cfg.name == "gsm8k":
-        return gsm8k_task(cfg.train_path, dict(cfg.eval_paths), cfg.seed)
+        return gsm8k_task(cfg.train_path, dict(cfg.eval_paths), cfg.seed, cfg.shots)
     if cfg.name == "math500":
-        return math500_task(cfg.train_path, dict(cfg.eval_paths), cfg.seed)
+        return math500_task(cfg.train_path, dict(cfg.eval_paths), cfg.seed, cfg.shots)
     raise ValueError(f"unknown task {cfg.name!r}; valid tasks: {', '.join(TASK_NAMES)}")
 
 
-__all__ = ["ArithmeticTask", "MathTask", "Problem", "Task", "TASK_NAMES", "gsm8k_task",
+__all__ = ["ArithmeticTask", "BasicMathTask", "MathTask", "Problem", "Task", "TASK_NAMES", "gsm8k_task",
            "load_jsonl", "make_task", "math500_task", "op_of", "parse_ops"]

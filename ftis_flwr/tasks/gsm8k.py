@@ -52,24 +52,36 @@ def problems_from_rows(rows: Iterable[Any], split: str, source: str) -> list[Pro
 
 
 def load_jsonl(path: str | Path, split: str) -> list[Problem]:
-    """Read a JSONL file of GSM8K or MATH rows; blank lines are skipped, bad lines raise."""
+    """Read a local JSONL file of GSM8K or MATH rows through ``datasets`` (the loader a lab
+    uses for the hub), with errors that name the file and the line."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"problem file {str(path)!r} (split {split!r}) does not exist")
-    problems: list[Problem] = []
-    with path.open(encoding="utf-8") as fh:
+    rows = 0
+    with path.open(encoding="utf-8") as fh:  # checked first: datasets' errors name no line
         for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}: line {lineno}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{where}: invalid JSON ({exc.msg})") from None
-            problems.append(_row_problem(row, f"{split}:{len(problems)}", where))
-    if not problems:
+            if line.strip():
+                where = f"{path}: line {lineno}"
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{where}: invalid JSON ({exc.msg})") from None
+                _row_problem(row, f"{split}:{rows}", where)
+                rows += 1
+    if not rows:
         raise ValueError(f"problem file {str(path)!r} (split {split!r}) has no rows")
-    return problems
+    datasets = _datasets(f"reading {path}")
+    data = datasets.load_dataset("json", data_files=str(path.resolve()), split="train")
+    return problems_from_rows(data, split, str(path))
+
+
+def _datasets(why: str):
+    try:
+        import datasets
+    except ImportError:
+        raise ImportError(f"{why} needs the 'datasets' package: pip install datasets") from None
+    datasets.utils.logging.disable_progress_bar()
+    return datasets
 
 
 def load_hub(spec: str, split: str) -> list[Problem]:
@@ -78,12 +90,8 @@ def load_hub(spec: str, split: str) -> list[Problem]:
     if not sep or not repo or not hf_split:
         raise ValueError(f"hub source {spec!r} must look like '<repo_id>[@<config>]:<split>'")
     repo, _, hf_config = repo.partition("@")
-    try:
-        import datasets
-    except ImportError:
-        raise ImportError(f"reading {spec!r} from the hub needs the 'datasets' package "
-                          "(pip install 'ftis-flwr[data]'), or give a local JSONL path") from None
-    data = datasets.load_dataset(repo, hf_config or None, split=hf_split)
+    data = _datasets(f"reading {spec!r} from the hub").load_dataset(repo, hf_config or None,
+                                                                     split=hf_split)
     return problems_from_rows(data, split, spec)
 
 
@@ -95,24 +103,42 @@ def load_source(source: str, split: str) -> list[Problem]:
     return load_hub(source, split)
 
 
-def chat_prompt(question: str, tokenizer: Any) -> str:
-    """SYSTEM_PROMPT + question through the tokenizer's chat template (plain text if it has none)."""
+GSM8K_DEMOS = (
+    ("Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in "
+     "May. How many clips did Natalia sell altogether in April and May?",
+     "<think> In May she sold 48 / 2 = 24 clips. Altogether 48 + 24 = 72. </think>"
+     "<answer> 72 </answer>"),
+    ("Weng earns $12 an hour for babysitting. Yesterday, she did 50 minutes of babysitting. "
+     "How much did she earn?",
+     "<think> 50 minutes is 50 / 60 of an hour, so she earned 12 * 50 / 60 = 10 dollars. "
+     "</think><answer> 10 </answer>"),
+)
+"""Worked examples for ``TaskConfig.shots`` (GSM8K train rows 1-2, answers in the strict format)."""
+
+
+def chat_prompt(question: str, tokenizer: Any, demos: tuple[tuple[str, str], ...] = ()) -> str:
+    """SYSTEM_PROMPT, worked ``demos`` as earlier turns, then the question, through the
+    tokenizer's chat template (plain text if it has none)."""
     from ftis_flwr.rewards import SYSTEM_PROMPT
 
     if getattr(tokenizer, "chat_template", None):
-        messages = [{"role": "system", "content": SYSTEM_PROMPT},
-                    {"role": "user", "content": question}]
+        messages = [{"role": "system", "content": SYSTEM_PROMPT}]
+        for q, a in demos:
+            messages += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+        messages.append({"role": "user", "content": question})
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return f"{SYSTEM_PROMPT}\n\nUser: {question}\nAssistant:"
+    shown = "".join(f"User: {q}\nAssistant: {a}\n\n" for q, a in demos)
+    return f"{SYSTEM_PROMPT}\n\n{shown}User: {question}\nAssistant:"
 
 
 class MathTask(Task):
     """GSM8K-style training with GSM8K / MATH-500 evaluation (SPEC §8-9)."""
 
     max_new_tokens = 640
+    demos: tuple[tuple[str, str], ...] = GSM8K_DEMOS
 
     def __init__(self, name: str, train_source: str, eval_sources: Mapping[str, str],
-                 seed: int = 1234) -> None:
+                 seed: int = 1234, shots: int = 0) -> None:
         super().__init__()
         if not eval_sources:
             raise ValueError(f"task {name!r} needs at least one evaluation split")
@@ -124,13 +150,14 @@ class MathTask(Task):
         self.eval_sources = dict(eval_sources)
         self.eval_splits = tuple(self.eval_sources)
         self.shuffle_seed = int(seed)
+        self.shots = check_shots(shots, self.demos, name)
 
     def _load_split(self, split: str) -> list[Problem]:
         source = self.train_source if split == self.train_split else self.eval_sources[split]
         return load_source(source, split)
 
     def prompt_text(self, problem: Problem, tokenizer: Any) -> str:
-        return chat_prompt(problem.question, tokenizer)
+        return chat_prompt(problem.question, tokenizer, self.demos[:self.shots])
 
     def reward(self, completion_text: str, problem: Problem) -> float:
         from ftis_flwr.rewards import math_reward
@@ -138,15 +165,21 @@ class MathTask(Task):
         return float(math_reward(completion_text, problem.gold))
 
 
+def check_shots(shots: int, demos: tuple, task: str) -> int:
+    if not 0 <= int(shots) <= len(demos):
+        raise ValueError(f"task {task!r}: shots={shots} must be in 0..{len(demos)}")
+    return int(shots)
+
+
 def gsm8k_task(train_path: str = "", eval_paths: Mapping[str, str] | None = None,
-               seed: int = 1234) -> MathTask:
+               seed: int = 1234, shots: int = 0) -> MathTask:
     """GSM8K train; eval on GSM8K test (``test``) and MATH-500 (``math500``) unless given."""
     return MathTask("gsm8k", train_path or GSM8K_TRAIN,
-                    eval_paths or {"test": GSM8K_TEST, "math500": MATH500_TEST}, seed)
+                    eval_paths or {"test": GSM8K_TEST, "math500": MATH500_TEST}, seed, shots)
 
 
 def math500_task(train_path: str = "", eval_paths: Mapping[str, str] | None = None,
-                 seed: int = 1234) -> MathTask:
+                 seed: int = 1234, shots: int = 0) -> MathTask:
     """MATH-500 first: same data as gsm8k by default, MATH-500 reported as the main split."""
     return MathTask("math500", train_path or GSM8K_TRAIN,
-                    eval_paths or {"math500": MATH500_TEST, "test": GSM8K_TEST}, seed)
+                    eval_paths or {"math500": MATH500_TEST, "test": GSM8K_TEST}, seed, shots)

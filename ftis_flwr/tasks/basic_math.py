@@ -1,0 +1,73 @@
+"""Offline one-step questions in words for small real chat models (``task.name: basic-math``).
+
+GSM8K is out of reach of a 135M-parameter model (SmolLM2-135M-Instruct: 0/32 greedy), so a
+GRPO run on it sees all-zero rewards and no advantage. These questions keep the paper's whole
+pipeline — its system prompt through the model's chat template, the strict
+``<think>…</think><answer>…</answer>`` reward checked with math-verify — on problems such a model
+sometimes solves: ``What is 7 plus 5?``, ``What is 9 minus 4?``.
+
+Splits, generated from ``TaskConfig.seed`` (no files): ``train`` and ``test`` (64 held out) from
+operands 1..12 (sums, and differences with a >= b); ``ood``: 64 questions with operands 13..40.
+Measured on SmolLM2-135M-Instruct with one worked example (``shots: 1``): 12/64 correct
+samples at temperature 0.7 (10 of 16 groups with reward variance), 6/16 greedy, on single-digit
+sums; without the example the strict format appears in ~1 of 64 samples.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from .base import Problem, Task
+from .gsm8k import chat_prompt, check_shots
+
+DEMOS = (
+    ("What is 2 plus 3?", "<think> 2 plus 3 is 5. </think><answer> 5 </answer>"),
+    ("What is 7 minus 4?", "<think> 7 minus 4 is 3. </think><answer> 3 </answer>"),
+)
+TEST_SIZE = 64
+OOD_SIZE = 64
+
+
+def _question(a: int, op: str, b: int) -> Problem:
+    word, value = ("plus", a + b) if op == "+" else ("minus", a - b)
+    return Problem(id="", question=f"What is {a} {word} {b}?", gold=str(value))
+
+
+class BasicMathTask(Task):
+    """Generated one-step sums and differences in words; see the module docstring."""
+
+    name = "basic-math"
+    eval_splits = ("test", "ood")
+    max_new_tokens = 48
+
+    def __init__(self, seed: int = 1234, shots: int = 0) -> None:
+        super().__init__()
+        self.seed = int(seed)
+        self.shuffle_seed = self.seed + 1
+        self.shots = check_shots(shots, DEMOS, self.name)
+
+    def _pairs(self, lo: int, hi: int) -> list[tuple[int, str, int]]:
+        demo_questions = {q for q, _ in DEMOS}
+        pairs = [(a, op, b) for a in range(lo, hi + 1) for b in range(lo, hi + 1) for op in "+-"
+                 if (op == "+" or a >= b)]
+        pairs = [p for p in pairs if _question(*p).question not in demo_questions]
+        random.Random(f"{self.seed}:{lo}-{hi}").shuffle(pairs)
+        return pairs
+
+    def _load_split(self, split: str) -> list[Problem]:
+        if split == "ood":
+            chosen = self._pairs(13, 40)[:OOD_SIZE]
+        else:
+            pairs = self._pairs(1, 12)
+            chosen = pairs[:TEST_SIZE] if split == "test" else pairs[TEST_SIZE:]
+        return [Problem(id=f"{split}:{i}", question=p.question, gold=p.gold)
+                for i, p in enumerate(_question(*c) for c in chosen)]
+
+    def prompt_text(self, problem: Problem, tokenizer: Any) -> str:
+        return chat_prompt(problem.question, tokenizer, DEMOS[:self.shots])
+
+    def reward(self, completion_text: str, problem: Problem) -> float:
+        from ftis_flwr.rewards import math_reward
+
+        return float(math_reward(completion_text, problem.gold))

@@ -1,0 +1,226 @@
+"""Validation of an :class:`~ftis_flwr.config.ExperimentConfig`: every error at once, by key.
+
+The allowed values of each choice are read from the module that owns them (:data:`CHOICE_OWNERS`,
+:data:`CARD_CHOICE_OWNERS`), never copied here: a loss added with
+:func:`ftis_flwr.loss.register_loss` is a valid ``loss.method`` as soon as it is registered, a task
+added to ``ftis_flwr.tasks.TASK_NAMES`` a valid ``task.name``, and so on.
+
+``loss.method`` may also be an import path, ``"package.module:function"`` (or
+``"f-package.module:function"`` for the filtered variant, by the ``f-`` convention of
+:mod:`ftis_flwr.loss`): validation imports the module and registers the function under that exact
+name, so it works in every process that validates the experiment (the ServerApp, and each node
+worker when it builds its Node). The module must be importable there (installed, or on
+``PYTHONPATH``; the app directory is on the workers' path). ``function`` may also be a name the
+module registers with ``register_loss`` when it is imported.
+
+Importing the owners costs seconds (torch, transformers). ``validate(cfg)`` imports them;
+``validate(cfg, import_registries=False)`` (what the per-message ClientApp uses through
+``from_dict``) checks only against owners some code already imported and leaves the rest to the
+server, which validated the same experiment before sending it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any, Callable
+
+from .config import ConfigError, ExperimentConfig, ModelCard
+
+CHOICE_OWNERS: dict[str, tuple[str, str]] = {
+    "loss.filter_rule": ("ftis_flwr.advantages", "FILTER_RULES"),
+    "loss.filter_scope": ("ftis_flwr.advantages", "FILTER_SCOPES"),
+    "loss.filter_action": ("ftis_flwr.loss", "FILTER_ACTIONS"),
+    "loss.kl_estimator": ("ftis_flwr.loss", "KL_ESTIMATORS"),
+    "loss.reduction": ("ftis_flwr.loss", "REDUCTIONS"),
+    "advantage.scale_rewards": ("ftis_flwr.advantages", "SCALES"),
+    "wire.logprob_dtype": ("ftis_flwr.rollouts", "LOGPROB_DTYPES"),
+    "task.name": ("ftis_flwr.tasks", "TASK_NAMES"),
+}
+"""Experiment key -> (owner module, attribute holding the allowed values)."""
+
+CARD_CHOICE_OWNERS: dict[str, tuple[str, str]] = {
+    "engine": ("ftis_flwr.engines", "ENGINES"),
+    "tiny_size": ("ftis_flwr.tiny", "TINY_SIZES"),
+    "g.kind": ("ftis_flwr.advantages", "G_KINDS"),
+}
+"""Model-card key -> (owner module, attribute holding the allowed values)."""
+
+ADVANTAGE_MODES = ("vertical", "horizontal", "alone")
+"""Owned here: the collaboration modes :class:`ftis_flwr.strategy.FTISStrategy` implements."""
+CARD_DTYPES = ("float32", "bfloat16", "float16")
+"""Owned here until ``ftis_flwr.models`` exposes its dtype table publicly."""
+
+
+def _get(cfg: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def allowed_values(owner: tuple[str, str], import_registries: bool = True) -> tuple[str, ...] | None:
+    """The owner's allowed values (dict keys for a table), or None when it is not to be imported."""
+    module_name, attr = owner
+    module = sys.modules.get(module_name)
+    if module is None:
+        if not import_registries:
+            return None
+        module = importlib.import_module(module_name)
+    return tuple(getattr(module, attr))
+
+
+def _choice_error(key: str, value: Any, choices: tuple[str, ...] | None) -> list[str]:
+    if choices is None or value in choices:
+        return []
+    return [f"{key}={value!r} is not one of {', '.join(choices)}"]
+
+
+def _loss_registry(import_registries: bool) -> dict[str, Callable] | None:
+    module = sys.modules.get("ftis_flwr.loss")
+    if module is None and import_registries:
+        module = importlib.import_module("ftis_flwr.loss")
+    return None if module is None else module.LOSS_REGISTRY
+
+
+def resolve_loss_method(name: str, import_registries: bool = True) -> str | None:
+    """Make ``name`` usable as ``loss.method``; returns an error message, or None when it is.
+
+    A registered name is used as is. ``"[f-]package.module:function"`` imports the module and
+    registers ``function`` (an attribute, or a name the module registered) under ``name``.
+    """
+    registry = _loss_registry(import_registries)
+    if registry is None or name in registry:
+        return None
+    if ":" not in name:
+        return (f"loss.method={name!r} is not one of {', '.join(sorted(registry))}, "
+                "nor an import path 'package.module:function'")
+    target = name[2:] if name.startswith("f-") else name
+    module_name, _, attr = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # the user's module: report, don't crash the validator
+        return (f"loss.method={name!r}: cannot import {module_name!r} "
+                f"({type(exc).__name__}: {exc}); it must be importable on the server and every node")
+    if name in registry:  # the module registered the full name itself
+        return None
+    fn = getattr(module, attr, None) if attr.isidentifier() else None
+    if fn is None:
+        fn = registry.get(attr)
+    if not callable(fn):
+        return f"loss.method={name!r}: {module_name!r} has no loss function or registered loss {attr!r}"
+    from .loss import register_loss
+
+    register_loss(name, replace=True)(fn)
+    return None
+
+
+def experiment_errors(cfg: ExperimentConfig, *, import_registries: bool = True) -> list[str]:
+    """Every problem of ``cfg``, one message per problem, each naming its key."""
+    errors: list[str] = []
+    method_error = resolve_loss_method(cfg.loss.method, import_registries)
+    if method_error:
+        errors.append(method_error)
+    for key, owner in CHOICE_OWNERS.items():
+        errors += _choice_error(key, _get(cfg, key), allowed_values(owner, import_registries))
+    errors += _choice_error("advantage.mode", cfg.advantage.mode, ADVANTAGE_MODES)
+    if cfg.loss.trunc_c <= 0:
+        errors.append(f"loss.trunc_c={cfg.loss.trunc_c} must be > 0")
+    if not 0 < cfg.loss.clip_eps < 1:
+        errors.append(f"loss.clip_eps={cfg.loss.clip_eps} must be in (0, 1)")
+    if cfg.loss.kl_threshold < 0:
+        errors.append(f"loss.kl_threshold={cfg.loss.kl_threshold} must be >= 0")
+    r = cfg.rollout
+    if r.group_size < 2:
+        errors.append(f"rollout.group_size={r.group_size} must be >= 2 (advantages need a group)")
+    if r.temperature <= 0:
+        errors.append(f"rollout.temperature={r.temperature} must be > 0 for training rollouts "
+                      "(evaluation is always greedy)")
+    if r.top_k < 0:
+        errors.append(f"rollout.top_k={r.top_k} must be >= 0 (0 = off)")
+    if not 0 < r.top_p <= 1:
+        errors.append(f"rollout.top_p={r.top_p} must be in (0, 1]")
+    if r.max_new_tokens < 1 or r.batch_size < 1:
+        errors.append("rollout.max_new_tokens and rollout.batch_size must be >= 1")
+    if r.group_size > cfg.wire.max_completions_per_group:
+        errors.append(f"rollout.group_size={r.group_size} exceeds wire.max_completions_per_group="
+                      f"{cfg.wire.max_completions_per_group}: receivers would reject every group")
+    if r.max_new_tokens > cfg.wire.max_tokens_per_completion:
+        errors.append(f"rollout.max_new_tokens={r.max_new_tokens} exceeds "
+                      f"wire.max_tokens_per_completion={cfg.wire.max_tokens_per_completion}")
+    most = cfg.rounds.prompts_per_node * r.group_size * r.max_new_tokens
+    if most > cfg.wire.max_tokens_per_payload:
+        errors.append(f"rounds.prompts_per_node x rollout.group_size x rollout.max_new_tokens = {most} "
+                      f"exceeds wire.max_tokens_per_payload={cfg.wire.max_tokens_per_payload}: "
+                      "receivers would reject full payloads")
+    t = cfg.train
+    if t.lr <= 0 or t.grad_clip <= 0 or t.micro_batch_size < 1 or t.updates_per_round < 1:
+        errors.append("train.lr and train.grad_clip must be > 0, train.micro_batch_size and "
+                      "train.updates_per_round >= 1")
+    if t.warmup_rounds < 0:
+        errors.append(f"train.warmup_rounds={t.warmup_rounds} must be >= 0")
+    rd = cfg.rounds
+    if rd.num_rounds < 1 or rd.prompts_per_node < 1:
+        errors.append("rounds.num_rounds and rounds.prompts_per_node must be >= 1")
+    if rd.min_nodes < 1 or rd.round_timeout <= 0 or rd.eval_every < 0 or rd.eval_size < 0:
+        errors.append("rounds.min_nodes >= 1, rounds.round_timeout > 0, rounds.eval_every >= 0 "
+                      "and rounds.eval_size >= 0 are required")
+    if cfg.worker_idle_timeout <= 0:
+        errors.append(f"worker_idle_timeout={cfg.worker_idle_timeout} must be > 0")
+    if not cfg.nodes:
+        errors.append("nodes: at least one model card is required")
+    names = [n.name for n in cfg.nodes]
+    if len(set(names)) != len(names):
+        errors.append(f"nodes: names must be unique, got {names}")
+    if rd.min_nodes > max(len(cfg.nodes), 1):
+        errors.append(f"rounds.min_nodes={rd.min_nodes} exceeds the {len(cfg.nodes)} model cards")
+    if cfg.advantage.mode == "horizontal" and cfg.nodes and r.group_size % len(cfg.nodes):
+        errors.append(f"advantage.mode=horizontal splits each group across nodes: "
+                      f"rollout.group_size={r.group_size} must be divisible by the "
+                      f"{len(cfg.nodes)} nodes")
+    for card in cfg.nodes:
+        errors.extend(card_errors(card, import_registries=import_registries))
+    if cfg.task.name != "arithmetic" and any(c.source == "tiny" for c in cfg.nodes):
+        errors.append(f"task.name={cfg.task.name!r} needs real models: the tiny character-level "
+                      "models only know the arithmetic task")
+    return errors
+
+
+def card_errors(card: ModelCard, *, import_registries: bool = True) -> list[str]:
+    """Every problem of one model card, each named ``nodes[<name>].<field>``."""
+    where = f"nodes[{card.name}]"
+    errors = []
+    for key, owner in CARD_CHOICE_OWNERS.items():
+        errors += _choice_error(f"{where}.{key}", _get(card, key), allowed_values(owner, import_registries))
+    errors += _choice_error(f"{where}.dtype", card.dtype, CARD_DTYPES)
+    if card.compute_dtype:
+        errors += _choice_error(f"{where}.compute_dtype", card.compute_dtype, CARD_DTYPES)
+    if not card.warmstart_ops or set(card.warmstart_ops) - {"+", "-"}:
+        errors.append(f"{where}.warmstart_ops={card.warmstart_ops!r} must use '+' and/or '-'")
+    if not 0 <= card.warmstart_target <= 1:
+        errors.append(f"{where}.warmstart_target={card.warmstart_target} must be in [0, 1]")
+    if card.engine == "vllm" and not card.device.startswith("cuda"):
+        errors.append(f"{where}: engine=vllm needs a cuda device, got device={card.device!r}")
+    if not (card.device == "cpu" or card.device.startswith("cuda")):
+        errors.append(f"{where}.device={card.device!r} must be cpu, cuda or cuda:N")
+    if card.lr is not None and card.lr <= 0:
+        errors.append(f"{where}.lr={card.lr} must be > 0")
+    if card.g.start < 0 or card.g.end < 0:
+        errors.append(f"{where}.g: start and end must be >= 0")
+    if card.lora and (card.lora_config.r < 1 or not card.lora_config.target_modules):
+        errors.append(f"{where}.lora_config: r >= 1 and at least one target module are required")
+    if card.torch_threads < 1:
+        errors.append(f"{where}.torch_threads must be >= 1")
+    return errors
+
+
+def raise_errors(errors: list[str], what: str = "configuration") -> None:
+    """One :class:`ConfigError` listing every message, or nothing when there are none."""
+    if errors:
+        n = f"{len(errors)} error{'s' if len(errors) > 1 else ''}"
+        raise ConfigError(f"invalid {what} ({n}):\n  - " + "\n  - ".join(errors))
+
+
+def validate(cfg: ExperimentConfig, *, import_registries: bool = True) -> ExperimentConfig:
+    """Reject impossible or contradictory settings, all at once, naming each key."""
+    raise_errors(experiment_errors(cfg, import_registries=import_registries))
+    return cfg

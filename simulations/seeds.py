@@ -1,0 +1,142 @@
+"""One federation repeated over run seeds, through Flower: the spread a learning claim needs.
+
+    python simulations/seeds.py --preset cpu-pair --seeds 0-11 --set rounds.num_rounds=10 \
+        --out runs/seeds-cpu-pair
+
+Each seed is one real Flower simulation (``flwr.simulation.run_simulation`` with this project's
+ServerApp and ClientApp, in its own process) of the preset with ``rounds.seed`` set: the models
+stay the same, the prompts and the sampling change. A finished seed (``seed-N.json`` in ``--out``)
+is not run again, so an interrupted sweep resumes. At the end a table gives each node's
+held-out accuracy before and after, and the gain's mean, min and max over seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _seeds(spec: str) -> list[int]:
+    out: list[int] = []
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        out += list(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def _overrides(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for kv in pairs:
+        key, sep, value = kv.partition("=")
+        if not sep:
+            raise SystemExit(f"--set takes key=value, got {kv!r}")
+        out[key] = value
+    return out
+
+
+def run_one(preset: str, seed: int, sets: dict[str, str], out: Path) -> None:
+    """One simulation in this process; writes ``seed-<seed>.json`` with first/last accuracies."""
+    from flwr.serverapp import ServerApp
+    from flwr.simulation import run_simulation
+
+    sys.path.insert(0, str(REPO))
+    from clients.client_app import app as client_app
+    from ftis_flwr.config import load_experiment
+    from ftis_flwr.reporting import load_metrics
+    from server_app.server_app import run
+
+    overrides = dict(sets, **{"rounds.seed": seed, "run_dir": str(out / "runs")})
+    exp = load_experiment(preset, overrides)
+    result: dict = {}
+    server = ServerApp()
+
+    @server.main()
+    def main(grid, context):
+        result["run_dir"] = str(run(grid, exp))
+
+    try:
+        run_simulation(server, client_app, num_supernodes=len(exp.nodes),
+                       backend_config={"client_resources": {"num_cpus": 1}})
+    finally:
+        from ftis_flwr.config import default_cache_dir
+
+        for address in default_cache_dir(exp.cache_dir).glob("workers/*/*/address.json"):
+            try:  # a worker of this run that outlived it (the run failed): stopped by its pid
+                if result.get("run_dir", "") and Path(result["run_dir"]).name in str(address):
+                    os.kill(json.loads(address.read_text())["pid"], signal.SIGKILL)
+            except (ProcessLookupError, ValueError, KeyError, OSError):
+                pass
+    if "run_dir" not in result:
+        raise SystemExit(f"seed {seed}: the run did not finish (see the log above)")
+    rounds = load_metrics(result["run_dir"])
+    acc = {}
+    for node in rounds[0]["nodes"]:
+        series = [(r["round"], r["nodes"].get(node, {}).get("eval/test/accuracy")) for r in rounds]
+        series = [(k, v) for k, v in series if v is not None]
+        acc[node] = {"first": series[0][1], "last": series[-1][1], "rounds": series}
+    (out / f"seed-{seed}.json").write_text(json.dumps({"seed": seed, "run_dir": result["run_dir"],
+                                                        "accuracy": acc}, indent=1))
+
+
+def table(out: Path) -> str:
+    """Markdown: per node, accuracy before/after and the gain in points over all finished seeds."""
+    results = [json.loads(p.read_text()) for p in sorted(out.glob("seed-*.json"))]
+    if not results:
+        return "no finished seed"
+    nodes = list(results[0]["accuracy"])
+    rows = [f"{len(results)} seeds ({', '.join(str(r['seed']) for r in results)})", "",
+            "| node | before (mean) | after (mean) | gain mean | gain min | gain max |",
+            "| --- | --- | --- | --- | --- | --- |"]
+    gains_by_seed = [[] for _ in results]
+    for node in nodes:
+        first = [r["accuracy"][node]["first"] for r in results]
+        last = [r["accuracy"][node]["last"] for r in results]
+        gains = [100 * (b - a) for a, b in zip(first, last)]
+        for i, g in enumerate(gains):
+            gains_by_seed[i].append(g)
+        rows.append(f"| {node} | {sum(first) / len(first):.3f} | {sum(last) / len(last):.3f} | "
+                    f"{sum(gains) / len(gains):+.1f} | {min(gains):+.1f} | {max(gains):+.1f} |")
+    means = [sum(g) / len(g) for g in gains_by_seed]
+    rows.append(f"| mean of nodes | | | {sum(means) / len(means):+.1f} | {min(means):+.1f} | "
+                f"{max(means):+.1f} |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", default="cpu-pair")
+    p.add_argument("--seeds", default="0-4", help="e.g. 0-11 or 0,3,5")
+    p.add_argument("--set", nargs="*", default=[], help="extra overrides, key=value")
+    p.add_argument("--out", default="runs/seeds")
+    p.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    out = Path(a.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    sets = _overrides(a.set)
+    if a.one is not None:
+        run_one(a.preset, a.one, sets, out)
+        return
+    for seed in _seeds(a.seeds):
+        if (out / f"seed-{seed}.json").is_file():
+            print(f"seed {seed}: done before, kept", flush=True)
+            continue
+        print(f"seed {seed}: running", flush=True)
+        cmd = [sys.executable, __file__, "--preset", a.preset, "--out", str(out), "--one", str(seed),
+               "--set", *a.set]
+        with open(out / f"seed-{seed}.log", "w") as log:
+            rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        if rc != 0:
+            print(f"seed {seed}: failed (exit {rc}), see {out / f'seed-{seed}.log'}", flush=True)
+    print(table(out))
+    (out / "table.md").write_text(table(out) + "\n")
+
+
+if __name__ == "__main__":
+    main()

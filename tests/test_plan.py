@@ -1,0 +1,33 @@
+"""Every paper preset validates and gets a memory estimate and a placement, offline."""
+
+import pytest
+
+from ftis_flwr.config import load_experiment
+from ftis_flwr.plan import GIB, KNOWN, estimate, main
+
+PAPER = ["paper-size-base", "paper-size-coder", "paper-expertise-1.5b", "paper-expertise-3b",
+         "paper-peft-1.5b", "paper-peft-3b"]
+
+
+def test_parameter_counts_match_the_published_models():
+    assert round(KNOWN["Qwen/Qwen2.5-1.5B"].params() / 1e9, 2) == 1.54
+    assert round(KNOWN["Qwen/Qwen2.5-3B"].params() / 1e9, 2) == 3.09
+    assert round(KNOWN["smollm2"].params() / 1e6) == 135
+
+
+@pytest.mark.parametrize("preset", PAPER)
+def test_paper_preset_plans_offline(preset, capsys):
+    main([preset])
+    out = capsys.readouterr().out
+    assert "valid" in out and "Placement:" in out and "?" not in out
+    exp = load_experiment(preset)
+    ests = [estimate(c, exp) for c in exp.nodes]
+    for card, e in zip(exp.nodes, ests):
+        assert e.trainable < e.params if card.lora else e.trainable == e.params
+        assert 1 < e.total / GIB < 141
+
+
+def test_lora_needs_far_less_optimizer_memory():
+    exp = load_experiment("paper-peft-1.5b")
+    full, lora = (estimate(c, exp) for c in exp.nodes)
+    assert lora.optimizer < full.optimizer / 10

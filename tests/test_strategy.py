@@ -1,0 +1,503 @@
+"""FTISStrategy without a Flower simulation: a fake Grid (the seam) answers with hand-built replies.
+
+Everything else is real: Flower Messages and records, payloads from ``encode_groups``, and, for
+the node-side checks, tiny Nodes served through the ClientApp's request builder and the worker's
+``step_from_payloads``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import uuid
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
+
+from clients.client_app import step_payload
+from ftis_flwr import protocol
+from ftis_flwr.config import load_experiment
+from ftis_flwr.rollouts import Group, encode_groups
+from ftis_flwr.strategy import PROMPT_STRIDE, FederationError, FTISStrategy
+from ftis_flwr.worker import step_from_payloads
+
+VOCAB, FP = 50, "0123456789abcdef"
+NAMES = {1: "a", 2: "b"}
+YAML = """
+rounds: {num_rounds: 2, prompts_per_node: 3, eval_every: 0, round_timeout: 0.3}
+rollout: {group_size: 4, max_new_tokens: 8}
+nodes: [{name: a}, {name: b}]
+"""
+
+
+@pytest.fixture(autouse=True)
+def task_identity(monkeypatch):
+    """Flower stamps new Messages with the running app's ids; outside an app, set them."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for attr, value in (("_run_id", 1), ("_node_id", 1), ("_task_id", 1)):
+        monkeypatch.setattr(TaskIdentity, attr, value)
+
+
+@pytest.fixture
+def strategy_log(caplog):
+    """The strategy's warnings, even when a ServerApp test stopped ``ftis_flwr`` propagating."""
+    logger = logging.getLogger("ftis_flwr.strategy")
+    logger.addHandler(caplog.handler)
+    with caplog.at_level(logging.WARNING, logger="ftis_flwr.strategy"):
+        yield caplog
+    logger.removeHandler(caplog.handler)
+
+
+class FakeGrid:
+    """The seam: nodes answer at once through ``respond(message) -> reply | None`` (None: never).
+
+    ``undeliverable`` node ids get no message id from push_messages ("" like the SuperLink's grid,
+    or no entry like the in-memory one); replies put in ``late`` come back with the next pull.
+    """
+
+    def __init__(self, respond, node_ids=(1, 2), undeliverable=(), omit_failed=False, alternate=False):
+        self.respond, self.node_ids = respond, list(node_ids)
+        self.undeliverable, self.omit_failed, self.alternate = set(undeliverable), omit_failed, alternate
+        self.pushed: list[Message] = []
+        self.late: list[Message] = []
+        self._replies: dict[str, Message] = {}
+        self._pulls = 0
+
+    def get_node_ids(self):
+        return list(self.node_ids)
+
+    def push_messages(self, messages):
+        ids = []
+        for msg in messages:
+            msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex  # as Flower's grids do
+            if msg.metadata.dst_node_id in self.undeliverable:
+                if not self.omit_failed:
+                    ids.append("")
+                continue
+            self.pushed.append(msg)
+            ids.append(msg.metadata.message_id)
+            reply = self.respond(msg)
+            if reply is not None:
+                self._replies[msg.metadata.message_id] = reply
+        return ids
+
+    def pull_messages(self, message_ids):
+        self._pulls += 1
+        out = [self._replies.pop(i) for i in message_ids if i in self._replies] + self.late
+        self.late = []
+        return out[::-1] if self.alternate and self._pulls % 2 else out
+
+    def train_messages(self, rnd: int) -> dict[int, Message]:
+        return {m.metadata.dst_node_id: m for m in self.pushed
+                if m.metadata.message_type == "train" and m.content[protocol.ROUND]["round"] == rnd}
+
+
+def experiment(yaml=YAML, **overrides):
+    return load_experiment(yaml_text=yaml, overrides=overrides)
+
+
+def groups_for(name: str, indices, size: int, tokens: int = 3) -> list[Group]:
+    return [Group(prompt_id=f"train:{i}", prompt_tokens=np.arange(1, 4),
+                  completions=[np.full(tokens, 5 + k) for k in range(size)],
+                  logprobs=[np.full(tokens, -0.5, np.float32) for _ in range(size)],
+                  rewards=np.zeros(size, np.float32), node=name, model_id=f"m-{name}", tokenizer_fp=FP)
+            for i in indices]
+
+
+def train_reply(msg: Message, name: str, groups=None, metrics=None, rejections=()) -> Message:
+    cfg = msg.content[protocol.ROUND]
+    if groups is None:
+        groups = groups_for(name, json.loads(cfg["prompt_indices"]), int(cfg["group_size"]))
+    arrays, meta = encode_groups(groups, vocab_size=VOCAB)
+    return Message(content=RecordDict({
+        protocol.GROUPS: arrays, protocol.GROUPS_META: meta,
+        protocol.METRICS: MetricRecord({"round": float(cfg["round"]), **(metrics or {})}),
+        protocol.INFO: ConfigRecord({"node": name, "model_id": f"m-{name}", "worker_pid": 1,
+                                     "worker_starts": 1, "rejections": list(rejections) or [""]}),
+    }), reply_to=msg)
+
+
+def finish_reply(msg: Message, name: str) -> Message:
+    return Message(content=RecordDict({protocol.CHECKPOINT: ConfigRecord(
+        {"node": name, "path": f"/ckpt/{name}", "updates": 1})}), reply_to=msg)
+
+
+def honest(names=NAMES, special=None):
+    """Every node answers well, except node ids in ``special`` (id -> respond(msg, name))."""
+    special = special or {}
+
+    def respond(msg):
+        nid = msg.metadata.dst_node_id
+        if nid in special:
+            return special[nid](msg, names[nid])
+        if msg.metadata.message_type == "train":
+            return train_reply(msg, names[nid])
+        return finish_reply(msg, names[nid])
+    return respond
+
+
+def run(exp, grid, raises=None):
+    events = []
+    strategy = FTISStrategy(exp, on_event=lambda kind, **f: events.append((kind, f)), connect_timeout=0)
+    if raises is None:
+        strategy.start(grid)
+    else:
+        with pytest.raises(raises[0], match=raises[1]):
+            strategy.start(grid)
+    return strategy, events
+
+
+def indices(msg: Message) -> list[int]:
+    return json.loads(msg.content[protocol.ROUND]["prompt_indices"])
+
+
+def foreign(msg: Message) -> dict[str, list[int]]:
+    return json.loads(msg.content[protocol.ROUND]["foreign"])
+
+
+# ----------------------------------------------------------------------------- schedule
+
+
+@pytest.mark.parametrize("seed", [0, 2])
+def test_vertical_prompts_are_disjoint_per_node_and_offset_by_the_run_seed(seed):
+    grid = FakeGrid(honest())
+    run(experiment(**{"rounds.seed": seed}), grid)
+    seen = []
+    for rnd in (0, 1):
+        msgs = grid.train_messages(rnd)
+        assert set(msgs) == {1, 2}
+        for msg in msgs.values():
+            assert len(indices(msg)) == 3 and msg.content[protocol.ROUND]["group_size"] == 4
+            seen += indices(msg)
+    assert sorted(seen) == list(range(PROMPT_STRIDE * seed, PROMPT_STRIDE * seed + 12))
+
+
+def test_the_last_round_sends_no_prompts():
+    grid = FakeGrid(honest())
+    strategy, _ = run(experiment(), grid)
+    assert [indices(m) for m in grid.train_messages(2).values()] == [[], []]
+    assert len(strategy.history) == 3 and strategy.checkpoints == {"a": "/ckpt/a", "b": "/ckpt/b"}
+
+
+def test_horizontal_shares_prompts_and_splits_the_group():
+    grid = FakeGrid(honest())
+    run(experiment(**{"advantage.mode": "horizontal"}), grid)
+    r0, r1 = grid.train_messages(0), grid.train_messages(1)
+    assert indices(r0[1]) == indices(r0[2]) == [0, 1, 2]
+    assert indices(r1[1]) == indices(r1[2]) == [3, 4, 5]
+    assert all(m.content[protocol.ROUND]["group_size"] == 2 for m in (*r0.values(), *r1.values()))
+
+
+def test_vertical_forwards_the_other_nodes_groups_stamped_with_their_source():
+    grid = FakeGrid(honest())
+    run(experiment(), grid)
+    r0, r1 = grid.train_messages(0), grid.train_messages(1)
+    assert foreign(r0[1]) == {}
+    for me, other in ((1, 2), (2, 1)):
+        src = NAMES[other]
+        assert foreign(r1[me]) == {src: indices(r0[other])}  # stamped with what src was given
+        arrays_key, meta_key = protocol.foreign_keys(src)
+        assert r1[me].content[meta_key]["node"] == [src] * 3
+        assert protocol.foreign_keys(NAMES[me])[0] not in r1[me].content  # never its own
+
+
+def test_the_stamp_is_the_transport_name_not_the_payload_label():
+    """Node b labels its groups as a's: a still receives them stamped 'b' (and rejects them)."""
+    def relabel(msg, name):
+        if msg.metadata.message_type != "train":
+            return finish_reply(msg, name)
+        return train_reply(msg, name, groups=groups_for("a", indices(msg), 4))
+
+    grid = FakeGrid(honest(special={2: relabel}))
+    run(experiment(), grid)
+    to_a = grid.train_messages(1)[1]
+    assert list(foreign(to_a)) == ["b"]
+    assert to_a.content[protocol.foreign_keys("b")[1]]["node"] == ["a"] * 3
+
+
+def test_alone_sends_no_foreign_groups():
+    grid = FakeGrid(honest())
+    run(experiment(**{"advantage.mode": "alone"}), grid)
+    for msg in grid.train_messages(1).values():
+        assert foreign(msg) == {}
+        assert not [k for k in msg.content.keys() if k.startswith("groups.")]
+
+
+def test_eval_schedule():
+    grid = FakeGrid(honest())
+    run(experiment(**{"rounds.num_rounds": 5, "rounds.eval_every": 2}), grid)
+    flags = [grid.train_messages(r)[1].content[protocol.ROUND]["evaluate"] for r in range(6)]
+    assert flags == [True, False, True, False, True, True]
+
+
+# ----------------------------------------------------------------------------- failures
+
+
+def failures(strategy, nid):
+    return [h.failures.get(nid, "") for h in strategy.history]
+
+
+def test_a_node_that_does_not_reply_in_time_fails_and_the_others_go_on():
+    grid = FakeGrid(honest(special={2: lambda msg, name: None}))
+    strategy, events = run(experiment(), grid)
+    assert all("no reply within" in f for f in failures(strategy, 2))
+    assert [set(h.node_metrics) for h in strategy.history] == [{"a"}] * 3
+    assert foreign(grid.train_messages(1)[1]) == {}
+    assert [f["node"] for k, f in events if k == "node_failed"] == ["node-2"] * 3
+    assert [f["node"] for k, f in events if k == "checkpoint_failed"] == ["node-2"]
+
+
+def test_two_node_ids_claiming_one_card_the_second_fails_whatever_the_reply_order():
+    grid = FakeGrid(honest(names={1: "a", 2: "a"}), alternate=True)
+    strategy, _ = run(experiment(), grid)
+    losers = [nid for h in strategy.history for nid in h.failures]
+    assert len(losers) == 3 and len(set(losers)) == 1  # the same node id every round
+    assert "already served by node id" in strategy.history[1].failures[losers[0]]
+    assert foreign(grid.train_messages(1)[losers[0]]) == {}  # a's groups never go to the impostor
+
+
+def test_a_node_changing_its_name_fails():
+    def flip(msg, name):
+        if msg.metadata.message_type != "train":
+            return finish_reply(msg, name)
+        return train_reply(msg, "c" if msg.content[protocol.ROUND]["round"] else name)
+
+    strategy, _ = run(experiment(), FakeGrid(honest(special={2: flip})))
+    assert failures(strategy, 2)[0] == ""
+    assert all("served model card 'b' and now claims 'c'" in f for f in failures(strategy, 2)[1:])
+
+
+def test_fewer_nodes_than_min_nodes_aborts():
+    def broken(msg, name):
+        return Message(Error(code=2, reason="ClientApp raised"), reply_to=msg)
+
+    strategy, events = run(experiment(**{"rounds.min_nodes": 2}), FakeGrid(honest(special={2: broken})),
+                           raises=(FederationError, r"round 0: 1 node\(s\) replied, fewer than "
+                                                    r"rounds.min_nodes=2 \(2: code 2: ClientApp raised\)"))
+    assert [k for k, _ in events] == ["node_failed"]
+
+
+def test_finish_failures_are_recorded_as_events():
+    names = {1: "a", 2: "b", 3: "c", 4: "d"}
+
+    def on_finish(make):
+        def respond(msg, name):
+            return train_reply(msg, name) if msg.metadata.message_type == "train" else make(msg, name)
+        return respond
+
+    respond = honest(names, special={
+        1: on_finish(lambda msg, name: Message(Error(code=2, reason="disk full"), reply_to=msg)),
+        2: on_finish(lambda msg, name: Message(content=RecordDict(), reply_to=msg)),
+        3: on_finish(lambda msg, name: None),
+        4: on_finish(lambda msg, name: finish_reply(msg, "a")),  # claims a's checkpoint
+    })
+    exp = experiment(yaml=YAML.replace("{name: b}]", "{name: b}, {name: c}, {name: d}]"))
+    strategy, events = run(exp, FakeGrid(respond, node_ids=(1, 2, 3, 4)))
+    failed = {f["node"]: f["reason"] for k, f in events if k == "checkpoint_failed"}
+    assert set(failed) == {"a", "b", "c", "d"} and strategy.checkpoints == {}
+    assert "code 2: disk full" in failed["a"]
+    assert "record 'checkpoint' is missing" in failed["b"]
+    assert "no reply within" in failed["c"]
+    assert "claims the checkpoint of model card 'a'" in failed["d"]
+
+
+def _without(key):
+    def edit(content):
+        del content[key]
+    return edit
+
+
+def _replace(key, record):
+    def edit(content):
+        content[key] = record
+    return edit
+
+
+def _info(**fields):
+    def edit(content):
+        for k, v in fields.items():
+            content[protocol.INFO][k] = v
+    return edit
+
+
+@pytest.mark.parametrize("edit,reason", [
+    (_without(protocol.GROUPS), "record 'groups' is missing"),
+    (_without(protocol.GROUPS_META), "record 'groups.meta' is missing"),
+    (_without(protocol.METRICS), "record 'metrics' is missing"),
+    (_without(protocol.INFO), "record 'info' is missing"),
+    (_replace(protocol.GROUPS_META, ArrayRecord()),
+     "record 'groups.meta' is a ArrayRecord, expected a ConfigRecord"),
+    (_replace(protocol.GROUPS, ConfigRecord({"x": 1})),
+     "record 'groups' is a ConfigRecord, expected a ArrayRecord"),
+    (_replace(protocol.INFO, MetricRecord({"node": 1})), "record 'info' is a MetricRecord"),
+    (_info(node=""), "info 'node' must be a node name"),
+    (_info(node="b/samples"), "info 'node' must be a node name"),
+    (_info(node=7), "info 'node' must be a node name"),
+    (_info(rejections=[1, 2]), "info 'rejections' must be a list of str"),
+])
+def test_a_malformed_reply_is_that_nodes_failure_never_an_exception(edit, reason):
+    def bad(msg, name):
+        if msg.metadata.message_type != "train":
+            return finish_reply(msg, name)
+        reply = train_reply(msg, name)
+        edit(reply.content)
+        return reply
+
+    grid = FakeGrid(honest(special={2: bad}))
+    strategy, _ = run(experiment(), grid)
+    assert all(f.startswith("malformed reply: ") and reason in f for f in failures(strategy, 2))
+    assert [set(h.node_metrics) for h in strategy.history] == [{"a"}] * 3
+    assert foreign(grid.train_messages(1)[1]) == {}
+
+
+@pytest.mark.parametrize("omit_failed", [False, True])
+def test_a_failed_push_is_that_nodes_failure(omit_failed):
+    grid = FakeGrid(honest(), undeliverable={2}, omit_failed=omit_failed)
+    strategy, events = run(experiment(), grid)
+    assert all("could not be delivered" in f for f in failures(strategy, 2))
+    assert [set(h.node_metrics) for h in strategy.history] == [{"a"}] * 3
+    assert [f["node"] for k, f in events if k == "checkpoint_failed"] == ["node-2"]
+    assert strategy.checkpoints == {"a": "/ckpt/a"}
+
+
+def test_late_and_duplicate_replies_are_discarded(strategy_log):
+    grid = FakeGrid(None)
+    first: dict[int, Message] = {}
+
+    def respond(msg):
+        nid, rnd = msg.metadata.dst_node_id, msg.content.get(protocol.ROUND, {}).get("round")
+        if msg.metadata.message_type != "train":
+            return finish_reply(msg, NAMES[nid])
+        first.setdefault(nid, msg)
+        if rnd == 1 and nid == 1:  # a stale answer to last round, and a second answer to this one
+            grid.late += [train_reply(first[2], "b", metrics={"stale": 1.0}),
+                          train_reply(msg, "a", metrics={"second": 1.0})]
+        return train_reply(msg, NAMES[nid])
+
+    grid.respond = respond
+    strategy, _ = run(experiment(), grid)
+    assert not any(h.failures for h in strategy.history)
+    assert "stale" not in strategy.history[1].node_metrics["b"]
+    assert "second" not in strategy.history[1].node_metrics["a"]
+    assert "not a message of this round" in strategy_log.text
+    assert "discarded a second reply" in strategy_log.text
+
+
+@pytest.mark.parametrize("pattern,warned", [((1, 2, 3, 4, 5), [3, 4, 5]), ((1, 2, 4, 5), [])])
+def test_rejections_are_events_and_a_repeat_offender_is_named(pattern, warned, strategy_log):
+    def receiver(msg, name):
+        if msg.metadata.message_type != "train":
+            return finish_reply(msg, name)
+        if msg.content[protocol.ROUND]["round"] not in pattern:
+            return train_reply(msg, name)
+        return train_reply(msg, name, rejections=["b: 2 group(s), 8 sample(s) rejected: bad labels"],
+                           metrics={"b/groups_rejected": 2, "b/samples_rejected": 8,
+                                    "zzz/groups_rejected": 5})  # zzz was never sent: ignored
+
+    _, events = run(experiment(**{"rounds.num_rounds": 5}), FakeGrid(honest(special={1: receiver})))
+    rejected = [f for k, f in events if k == "payload_rejected"]
+    assert [f["round"] for f in rejected] == list(pattern)
+    assert all(f["node"] == "a" and f["source"] == "b" and f["groups"] == 2 and f["samples"] == 8
+               and "bad labels" in f["reason"] for f in rejected)
+    assert [f["round"] for k, f in events if k == "payload_rejected_repeatedly"] == warned
+    assert ("node b keeps sending bad data" in strategy_log.text) == bool(warned)
+
+
+# --------------------------------------------------------------------- node-side checks
+
+NODE_YAML = """
+rounds: {num_rounds: 1, prompts_per_node: 2, eval_every: 0, eval_size: 4, round_timeout: 30}
+rollout: {group_size: 2, max_new_tokens: 4}
+wire: {max_tokens_per_payload: 16}
+train: {lr: 1e-3}
+nodes:
+  - {name: a, tiny_size: small, warmstart_steps: 1, warmstart_target: 0, seed: 1}
+  - {name: b, tiny_size: small, warmstart_steps: 1, warmstart_target: 0, seed: 1}
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny_nodes(tmp_path_factory):
+    from ftis_flwr.node import Node
+
+    cache = tmp_path_factory.mktemp("strategy-nodes")
+    exp = load_experiment(yaml_text=NODE_YAML, overrides={"cache_dir": str(cache)})
+    return exp, {1: Node(exp.nodes[0], exp, cache_dir=cache), 2: Node(exp.nodes[1], exp, cache_dir=cache)}
+
+
+def serve(node, msg: Message, tamper=None) -> Message:
+    """What the ClientApp + worker do with a round message, with b's groups optionally tampered."""
+    out = step_from_payloads(node, step_payload(msg))
+    arrays, meta = out["arrays"], out["meta"]
+    if tamper is not None:
+        groups = tamper(node, indices(msg))
+        arrays, meta = encode_groups(groups, vocab_size=node.vocab_size)
+    return Message(content=RecordDict({
+        protocol.GROUPS: arrays, protocol.GROUPS_META: meta,
+        protocol.METRICS: MetricRecord({k: float(v) for k, v in out["metrics"].items()}),
+        protocol.INFO: ConfigRecord({"node": out["node"], "model_id": out["model_id"], "worker_pid": 1,
+                                     "worker_starts": 1, "rejections": list(out["rejections"]) or [""]}),
+    }), reply_to=msg)
+
+
+def _relabel(node, idx):
+    return [dataclasses.replace(g, node="a") for g in node.pending]  # passes itself off as a's own
+
+
+def _unassigned(node, idx):
+    return node.generate([i + 100 for i in idx], 2, 0)
+
+
+def _duplicated(node, idx):
+    return [node.pending[0], node.pending[0]]  # within the token cap: the duplicate is the fault
+
+
+def _oversized(node, idx):
+    tok = node.tokenizer("1", add_special_tokens=False)["input_ids"][0]
+    return [dataclasses.replace(g, completions=[np.full(4, tok)] * 3, rewards=np.zeros(3, np.float32),
+                                logprobs=[np.full(4, -0.5, np.float32)] * 3) for g in node.pending]
+
+
+@pytest.mark.parametrize("tamper,groups,samples,used,reason", [
+    (None, 0, 0, 4, None),
+    (_relabel, 2, 4, 0, "labelled as made by 'a', but the server received it from 'b'"),
+    (_unassigned, 2, 4, 0, "prompt id not assigned to b"),
+    (_duplicated, 1, 2, 2, "prompt id used more than once"),
+    (_oversized, 2, 6, 0, "24 completion tokens exceed wire.max_tokens_per_payload=16"),
+])
+def test_receivers_reject_by_the_servers_stamp_and_count_groups_and_samples(
+        tiny_nodes, tamper, groups, samples, used, reason):
+    exp, nodes = tiny_nodes
+
+    def respond(msg):
+        node = nodes[msg.metadata.dst_node_id]
+        if msg.metadata.message_type != "train":
+            return finish_reply(msg, node.card.name)
+        rnd = msg.content[protocol.ROUND]["round"]
+        return serve(node, msg, tamper if node.card.name == "b" and rnd == 0 else None)
+
+    strategy, events = run(exp, FakeGrid(respond))
+    m = strategy.history[1].node_metrics["a"]
+    assert not any(h.failures for h in strategy.history)
+    rejected = [f for k, f in events if k == "payload_rejected"]
+    assert m["samples_own"] == 4 and m["samples_foreign"] == used
+    if reason is None:
+        assert not rejected and "b/groups_rejected" not in m
+        return
+    assert m["b/groups_rejected"] == groups and m["b/samples_rejected"] == samples
+    assert len(rejected) == 1 and rejected[0]["source"] == "b" and reason in rejected[0]["reason"]
+    assert rejected[0]["groups"] == groups and rejected[0]["samples"] == samples
+
+
+def test_a_payload_stamped_with_the_receivers_own_name_is_rejected(tiny_nodes):
+    _, nodes = tiny_nodes
+    a = nodes[1]
+    own = a.generate([0, 1], 2, 0)
+    arrays, meta = encode_groups(own, vocab_size=a.vocab_size)
+    out = step_from_payloads(a, {"round": 1, "num_rounds": 1, "prompt_indices": [], "group_size": 2,
+                                 "evaluate": False, "foreign_payloads": {"a": (arrays, meta, [0, 1])}})
+    assert out["metrics"]["a/groups_rejected"] == 2 and out["metrics"]["a/samples_rejected"] == 4
+    assert any("stamped these groups with this node's own name" in r for r in out["rejections"])
