@@ -61,8 +61,9 @@ def _worker(msg_config: ConfigRecord, context: Context):
     cache = default_cache_dir(experiment.cache_dir).resolve()
     run_key = str(msg_config.get("run_name") or context.run_id)
     spec = {"card": to_dict(card), "experiment": to_dict(experiment), "cache_dir": str(cache),
-            "idle_timeout": experiment.worker_idle_timeout}
-    return card, connect_or_spawn(worker_dir(cache, run_key, card.name), spec, env=_worker_env(card))
+            "idle_timeout": experiment.idle_timeout()}
+    handle = connect_or_spawn(worker_dir(cache, run_key, card.name), spec, env=_worker_env(card))
+    return card, handle, experiment.rounds.round_timeout
 
 
 def step_payload(msg: Message) -> dict:
@@ -82,8 +83,8 @@ def step_payload(msg: Message) -> dict:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    card, handle = _worker(msg.content[protocol.ROUND], context)
-    reply = handle.call("step", step_payload(msg))
+    card, handle, timeout = _worker(msg.content[protocol.ROUND], context)
+    reply = handle.call("step", step_payload(msg), timeout=timeout)
     starts = (handle.directory / "starts.log").read_text().count("\n")
     content = RecordDict({
         protocol.GROUPS: reply["arrays"],
@@ -99,8 +100,8 @@ def train(msg: Message, context: Context) -> Message:
 @app.query()
 def finish(msg: Message, context: Context) -> Message:
     cfg = msg.content[protocol.FINISH]
-    card, handle = _worker(cfg, context)
-    out = handle.call("finish", {"out_dir": str(Path(str(cfg["out_dir"])) / card.name)})
+    card, handle, timeout = _worker(cfg, context)
+    out = handle.call("finish", {"out_dir": str(Path(str(cfg["out_dir"])) / card.name)}, timeout=timeout)
     content = RecordDict({protocol.CHECKPOINT: ConfigRecord({"node": card.name, "path": out["checkpoint"],
                                                              "updates": int(out["updates"])})})
     return Message(content=content, reply_to=msg)

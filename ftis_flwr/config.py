@@ -270,8 +270,14 @@ class ExperimentConfig:
     """Where warm-started tiny models and node workers' state live. Empty (default): the
     ``FTIS_CACHE`` environment variable, else ``~/.cache/ftis-flwr``. Never inside the app
     directory (Flower's app bundle is capped at 10 MB)."""
-    worker_idle_timeout: float = 900.0
-    """A node worker that hears nothing for this many seconds saves nothing and exits."""
+    worker_idle_timeout: float = 0.0
+    """A node worker that hears nothing for this many seconds exits (its node is lost). 0
+    (default): three times ``rounds.round_timeout``. Must be at least twice the round timeout:
+    a fast node waits up to a round for a slow partner and must not reset itself meanwhile."""
+
+    def idle_timeout(self) -> float:
+        """The worker idle timeout in effect (see ``worker_idle_timeout``)."""
+        return self.worker_idle_timeout or 3 * self.rounds.round_timeout
     preset: str = ""
     """Name or path of the YAML preset this config was built from (informational)."""
 

@@ -14,14 +14,9 @@ that folder in well under a second, and the model saves like any other (transfor
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import importlib.util
 import json
 import logging
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -52,48 +47,26 @@ def resolve(source: str) -> str:
     return source
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def gguf_folder(gguf: str | Path, cache_dir: Path) -> Path:
     """The converted safetensors folder of a GGUF file, converting it first if needed.
 
     One conversion per file content, whatever its path; concurrent callers serialise on a file
     lock; a crash leaves only a temporary folder.
     """
-    from .tiny import _check_cache_root  # the same rule: never inside the app directory
+    from .tiny import _check_cache_root, build_once, sha256_file
 
     gguf = Path(gguf).expanduser().resolve()
     if not gguf.is_file():
         raise FileNotFoundError(f"GGUF model file {str(gguf)!r} does not exist")
-    digest = _sha256(gguf)
-    root = _check_cache_root(Path(cache_dir)) / "gguf"
-    final = root / f"{gguf.stem}-{digest[:16]}"
-    if (final / CONVERTED_MARKER).is_file():
-        return final
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / f".{final.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (final / CONVERTED_MARKER).is_file():
-            return final
+    digest = sha256_file(gguf)
+    final = _check_cache_root(Path(cache_dir)) / "gguf" / f"{gguf.stem}-{digest[:16]}"
+
+    def build(tmp: Path) -> None:
         log.info("converting %s to safetensors in %s (once; later starts load the folder)", gguf, final)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=root))
-        try:
-            _convert(gguf, tmp)
-            (tmp / CONVERTED_MARKER).write_text(json.dumps({"gguf": str(gguf), "sha256": digest},
-                                                           indent=1))
-            if final.exists():
-                shutil.rmtree(final)
-            os.rename(tmp, final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    return final
+        _convert(gguf, tmp)
+        (tmp / CONVERTED_MARKER).write_text(json.dumps({"gguf": str(gguf), "sha256": digest}, indent=1))
+
+    return build_once(final, CONVERTED_MARKER, build)
 
 
 def _convert(gguf: Path, out: Path) -> None:

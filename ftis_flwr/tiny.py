@@ -262,7 +262,7 @@ def round_to_bf16(model: Any) -> None:
             p.copy_(p.to(torch.bfloat16).to(p.dtype))
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
@@ -312,7 +312,7 @@ def _install_shipped(card: ModelCard, weights: Path, manifest: dict[str, Any], o
     """Verify a shipped warm-start's hash and key, then write it as a full model folder."""
     from safetensors.torch import load_file
 
-    digest = _sha256(weights)
+    digest = sha256_file(weights)
     if digest != manifest.get("sha256"):
         raise ValueError(f"shipped warm-start {weights} has SHA-256 {digest}, its manifest says "
                          f"{manifest.get('sha256')}: the file is damaged; reinstall the package or "
@@ -335,39 +335,23 @@ def _install_shipped(card: ModelCard, weights: Path, manifest: dict[str, Any], o
     (out / MARKER).write_text(json.dumps(report, indent=1))
 
 
-def warm_start(card: ModelCard, task: ArithmeticTask, cache_dir: Path | None = None) -> Path:
-    """The cached tiny model of ``card``: shipped, or trained here once; returns its directory.
+def build_once(final: Path, marker: str, build: Callable[[Path], None]) -> Path:
+    """``final``, built by ``build(tmp_dir)`` unless ``final/marker`` exists already.
 
-    Concurrent callers with the same key serialise on a file lock and the second one finds the
-    result; a crash leaves only a temporary directory, because the finished model is written
-    elsewhere and renamed into place with its marker file inside.
+    Concurrent callers serialise on a file lock and the second one finds the result; a crash
+    leaves only a temporary folder, because ``build`` writes elsewhere (it must write ``marker``
+    last) and the folder is renamed into place when complete.
     """
-    if not isinstance(task, ArithmeticTask):
-        raise ValueError(f"tiny models are warm-started on the arithmetic task, got {task!r}")
-    final = warmstart_dir(card, task, cache_dir)
-    if (final / MARKER).is_file():
+    if (final / marker).is_file():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     with open(final.parent / f".{final.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if (final / MARKER).is_file():
+        if (final / marker).is_file():
             return final
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
         try:
-            shipped = find_shipped(final.name)
-            if shipped is not None:
-                log.info("%s: using the shipped warm-start %s", card.name, shipped[0])
-                _install_shipped(card, *shipped, tmp)
-            else:
-                log.info("warm-starting %s into %s (no shipped model for this key: trained once, "
-                         "then cached)", card.name, final)
-                model, tok, report = train_tiny(card, task)
-                model.save_pretrained(tmp)
-                tok.save_pretrained(tmp)
-                (tmp / MARKER).write_text(json.dumps(report, indent=1))
-                log.info("warm-started %s: %d steps in %.1fs, check exact match %.3f%s", final.name,
-                         report["steps_run"], report["seconds"], report["train_exact_match"],
-                         "" if report["reached_target"] else " (target not reached)")
+            build(tmp)
             if final.exists():  # a leftover without marker: never complete, safe to replace
                 shutil.rmtree(final)
             os.rename(tmp, final)
@@ -375,6 +359,31 @@ def warm_start(card: ModelCard, task: ArithmeticTask, cache_dir: Path | None = N
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     return final
+
+
+def warm_start(card: ModelCard, task: ArithmeticTask, cache_dir: Path | None = None) -> Path:
+    """The cached tiny model of ``card``: shipped, or trained here once; returns its folder."""
+    if not isinstance(task, ArithmeticTask):
+        raise ValueError(f"tiny models are warm-started on the arithmetic task, got {task!r}")
+    final = warmstart_dir(card, task, cache_dir)
+
+    def build(tmp: Path) -> None:
+        shipped = find_shipped(final.name)
+        if shipped is not None:
+            log.info("%s: using the shipped warm-start %s", card.name, shipped[0])
+            _install_shipped(card, *shipped, tmp)
+            return
+        log.info("warm-starting %s into %s (no shipped model for this key: trained once, then "
+                 "cached)", card.name, final)
+        model, tok, report = train_tiny(card, task)
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        (tmp / MARKER).write_text(json.dumps(report, indent=1))
+        log.info("warm-started %s: %d steps in %.1fs, check exact match %.3f%s", final.name,
+                 report["steps_run"], report["seconds"], report["train_exact_match"],
+                 "" if report["reached_target"] else " (target not reached)")
+
+    return build_once(final, MARKER, build)
 
 
 # ------------------------------------------------------------------------------ shipping
@@ -414,7 +423,7 @@ def ship(presets: tuple[str, ...] = SHIPPED_PRESETS, out_dir: Path | None = None
             report.pop("losses", None)
             report.pop("shipped", None)
             manifest = {"name": folder.name, "preset": preset, "card": card.name,
-                        "sha256": _sha256(weights), "report": report}
+                        "sha256": sha256_file(weights), "report": report}
             (out_dir / f"{folder.name}.json").write_text(json.dumps(manifest, indent=1) + "\n")
             written.append(weights)
             print(f"shipped {weights} ({weights.stat().st_size / 1e6:.1f} MB)", flush=True)

@@ -164,8 +164,12 @@ def experiment_errors(cfg: ExperimentConfig, *, import_registries: bool = True) 
     if rd.min_nodes < 1 or rd.round_timeout <= 0 or rd.eval_every < 0 or rd.eval_size < 0:
         errors.append("rounds.min_nodes >= 1, rounds.round_timeout > 0, rounds.eval_every >= 0 "
                       "and rounds.eval_size >= 0 are required")
-    if cfg.worker_idle_timeout <= 0:
-        errors.append(f"worker_idle_timeout={cfg.worker_idle_timeout} must be > 0")
+    if cfg.worker_idle_timeout < 0:
+        errors.append(f"worker_idle_timeout={cfg.worker_idle_timeout} must be >= 0 (0 = auto)")
+    elif 0 < cfg.worker_idle_timeout < 2 * cfg.rounds.round_timeout:
+        errors.append(f"worker_idle_timeout={cfg.worker_idle_timeout} must be at least twice "
+                      f"rounds.round_timeout={cfg.rounds.round_timeout}: a fast node waits up to a "
+                      "round for a slow partner, and an idle worker exits and loses its node")
     if not cfg.nodes:
         errors.append("nodes: at least one model card is required")
     names = [n.name for n in cfg.nodes]

@@ -4,7 +4,8 @@ Why: Flower starts a fresh ClientApp process per message in deployment and moves
 clients between Ray workers every round, but a model, its optimiser state and a rollout engine
 cannot be rebuilt every round. So the first ClientApp call for a (run, node) spawns this worker
 (detached, its own session), later calls connect to it; a file lock makes sure only one is ever
-spawned. Requests travel over ``multiprocessing.connection`` on 127.0.0.1 with a random auth key
+spawned. Requests travel over ``multiprocessing.connection`` on a Unix socket in a private (0700)
+folder under the temp dir, with a random auth key
 kept in a 0600 file. The worker exits on ``finish``/``stop``, or after ``idle_timeout`` seconds
 without a request.
 
@@ -21,6 +22,9 @@ import json
 import logging
 import os
 import secrets
+import shutil
+import socket
+import tempfile
 import subprocess
 import sys
 import threading
@@ -28,13 +32,20 @@ import time
 import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass
-from multiprocessing.connection import Client, Listener
+from multiprocessing.connection import (AuthenticationError, Client, Listener, answer_challenge,
+                                        deliver_challenge)
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
 
 SPAWN_TIMEOUT = 120.0
+HANDSHAKE_TIMEOUT = 5.0
+"""A connection that has not authenticated within this many seconds is closed: a silent peer
+occupies one thread of the worker for at most this long and never delays a request."""
+REQUEST_TIMEOUT = 7200.0
+"""Default wait for a reply; the ClientApp passes the experiment's round timeout instead."""
+PING_TIMEOUT = 30.0
 
 
 class WorkerError(RuntimeError):
@@ -69,11 +80,10 @@ def _locked(path: Path):
 
 @dataclass
 class WorkerHandle:
-    """How to reach a running worker."""
+    """How to reach a running worker: a Unix socket in a private (0700) folder, plus an auth key."""
 
     directory: Path
-    host: str
-    port: int
+    socket: str
     pid: int
     authkey: bytes
 
@@ -81,21 +91,24 @@ class WorkerHandle:
     def read(cls, directory: Path) -> "WorkerHandle | None":
         try:
             data = json.loads((directory / "address.json").read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
+            return cls(directory, str(data["socket"]), int(data["pid"]), bytes.fromhex(data["authkey"]))
+        except (FileNotFoundError, json.JSONDecodeError, KeyError, ValueError):
             return None
-        return cls(directory, data["host"], int(data["port"]), int(data["pid"]), bytes.fromhex(data["authkey"]))
 
-    def call(self, op: str, payload: Any = None) -> Any:
-        """Send one request and wait for its reply (blocking: the node may be loading)."""
+    def call(self, op: str, payload: Any = None, timeout: float = REQUEST_TIMEOUT) -> Any:
+        """Send one request and wait at most ``timeout`` seconds for its reply."""
         try:
-            conn = Client((self.host, self.port), authkey=self.authkey)
-        except (OSError, EOFError) as exc:
-            raise WorkerError(f"cannot reach node worker pid {self.pid} at {self.host}:{self.port}: {exc}") from exc
+            conn = Client(self.socket, family="AF_UNIX", authkey=self.authkey)
+        except (OSError, EOFError, AuthenticationError) as exc:
+            raise WorkerError(f"cannot reach node worker pid {self.pid} at {self.socket}: {exc}") from exc
         with conn:
             conn.send((op, payload))
             try:
+                if not conn.poll(timeout):
+                    raise WorkerError(f"node worker pid {self.pid} sent no reply to {op!r} within "
+                                      f"{timeout:.0f} s; see {self.directory / 'worker.log'}")
                 status, value = conn.recv()
-            except EOFError:
+            except (EOFError, OSError):
                 raise WorkerError(f"node worker pid {self.pid} died during {op!r}; see "
                                   f"{self.directory / 'worker.log'}") from None
         if status == "error":
@@ -106,7 +119,7 @@ class WorkerHandle:
         if not _pid_alive(self.pid):
             return False
         try:
-            self.call("ping")
+            self.call("ping", timeout=PING_TIMEOUT)
         except WorkerError:
             return False
         return True
@@ -183,6 +196,8 @@ class _Server:
         handle = WorkerHandle.read(self.directory)
         if handle is not None and handle.pid == os.getpid():
             (self.directory / "address.json").unlink(missing_ok=True)
+        if getattr(self, "private", None) is not None:
+            shutil.rmtree(self.private, ignore_errors=True)
 
     def handle(self, op: str, payload: Any) -> tuple[Any, bool]:
         """-> (reply value, stop after replying)."""
@@ -190,14 +205,13 @@ class _Server:
             return {"pid": os.getpid(), "ready": self.node is not None}, False
         if op == "stop":
             return {"pid": os.getpid()}, True
-        if self.node is None:
-            if self.load_error is None:
-                try:
-                    self.node = self._load()
-                except Exception:
-                    self.load_error = traceback.format_exc()
-            if self.load_error is not None:
-                raise WorkerError(f"the node could not be built:\n{self.load_error}")
+        if self.node is None:  # built on the first request; a failure is retried on the next one
+            try:                # (a transient cause, e.g. out of memory at load, can go away)
+                self.node = self._load()
+                self.load_error = None
+            except Exception:
+                self.load_error = traceback.format_exc()
+                raise WorkerError(f"the node could not be built:\n{self.load_error}") from None
         if op == "step":
             return step_from_payloads(self.node, payload), False
         if op == "finish":
@@ -207,42 +221,77 @@ class _Server:
 
     def serve(self):
         authkey = secrets.token_bytes(32)
-        listener = Listener(("127.0.0.1", 0), authkey=authkey)
-        host, port = listener.address
+        private = Path(tempfile.mkdtemp(prefix="ftis-worker-"))  # 0700: other users cannot connect
+        self.private = private
+        path = str(private / "sock")  # short: Unix socket paths are capped at 108 bytes
+        listener = Listener(path, family="AF_UNIX")
+        os.chmod(path, 0o600)
         with open(self.directory / "starts.log", "a") as fh:
             fh.write(f"{time.time():.3f} pid={os.getpid()}\n")
         tmp = self.directory / f"address.json.{os.getpid()}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as fh:
-            json.dump({"host": host, "port": port, "pid": os.getpid(), "authkey": authkey.hex()}, fh)
+            json.dump({"socket": path, "pid": os.getpid(), "authkey": authkey.hex()}, fh)
         os.replace(tmp, self.directory / "address.json")
         threading.Thread(target=self._watchdog, daemon=True).start()
-        log.info("node worker pid %d listening on %s:%d", os.getpid(), host, port)
-        stop = False
-        while not stop:
+        log.info("node worker pid %d listening on %s", os.getpid(), path)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        while not self._stop.is_set():
             try:
-                conn = listener.accept()
-            except Exception as exc:  # a client that failed authentication, or went away
-                log.warning("rejected a connection: %s", exc)
+                conn = listener.accept()  # no handshake here: it runs on the connection's thread
+            except OSError as exc:
+                log.warning("accept failed: %s", exc)
                 continue
+            threading.Thread(target=self._serve_one, args=(conn, authkey), daemon=True).start()
+        self._cleanup()
+        listener.close()
+
+    def _serve_one(self, conn, authkey: bytes) -> None:
+        """Authenticate within HANDSHAKE_TIMEOUT, then answer one request (requests run one at a
+        time under a lock; the node is not thread-safe)."""
+        timer = threading.Timer(HANDSHAKE_TIMEOUT, _shutdown, args=(conn,))
+        timer.start()
+        try:
+            deliver_challenge(conn, authkey)  # mutual, as Listener(authkey=...) does
+            answer_challenge(conn, authkey)
+            if not conn.poll(HANDSHAKE_TIMEOUT):
+                raise TimeoutError("no request after the handshake")
+            op, payload = conn.recv()
+        except Exception as exc:  # a bad key, a silent or vanished peer: only this thread ends
+            log.warning("rejected a connection: %s", exc or type(exc).__name__)
+            conn.close()
+            return
+        finally:
+            timer.cancel()
+        with self._lock:
             self.busy = True
             self.last_request = time.monotonic()
+            stop = False
             try:
-                with conn:
-                    op, payload = conn.recv()
-                    try:
-                        value, stop = self.handle(op, payload)
-                        conn.send(("ok", value))
-                    except Exception as exc:
-                        log.error("request %r failed:\n%s", op, traceback.format_exc())
-                        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+                try:
+                    value, stop = self.handle(op, payload)
+                    conn.send(("ok", value))
+                except Exception as exc:
+                    log.error("request %r failed:\n%s", op, traceback.format_exc())
+                    conn.send(("error", f"{type(exc).__name__}: {exc}"))
             except (EOFError, OSError) as exc:
                 log.warning("connection lost: %s", exc)
             finally:
+                conn.close()
                 self.busy = False
                 self.last_request = time.monotonic()
-        self._cleanup()
-        listener.close()
+            if stop:
+                self._cleanup()
+                os._exit(0)
+
+
+def _shutdown(conn) -> None:
+    """Wake a thread blocked reading ``conn`` (closing the fd alone would not)."""
+    try:
+        socket.socket(fileno=os.dup(conn.fileno())).shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
 
 
 def step_from_payloads(node, payload: dict[str, Any]) -> dict[str, Any]:

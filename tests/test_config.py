@@ -95,7 +95,7 @@ def test_run_config_reaches_every_section_through_flower_and_the_real_merge():
         "loss.trunc-c=3 loss.filter-action='drop' advantage.scale-rewards='none' "
         "wire.logprob-dtype='bf16' rollout.group-size=8.0 rollout.top-p='0.9' train.lr='1e-4' "
         "train.micro-batch-size=32 rounds.num-rounds=3 rounds.round-timeout=60 task.seed=7 "
-        "worker-idle-timeout=30 overrides='nodes.0.lr=1e-3 nodes.large.lora=true nodes.1.g.kind=linear'")
+        "worker-idle-timeout=300 overrides='nodes.0.lr=1e-3 nodes.large.lora=true nodes.1.g.kind=linear'")
     cfg = experiment_from_run_config(run_config)
     assert cfg.preset == "cpu-pair" and cfg.loss.method == "f-tis"  # "" = the preset decides
     assert cfg.loss.trunc_c == 3.0 and isinstance(cfg.loss.trunc_c, float)
@@ -104,7 +104,7 @@ def test_run_config_reaches_every_section_through_flower_and_the_real_merge():
     assert cfg.rollout.group_size == 8 and isinstance(cfg.rollout.group_size, int)
     assert cfg.rollout.top_p == 0.9 and cfg.train.lr == 1e-4 and cfg.train.micro_batch_size == 32
     assert cfg.rounds.num_rounds == 3 and cfg.rounds.round_timeout == 60.0
-    assert cfg.task.seed == 7 and cfg.worker_idle_timeout == 30.0
+    assert cfg.task.seed == 7 and cfg.worker_idle_timeout == 300.0
     assert cfg.nodes[0].lr == 1e-3 and cfg.nodes[1].lora is True and cfg.nodes[1].g.kind == "linear"
     assert cfg.nodes[0].lora is False and cfg.nodes[1].lr is None
 
@@ -321,3 +321,12 @@ def _check_short_message(capsys, err, flwr_log):
                                  (ConfigError, err.value, err.value.__traceback__))
     assert all(f.filter(record) for f in flwr_log.filters)
     assert record.exc_info is None and "listed above" in record.getMessage()
+
+
+def test_worker_idle_timeout_must_outlast_a_round():
+    from ftis_flwr.config import ConfigError
+
+    assert load_experiment("cpu-pair").idle_timeout() == 3 * 600.0
+    with pytest.raises(ConfigError, match="at least twice rounds.round_timeout"):
+        load_experiment("cpu-pair", {"worker_idle_timeout": 900, "rounds.round_timeout": 600})
+    assert load_experiment("cpu-pair", {"worker_idle_timeout": 1200}).idle_timeout() == 1200

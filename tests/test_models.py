@@ -308,3 +308,19 @@ def test_a_trained_warm_start_holds_bf16_values(task, cache):
     model, _, report = train_tiny(card(), task)
     assert all(torch.equal(p, p.to(torch.bfloat16).float()) for p in model.parameters())
     assert 0 <= report["train_exact_match_bf16"] <= 1
+
+
+def test_stop_tokens_include_the_chat_templates_end_of_turn():
+    from types import SimpleNamespace
+
+    from ftis_flwr.models import stop_token_ids
+
+    tok = build_char_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_end|>", "<|endoftext|>"]})
+    model = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=tok.convert_tokens_to_ids("<|endoftext|>")))
+    assert stop_token_ids(tok, model) == [tok.eos_token_id, tok.convert_tokens_to_ids("<|endoftext|>")]
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }}<|im_end|>{% endfor %}"
+    ids = stop_token_ids(tok, model, ["x"])
+    assert tok.convert_tokens_to_ids("<|im_end|>") in ids and tok.convert_tokens_to_ids("x") in ids
+    with pytest.raises(ValueError, match="single token"):
+        stop_token_ids(tok, model, ["not one token"])

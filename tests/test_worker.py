@@ -80,7 +80,7 @@ def test_wrong_authkey_is_refused_and_worker_survives(tmp_path, workers):
     from multiprocessing import AuthenticationError
 
     with pytest.raises((AuthenticationError, EOFError, ConnectionError)):
-        Client((handle.host, handle.port), authkey=b"not the key")
+        Client(handle.socket, family="AF_UNIX", authkey=b"not the key")
     assert handle.call("ping")["pid"] == handle.pid
 
 
@@ -104,3 +104,50 @@ def test_node_that_cannot_be_built_reports_why(tmp_path, workers):
         handle.call("step", {"round": 0, "num_rounds": 1, "prompt_indices": [], "group_size": 2,
                              "evaluate": False, "foreign_payloads": {}})
     assert handle.call("ping")["ready"] is False  # alive, still answering
+
+    # the cause goes away (the model appears): the next request builds the node, no restart
+    import shutil
+
+    from ftis_flwr.config import ModelCard
+    from ftis_flwr.tasks import ArithmeticTask
+    from ftis_flwr.tiny import warm_start
+
+    shipped = warm_start(ModelCard(name="a", tiny_size="small", warmstart_target=0.6, seed=0),
+                         ArithmeticTask(), tmp_path / "cache")
+    shutil.copytree(shipped, tmp_path / "no-such-model-dir")
+    out = handle.call("step", {"round": 0, "num_rounds": 1, "prompt_indices": [], "group_size": 2,
+                               "evaluate": False, "foreign_payloads": {}})
+    assert out["node"] == "a" and handle.call("ping")["ready"] is True
+
+
+def test_a_silent_connection_does_not_stall_the_worker(tmp_path, workers):
+    """A peer that connects and says nothing gets its own thread and is closed after the
+    handshake timeout; requests meanwhile are answered (a ping bounded by that timeout)."""
+    import socket
+
+    from ftis_flwr.worker import HANDSHAKE_TIMEOUT
+
+    handle = connect_or_spawn(worker_dir(tmp_path / "cache", "run", "a"), _spec(tmp_path))
+    workers.append(handle.pid)
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    silent.connect(handle.socket)
+    silent.settimeout(10 * HANDSHAKE_TIMEOUT)
+    try:
+        assert handle.call("ping", timeout=HANDSHAKE_TIMEOUT)["pid"] == handle.pid
+        while silent.recv(4096):  # the worker's challenge, then EOF when it gives up on us
+            pass
+    finally:
+        silent.close()
+    assert handle.call("ping", timeout=HANDSHAKE_TIMEOUT)["pid"] == handle.pid
+
+
+def test_the_socket_lives_in_a_private_folder(tmp_path, workers):
+    import stat
+
+    handle = connect_or_spawn(worker_dir(tmp_path / "cache", "run", "a"), _spec(tmp_path))
+    workers.append(handle.pid)
+    folder = os.path.dirname(handle.socket)
+    assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(handle.socket).st_mode) == 0o600
+    handle.call("stop")
+    assert _wait_dead(handle.pid) and not os.path.exists(folder)
