@@ -29,6 +29,12 @@ from .validation import card_errors, experiment_errors, raise_errors
 APP_KEYS = {"preset", "config_file", "overrides"}
 """Run-config keys read by the apps themselves, not experiment fields."""
 PRESET_DIR = Path(__file__).resolve().parent.parent / "simulations" / "presets"
+"""The presets in a source checkout; a built wheel carries the same files in ftis_flwr/presets."""
+_PACKAGED_PRESETS = Path(__file__).resolve().parent / "presets"
+
+
+def _preset_dirs() -> list[Path]:
+    return [d for d in (PRESET_DIR, _PACKAGED_PRESETS) if d.is_dir()]
 _TRUE = {"true", "yes", "on", "1"}
 _FALSE = {"false", "no", "off", "0"}
 
@@ -225,10 +231,11 @@ def resolve_preset(preset: str) -> Path:
     path = Path(preset).expanduser()
     if path.suffix in (".yaml", ".yml") and path.is_file():
         return path
-    candidate = PRESET_DIR / f"{preset}.yaml"
+    candidate = next((d / f"{preset}.yaml" for d in _preset_dirs() if (d / f"{preset}.yaml").is_file()),
+                     PRESET_DIR / f"{preset}.yaml")
     if candidate.is_file():
         return candidate
-    available = sorted(p.stem for p in PRESET_DIR.glob("*.yaml")) if PRESET_DIR.is_dir() else []
+    available = sorted({p.stem for d in _preset_dirs() for p in d.glob("*.yaml")})
     raise ConfigError(f"preset {preset!r} is neither a YAML file nor one of: "
                       f"{', '.join(available) or '(none found)'}")
 

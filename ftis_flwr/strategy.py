@@ -20,6 +20,7 @@ of that node with a reason.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
@@ -28,7 +29,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 from flwr.serverapp.strategy.result import Result
@@ -82,7 +83,7 @@ class FTISStrategy(Strategy):
     def __init__(self, experiment: ExperimentConfig, *, run_name: str = "", out_dir: str = "",
                  on_round: RoundCallback | None = None, on_event: Callable[..., None] | None = None,
                  connect_timeout: float = 120.0):
-        self.cfg = experiment
+        self.cfg = copy.deepcopy(experiment)  # never the caller's object: start() may change it
         self.run_name = run_name or f"run-{int(time.time())}"
         self.out_dir = out_dir
         self.on_round = on_round
@@ -150,7 +151,7 @@ class FTISStrategy(Strategy):
                 "evaluate": self._evaluate_now(server_round), "experiment": self._experiment_json,
                 "run_name": self.run_name, "foreign": json.dumps(foreign),
             })
-            messages.append(Message(content=content, dst_node_id=nid, message_type="train"))
+            messages.append(Message(content=content, dst_node_id=nid, message_type=MessageType.TRAIN))
         return messages
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
@@ -315,10 +316,29 @@ class FTISStrategy(Strategy):
         return replies
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int | None = None,
-              timeout: float | None = None, **_: object) -> Result:
-        """Run rounds 0..R, then ask every node to save its model. Returns Flower's Result."""
-        rounds = self.cfg.rounds.num_rounds if num_rounds is None else num_rounds
-        self.cfg.rounds.num_rounds = rounds
+              timeout: float | None = None, train_config: ConfigRecord | None = None,
+              evaluate_config: ConfigRecord | None = None, evaluate_fn: Callable | None = None) -> Result:
+        """Run rounds 0..R, then ask every node to save its model. Returns Flower's Result.
+
+        ``num_rounds`` and ``timeout`` override the experiment's (on this strategy's own copy,
+        and in what the nodes are sent). F-TIS ships no weights and evaluates on the nodes, so
+        ``initial_arrays``, ``train_config``, ``evaluate_config`` and ``evaluate_fn`` are refused
+        rather than ignored: put such settings in the experiment instead.
+        """
+        unused = {"initial_arrays": initial_arrays is not None and len(initial_arrays) > 0,
+                  "train_config": bool(train_config), "evaluate_config": bool(evaluate_config),
+                  "evaluate_fn": evaluate_fn is not None}
+        refused = [name for name, given in unused.items() if given]
+        if refused:
+            raise TypeError(f"FTISStrategy.start does not take {', '.join(refused)}: F-TIS nodes exchange "
+                            "groups, not weights, and evaluate themselves (rounds.eval_every, "
+                            "rounds.eval_size); configure them in the ExperimentConfig")
+        if num_rounds is not None:
+            if num_rounds < 1:
+                raise ValueError(f"num_rounds={num_rounds} must be >= 1")
+            self.cfg.rounds.num_rounds = int(num_rounds)
+            self._experiment_json = json.dumps(to_dict(self.cfg))
+        rounds = self.cfg.rounds.num_rounds
         timeout = self.cfg.rounds.round_timeout if timeout is None else timeout
         self.summary()
         result = Result()
@@ -348,7 +368,7 @@ class FTISStrategy(Strategy):
         """
         messages = [Message(content=RecordDict({protocol.FINISH: ConfigRecord({
             "out_dir": self.out_dir or "checkpoints", "experiment": self._experiment_json,
-            "run_name": self.run_name})}), dst_node_id=nid, message_type="query")
+            "run_name": self.run_name})}), dst_node_id=nid, message_type=MessageType.QUERY)
             for nid in sorted(grid.get_node_ids())]
         replies = self._send(grid, messages, timeout)
         failures, done = dict(self._lost), set()

@@ -501,3 +501,20 @@ def test_a_payload_stamped_with_the_receivers_own_name_is_rejected(tiny_nodes):
                                  "evaluate": False, "foreign_payloads": {"a": (arrays, meta, [0, 1])}})
     assert out["metrics"]["a/groups_rejected"] == 2 and out["metrics"]["a/samples_rejected"] == 4
     assert any("stamped these groups with this node's own name" in r for r in out["rejections"])
+
+
+def test_start_keeps_the_callers_config_and_refuses_what_it_cannot_use():
+    from flwr.app import ArrayRecord, ConfigRecord
+
+    from ftis_flwr.config import load_experiment
+    from ftis_flwr.strategy import FTISStrategy
+
+    exp = load_experiment("cpu-pair")
+    strategy = FTISStrategy(exp)
+    strategy.cfg.rounds.num_rounds = 3
+    assert exp.rounds.num_rounds == 40  # the caller's object is not the strategy's
+    for kwargs in ({"train_config": ConfigRecord({"lr": 0.1})}, {"evaluate_fn": lambda *a: None},
+                   {"initial_arrays": ArrayRecord({"w": __import__("flwr").app.Array.from_numpy_ndarray(
+                       __import__("numpy").zeros(2))})}):
+        with pytest.raises(TypeError, match="does not take"):
+            strategy.start(grid=None, **kwargs)
