@@ -39,8 +39,8 @@ def run(grid: Grid, experiment, *, connect_timeout: float = 120.0) -> Path:
     with RunReporter(run_dir, config=to_dict(experiment), node_names=nodes,
                      num_rounds=experiment.rounds.num_rounds) as reporter:
         print(f"ftis-flwr: run directory {run_dir}", flush=True)
-        print(f"ftis-flwr: round 0 builds every node and evaluates it (tiny models are warm-started "
-              f"once and cached: a few minutes on a 2-core CPU); each node logs to "
+        print(f"ftis-flwr: round 0 builds every node and evaluates it (a model the package does not "
+              f"ship is warm-started or converted once and cached: minutes on a 2-core CPU); each node logs to "
               f"<cache>/workers/{name}/<node>/worker.log on its machine", flush=True)
 
         def on_round(rnd, node_metrics, server_metrics):
