@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from . import sources
 from .config import ModelCard, default_cache_dir
-from .tiny import _digest, warm_start
+from .tiny import digest, warm_start
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ def _model_id(card: ModelCard, desc: str, base: str) -> str:
     """``name:source-description:hash`` over everything that makes this card's starting model."""
     ident = {"source": card.source, "base": base if card.source == "tiny" else "", "dtype": card.dtype,
              "lora": asdict(card.lora_config) if card.lora else None}
-    return f"{card.name}:{desc}:{_digest(ident)[:10]}"
+    return f"{card.name}:{desc}:{digest(ident)[:10]}"
 
 
 def _load_base(source: str, dtype: torch.dtype, cache_dir: Path) -> tuple[Any, Any, str]:

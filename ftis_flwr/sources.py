@@ -53,13 +53,13 @@ def gguf_folder(gguf: str | Path, cache_dir: Path) -> Path:
     One conversion per file content, whatever its path; concurrent callers serialise on a file
     lock; a crash leaves only a temporary folder.
     """
-    from .tiny import _check_cache_root, build_once, sha256_file
+    from .tiny import check_cache_root, build_once, sha256_file
 
     gguf = Path(gguf).expanduser().resolve()
     if not gguf.is_file():
         raise FileNotFoundError(f"GGUF model file {str(gguf)!r} does not exist")
     digest = sha256_file(gguf)
-    final = _check_cache_root(Path(cache_dir)) / "gguf" / f"{gguf.stem}-{digest[:16]}"
+    final = check_cache_root(Path(cache_dir)) / "gguf" / f"{gguf.stem}-{digest[:16]}"
 
     def build(tmp: Path) -> None:
         log.info("converting %s to safetensors in %s (once; later starts load the folder)", gguf, final)

@@ -96,7 +96,8 @@ def tiny_config(size: str, vocab_size: int, pad_token_id: int, eos_token_id: int
 
 # ------------------------------------------------------------------------------ warm start
 
-def _check_cache_root(root: Path) -> Path:
+def check_cache_root(root: Path) -> Path:
+    """``root`` resolved; ValueError if it lies in the app directory (weights would be bundled)."""
     root = root.expanduser().resolve()
     app_dir = Path(__file__).resolve().parent.parent
     if (app_dir / "pyproject.toml").is_file() and root.is_relative_to(app_dir):
@@ -115,7 +116,8 @@ def warmstart_key(card: ModelCard, task: ArithmeticTask) -> dict[str, Any]:
             "check_size": WARMSTART_CHECK_SIZE, "chars": CHARS, "special": list(SPECIAL_TOKENS)}
 
 
-def _digest(obj: Any) -> str:
+def digest(obj: Any) -> str:
+    """16 hex characters of the SHA-256 of ``obj`` as sorted JSON (cache keys, model ids)."""
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -123,8 +125,8 @@ def warmstart_dir(card: ModelCard, task: ArithmeticTask, cache_dir: Path | None 
     """Where :func:`warm_start` puts (or finds) this card's model."""
     key = warmstart_key(card, task)
     ops = {"+": "add", "-": "sub", "+-": "addsub"}[key["ops"]]
-    name = f"{key['size']}-{ops}-{key['steps']}steps-seed{key['seed']}-{_digest(key)}"
-    return _check_cache_root(Path(cache_dir) if cache_dir else default_cache_dir()) / "tiny" / name
+    name = f"{key['size']}-{ops}-{key['steps']}steps-seed{key['seed']}-{digest(key)}"
+    return check_cache_root(Path(cache_dir) if cache_dir else default_cache_dir()) / "tiny" / name
 
 
 def _encode_examples(tok: PreTrainedTokenizerFast, problems: list) -> tuple[torch.Tensor, ...]:

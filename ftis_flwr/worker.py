@@ -236,16 +236,13 @@ class _Server:
         threading.Thread(target=self._watchdog, daemon=True).start()
         log.info("node worker pid %d listening on %s", os.getpid(), path)
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        while not self._stop.is_set():
+        while True:  # the process ends in _serve_one (stop, finish) or in _watchdog (idle)
             try:
                 conn = listener.accept()  # no handshake here: it runs on the connection's thread
             except OSError as exc:
                 log.warning("accept failed: %s", exc)
                 continue
             threading.Thread(target=self._serve_one, args=(conn, authkey), daemon=True).start()
-        self._cleanup()
-        listener.close()
 
     def _serve_one(self, conn, authkey: bytes) -> None:
         """Authenticate within HANDSHAKE_TIMEOUT, then answer one request (requests run one at a
