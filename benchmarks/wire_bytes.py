@@ -14,7 +14,8 @@ import numpy as np
 from flwr.app import RecordDict
 from flwr.common.serde import recorddict_to_proto
 
-from ftis_flwr.rollouts import Group, completion_tokens, encode_groups, payload_bytes
+from ftis_flwr.groups import Group  # noqa: E402
+from ftis_flwr.rollouts import completion_tokens, encode_groups, payload_bytes
 
 
 def make_groups(n_groups: int, g: int, length: int, vocab: int, prompt_len: int, seed: int = 0) -> list[Group]:

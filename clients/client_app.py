@@ -16,13 +16,21 @@ from flwr.clientapp import ClientApp
 from ftis_flwr import protocol
 from ftis_flwr.config import (ExperimentConfig, ModelCard, card_from_dict, default_cache_dir, from_dict,
                               to_dict)
-from ftis_flwr.worker import connect_or_spawn, worker_dir
+from ftis_flwr.worker import connect_or_spawn, safe_name, stop_worker, worker_dir
 
 app = ClientApp()
 
 
+class NoCard(ValueError):
+    """This SuperNode serves no model card of the experiment (it is left out of the run)."""
+
+
 def select_card(experiment: ExperimentConfig, node_config: dict) -> ModelCard:
-    """Deployment: ``--node-config 'card="<name or YAML path>"'``; simulation: partition-id."""
+    """Deployment: ``--node-config 'card="<name or YAML path>"'``; simulation: partition-id.
+
+    NoCard when the SuperNode names no card (or its partition has none); ValueError when it names
+    a card the experiment does not define.
+    """
     wanted = node_config.get("card")
     if wanted:
         for card in experiment.nodes:
@@ -35,14 +43,15 @@ def select_card(experiment: ExperimentConfig, node_config: dict) -> ModelCard:
             return card_from_dict(OmegaConf.to_container(OmegaConf.load(path), resolve=True))
         names = ", ".join(c.name for c in experiment.nodes)
         raise ValueError(f"node config card={wanted!r} is neither a model card in the experiment "
-                         f"({names}) nor a YAML file")
+                         f"({names}) nor a YAML file; restart this SuperNode with "
+                         f"--node-config 'card=\"<one of: {names}>\"'")
     if "partition-id" not in node_config:
-        raise ValueError("this SuperNode has neither a 'card' nor a 'partition-id' in its node config; "
-                         "start it with --node-config 'card=\"<card name or YAML file>\"'")
+        raise NoCard("this SuperNode has neither a 'card' nor a 'partition-id' in its node config; "
+                     "to take part, start it with --node-config 'card=\"<card name or YAML file>\"'")
     pid = int(node_config["partition-id"])
     if not 0 <= pid < len(experiment.nodes):
-        raise ValueError(f"partition-id {pid} has no model card: the experiment defines "
-                         f"{len(experiment.nodes)} nodes; run with num-supernodes={len(experiment.nodes)}")
+        raise NoCard(f"partition-id {pid} has no model card: the experiment defines "
+                     f"{len(experiment.nodes)} nodes; run with num-supernodes={len(experiment.nodes)}")
     return experiment.nodes[pid]
 
 
@@ -98,10 +107,59 @@ def train(msg: Message, context: Context) -> Message:
 
 
 @app.query()
+def query(msg: Message, context: Context) -> Message:
+    """HELLO (which card do you serve?), STOP (the run ended early) or FINISH (save the model)."""
+    if protocol.HELLO in msg.content:
+        return hello(msg, context)
+    if protocol.STOP in msg.content:
+        return stop(msg, context)
+    return finish(msg, context)
+
+
+def stop(msg: Message, context: Context) -> Message:
+    """Stop this node's worker for the run, if one runs; never start one."""
+    cfg = msg.content[protocol.STOP]
+    experiment = from_dict(json.loads(str(cfg["experiment"])))
+    card = select_card(experiment, dict(context.node_config))
+    cache = default_cache_dir(experiment.cache_dir).resolve()
+    stopped = stop_worker(worker_dir(cache, str(cfg.get("run_name") or context.run_id), card.name))
+    return Message(content=RecordDict({protocol.STOP: ConfigRecord({"node": card.name, "stopped": stopped})}),
+                   reply_to=msg)
+
+
+def hello(msg: Message, context: Context) -> Message:
+    """Name this SuperNode's card without building anything (see protocol.HELLO)."""
+    experiment = from_dict(json.loads(str(msg.content[protocol.HELLO]["experiment"])))
+    answer = {"node": "", "reason": "", "unknown": False}
+    try:
+        answer["node"] = select_card(experiment, dict(context.node_config)).name
+    except NoCard as exc:
+        answer["reason"] = str(exc)
+    except ValueError as exc:
+        answer.update(reason=str(exc), unknown=True)
+    return Message(content=RecordDict({protocol.HELLO: ConfigRecord(answer)}), reply_to=msg)
+
+
+def checkpoint_dir(server_out_dir: str, run_name: str, card: str, node_config: dict) -> Path:
+    """Where this node saves its final model. The node decides: ``out-dir`` in its node config
+    (``<out-dir>/<run name>/<card>``), else the server's absolute ``out_dir`` (``<out_dir>/<card>``);
+    a relative or ``..``-climbing path from the server is refused."""
+    own = str(node_config.get("out-dir", "") or "")
+    if own:
+        return Path(own).expanduser().resolve() / safe_name(run_name) / safe_name(card)
+    path = Path(server_out_dir)
+    if not path.is_absolute() or ".." in path.parts:
+        raise ValueError(f"the server asked to save the model under {server_out_dir!r}, which is not a "
+                         "plain absolute path; give this SuperNode --node-config 'out-dir=\"<folder>\"'")
+    return path / safe_name(card)
+
+
 def finish(msg: Message, context: Context) -> Message:
     cfg = msg.content[protocol.FINISH]
     card, handle, timeout = _worker(cfg, context)
-    out = handle.call("finish", {"out_dir": str(Path(str(cfg["out_dir"])) / card.name)}, timeout=timeout)
+    out_dir = checkpoint_dir(str(cfg["out_dir"]), str(cfg.get("run_name") or context.run_id), card.name,
+                             dict(context.node_config))
+    out = handle.call("finish", {"out_dir": str(out_dir)}, timeout=timeout)
     content = RecordDict({protocol.CHECKPOINT: ConfigRecord({"node": card.name, "path": out["checkpoint"],
                                                              "updates": int(out["updates"])})})
     return Message(content=content, reply_to=msg)

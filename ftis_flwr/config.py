@@ -142,8 +142,17 @@ class RoundConfig:
     """Problems per evaluation split (0 = the whole split)."""
     round_timeout: float = 600.0
     """Seconds the strategy waits for replies in one round."""
+    startup_timeout: float = 3600.0
+    """Seconds the strategy waits for the first round of a run (or of a resumed run), in which
+    every node builds its model: a model the package does not ship is warm-started, converted or
+    downloaded then. Never less than round_timeout. Default 3600."""
     min_nodes: int = 1
     """A round with fewer replying nodes aborts the run."""
+    state_every: int = 1
+    """Every N rounds (and after the last) each node's worker saves its training state (trainable
+    weights, optimiser, update counter, pending groups, RNG) under its worker folder, so that a
+    worker that dies, or a resumed run, continues from it instead of the base model. 0 = never.
+    Default 1 (cost measured in the README: a fraction of a round on the CPU presets)."""
     seed: int = 0
     """Seed of the run: offsets the prompt schedule and is mixed into every node's sampling
     seed. A card's own ``seed`` picks its model (warm-start, LoRA init); this one picks the run's

@@ -30,6 +30,8 @@ HEADER = "[tool.flwr.app.config]"
 APP_ENTRIES = (
     ("preset", '"cpu-pair"', "YAML preset: a name under simulations/presets, or a path"),
     ("config-file", '""', "YAML file merged on top of the preset (absolute path)"),
+    ("resume", '""', "a run directory to continue after its last completed round, with the "
+     "configuration saved in it (the other keys are then not used)"),
     ("overrides", '""', "space-separated key=value pairs applied last, for keys not listed here, "
                         "e.g. 'nodes.0.lr=1e-3 nodes.small.seed=3'"),
 )

@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 from .config import ConfigError, ExperimentConfig, ModelCard
 from .validation import card_errors, experiment_errors, raise_errors
 
-APP_KEYS = {"preset", "config_file", "overrides"}
+APP_KEYS = {"preset", "config_file", "overrides", "resume"}
 """Run-config keys read by the apps themselves, not experiment fields."""
 PRESET_DIR = Path(__file__).resolve().parent.parent / "simulations" / "presets"
 """The presets in a source checkout; a built wheel carries the same files in ftis_flwr/presets."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -181,6 +182,15 @@ def probe_logits(model: Any, tokenizer: Any, text: str = PROBE_TEXT) -> dict[str
             "top_logits": top.values.tolist(), "sum": float(logits.double().sum())}
 
 
+def _copy_base(src: Path, dst: Path) -> Path:
+    """The base model's files (weights, configs, tokenizer), not any other folder inside it."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.is_file():
+            shutil.copy2(f, dst / f.name)
+    return dst
+
+
 def save_policy(policy: Policy, out_dir: Path) -> Path:
     """Save weights (full) or the adapter (LoRA) plus tokenizer, a README.txt and ftis_policy.json."""
     out_dir = Path(out_dir)
@@ -188,11 +198,18 @@ def save_policy(policy: Policy, out_dir: Path) -> Path:
     is_lora = hasattr(policy.model, "peft_config")
     policy.model.save_pretrained(out_dir)
     policy.tokenizer.save_pretrained(out_dir)
+    base = policy.base
+    if is_lora and Path(base).is_dir():  # a local base (warm-started, converted): a copy travels
+        base = str(_copy_base(Path(base), out_dir / "base"))  # with the adapter, so the folder
+        config_path = out_dir / "adapter_config.json"     # loads on its own, cache or not
+        config = json.loads(config_path.read_text())
+        config["base_model_name_or_path"] = base
+        config_path.write_text(json.dumps(config, indent=2))
     char_tok = type(policy.tokenizer).__name__ in _GENERIC_TOKENIZERS
     if is_lora:
         how = ("LoRA adapter only. Load it on its base model:\n"
                "  from transformers import AutoModelForCausalLM\n  from peft import PeftModel\n"
-               f"  base = AutoModelForCausalLM.from_pretrained({policy.base!r})\n"
+               f"  base = AutoModelForCausalLM.from_pretrained({base!r})\n"
                f"  model = PeftModel.from_pretrained(base, {str(out_dir)!r})")
     else:
         how = ("Full model:\n  from transformers import AutoModelForCausalLM\n"
@@ -205,7 +222,7 @@ def save_policy(policy: Policy, out_dir: Path) -> Path:
                                                        model_id=policy.model_id, how=how,
                                                        tok_note=tok_note))
     (out_dir / PROBE).write_text(json.dumps(probe_logits(policy.model, policy.tokenizer)))
-    info = {"kind": "lora" if is_lora else "full", "model_id": policy.model_id, "base": policy.base,
+    info = {"kind": "lora" if is_lora else "full", "model_id": policy.model_id, "base": base,
             "tokenizer": "char" if char_tok else "auto"}
     (out_dir / POLICY_INFO).write_text(json.dumps(info, indent=1))
     return out_dir

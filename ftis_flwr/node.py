@@ -28,7 +28,7 @@ from .engines import make_engine
 from .logprobs import completion_logprobs, pack_batch
 from .loss import LossInputs, compute_loss
 from .models import compute_context, load_policy, save_policy, stop_token_ids
-from .rollouts import Group, PayloadError, tokenizer_fingerprint
+from .groups import Group, PayloadError, tokenizer_fingerprint
 from .tasks import make_task
 
 log = logging.getLogger(__name__)
@@ -108,6 +108,8 @@ class Node:
                                            weight_decay=experiment.train.weight_decay)
         self.pending: list[Group] = []
         self.updates = 0
+        self.round = -1
+        """The last round this node completed (-1: none yet); ftis_flwr.node_state saves it."""
         self._prompt_cache: dict[str, np.ndarray] = {}
         log.info("node %s ready: %s (%d/%d trainable params)", card.name, self.policy.model_id,
                  self.policy.trainable_params, self.policy.total_params)
@@ -128,6 +130,9 @@ class Node:
         t0 = time.perf_counter()
         if batch:
             metrics.update(self.train(batch, req.round, req.num_rounds))
+            for key in [k for k in metrics if k.endswith("/rewards_corrected")]:
+                rejections.append(f"{key.split('/')[0]}: {metrics[key]:.0f} sample(s) came with rewards "
+                                  "that differ from this node's own scoring of their text; its own were used")
         metrics["seconds_train"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         self.pending = self.generate(req.prompt_indices, req.group_size, req.round)
@@ -139,6 +144,7 @@ class Node:
             t0 = time.perf_counter()
             metrics.update(self.evaluate())
             metrics["seconds_eval"] = time.perf_counter() - t0
+        self.round = req.round
         return StepResult(groups=self.pending, metrics=metrics, rejections=rejections)
 
     # ---------------------------------------------------------------- helpers
@@ -211,6 +217,12 @@ class Node:
         """One F-TIS update (``updates_per_round`` optimiser steps) on own + received groups."""
         cfg = self.cfg
         rewards = [self._rewards(g) for g in groups]
+        metrics: dict[str, float] = {}
+        for g, r in zip(groups, rewards):  # a peer's claimed rewards are never used, only counted
+            wrong = int(np.sum(np.abs(np.asarray(g.rewards, np.float32) - r) > 1e-6))
+            if wrong and g.node != self.card.name:
+                key = f"{g.node}/rewards_corrected"
+                metrics[key] = metrics.get(key, 0.0) + wrong
         horizontal = cfg.advantage.mode == "horizontal"
         keys = [g.prompt_id if horizontal else f"{g.node}|{g.prompt_id}|{i}" for i, g in enumerate(groups)]
         advs = pooled_advantages(rewards, keys, scale=cfg.advantage.scale_rewards, eps=cfg.advantage.eps)
@@ -226,7 +238,6 @@ class Node:
 
         self.model.train()
         mb = cfg.train.micro_batch_size
-        metrics: dict[str, float] = {}
         for update in range(cfg.train.updates_per_round):
             self.optimizer.zero_grad(set_to_none=True)
             denominator = 0.0

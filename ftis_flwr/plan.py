@@ -15,7 +15,6 @@ are estimates: the framework's own buffers and fragmentation come on top (allow 
 from __future__ import annotations
 
 import argparse
-import math
 from dataclasses import dataclass
 
 from .config import ExperimentConfig, ModelCard, load_experiment

@@ -1,9 +1,17 @@
 """Names shared by the strategy (server side) and the ClientApp (node side).
 
 Kept apart so the ServerApp never imports the ClientApp and both agree on one spelling.
-One round is one ``train`` message per node; the run ends with one ``query`` message that asks
-each node to save its model and stop its worker.
+A run (and a resumed run) starts with one ``query`` message per SuperNode that asks which
+model card it serves (HELLO); one round is one ``train`` message per node; the run ends with one
+``query`` message that asks each node to save its model and stop its worker (FINISH).
 """
+
+HELLO = "ftis.hello"
+"""ConfigRecord server -> node (query message) with ``experiment`` (JSON), sent to every SuperNode
+before its first round; the node answers with a HELLO record: ``node`` = the card it serves, or
+"" and ``reason`` when it serves none (a SuperNode of another app, or one started without a
+``card``: it is left out) or names a card the experiment does not have (``unknown`` = True: the
+run is refused). It builds nothing, so it is answered in seconds."""
 
 ROUND = "ftis.round"
 """ConfigRecord server -> node: round, num_rounds, prompt_indices (JSON list), group_size,
@@ -31,6 +39,11 @@ INFO = "info"
 
 FINISH = "ftis.finish"
 """ConfigRecord server -> node (query message): out_dir where the node saves its final model."""
+
+STOP = "ftis.stop"
+"""ConfigRecord server -> node (query message) with ``experiment`` and ``run_name``, sent when a
+run ends early (an error, too few nodes): the node stops its worker if one runs (its saved state
+stays on disk for a resume) and starts none. The reply is not needed."""
 
 CHECKPOINT = "checkpoint"
 """node -> server (finish reply): ConfigRecord with node and checkpoint path."""

@@ -17,7 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-ACC_PREFIX, ACC_SUFFIX = "eval/", "/accuracy"
+from .plots import ACC_PREFIX, ACC_SUFFIX, plot_run
+
+PROGRESS_LEGEND = ("per-round line: reward = mean reward of the node's new samples; acc = greedy "
+                   "held-out accuracy (evaluated rounds); filt = share of the samples received from "
+                   "other nodes that the filter dropped; B/tok = bytes on the wire per completion "
+                   "token; s = the round's wall time")
 _TB_WARNED = False
 
 
@@ -180,43 +185,12 @@ def format_summary_table(summary: Summary) -> str:
     return "\n".join(out) + "\n"
 
 
-# ----------------------------------------------------------------------------- plot
-def _plot(path: Path, title: str, nodes: list[str], splits: list[str], rows: list[dict]) -> None:
-    """Accuracy per eval split and train reward per round, one colour per node."""
-    from matplotlib.figure import Figure  # no pyplot: no global backend, no display needed
-    from matplotlib.ticker import MaxNLocator
-
-    panels = [(f"Eval accuracy: {s}", f"{ACC_PREFIX}{s}{ACC_SUFFIX}", True) for s in splits]
-    panels.append(("Train reward (mean)", "reward_mean", False))
-    fig = Figure(figsize=(5.2 * len(panels), 4.2), dpi=110, layout="constrained")
-    axes = fig.subplots(1, len(panels), squeeze=False)[0]
-    colours = [f"C{i % 10}" for i in range(len(nodes))]
-    for ax, (label, key, sparse) in zip(axes, panels):
-        for node, colour in zip(nodes, colours):
-            xs, ys = [], []
-            for row in rows:
-                v = row["nodes"].get(node, {}).get(key)
-                if sparse and v is None:
-                    continue  # eval only every N rounds: connect the evaluated points
-                xs.append(row["round"])
-                ys.append(math.nan if v is None else v)
-            if any(math.isfinite(y) for y in ys):
-                ax.plot(xs, ys, marker="o", markersize=4, color=colour, label=node)
-        ax.set_title(label)
-        ax.set_xlabel("round")
-        ax.set_ylabel("accuracy" if sparse else "reward")
-        if sparse:
-            ax.set_ylim(-0.02, 1.02)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        if rows:
-            ax.set_xlim(rows[0]["round"] - 0.5, rows[-1]["round"] + 0.5)
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(loc="best", fontsize=9)
-        else:
-            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
-    fig.suptitle(title)
-    fig.savefig(path)
+def run_title(config: Mapping) -> str:
+    """"<preset>: <mode> <method>" from a run's config, e.g. "cpu-pair: vertical f-tis"."""
+    preset = Path(str(config.get("preset") or "")).stem or "run"
+    mode = (config.get("advantage") or {}).get("mode", "")
+    method = (config.get("loss") or {}).get("method", "")
+    return f"{preset}: {mode} {method}".strip().rstrip(":")
 
 
 # ----------------------------------------------------------------------------- reporter
@@ -225,7 +199,9 @@ class RunReporter:
 
     def __init__(self, run_dir: str | Path, *, config: Mapping | Any, node_names: list[str],
                  num_rounds: int | None = None, tensorboard: bool = True,
-                 overwrite: bool = False) -> None:
+                 overwrite: bool = False, resume_after: int | None = None) -> None:
+        """``resume_after=k``: continue the run already in ``run_dir`` after its round k; the
+        rounds it logged after k (the interrupted round) are dropped, so each is logged once."""
         if not node_names or len(set(node_names)) != len(node_names):
             raise ValueError(f"node_names must be non-empty and unique, got {node_names!r}")
         if num_rounds is not None and (not isinstance(num_rounds, int) or num_rounds < 0):
@@ -238,15 +214,26 @@ class RunReporter:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.events_path = self.run_dir / "events.jsonl"
-        if self.metrics_path.exists() and not overwrite:
-            raise FileExistsError(f"{self.metrics_path} exists (a previous run?); pass "
-                                  f"overwrite=True or use a fresh run_dir")
-        self._config = _jsonable(config, "config")
-        (self.run_dir / "config.json").write_text(json.dumps(self._config, indent=2) + "\n")
-        self._metrics = open(self.metrics_path, "w")
-        self._events = open(self.events_path, "w")
         self._rows: list[dict] = []  # what was logged, with floats (NaN kept) for the summary
         self._t0 = time.time()
+        if resume_after is not None:
+            kept = [r for r in load_metrics(self.run_dir) if r["round"] <= resume_after]
+            tmp = self.metrics_path.with_suffix(".jsonl.tmp")
+            tmp.write_text("".join(json.dumps(r, allow_nan=False) + "\n" for r in kept))
+            tmp.replace(self.metrics_path)
+            self._rows = [{"round": r["round"], "nodes": r["nodes"], "server": r["server"]} for r in kept]
+            if kept and "elapsed" in kept[0]:
+                self._t0 = kept[0]["time"] - kept[0]["elapsed"]
+            self._config = json.loads((self.run_dir / "config.json").read_text())
+        else:
+            if self.metrics_path.exists() and not overwrite:
+                raise FileExistsError(f"{self.metrics_path} exists (a previous run?); pass "
+                                      f"overwrite=True or use a fresh run_dir")
+            self._config = _jsonable(config, "config")
+            (self.run_dir / "config.json").write_text(json.dumps(self._config, indent=2) + "\n")
+        mode = "w" if resume_after is None else "a"
+        self._metrics = open(self.metrics_path, mode)
+        self._events = open(self.events_path, mode)
         self._closed = False
         self._tb = self._open_tensorboard() if tensorboard else None
         if self._tb is not None:
@@ -329,7 +316,7 @@ class RunReporter:
             if filt is not None and foreign is not None and math.isfinite(filt) and foreign > 0:
                 bits.append(f"filt {100.0 * filt / foreign:.0f}%")
             parts.append(f"{name}: " + (" ".join(bits) if bits else "ok"))
-        if server.get("bytes_per_token") is not None:
+        if _finite(server.get("bytes_per_token")) is not None:
             parts.append(f"{_fmt(server['bytes_per_token'], '.1f')} B/tok")
         if server.get("round_seconds") is not None:
             parts.append(f"{_fmt(server['round_seconds'], '.1f')} s")
@@ -390,10 +377,10 @@ class RunReporter:
             if self._tb is not None:
                 paths["tensorboard"] = self.run_dir / "tensorboard"
             summary.paths = paths
-            title = f"{self._config.get('preset') or self.run_dir.name} ({summary.rounds} rounds)"
-            _plot(paths["plot"], title, self.node_names, summary.splits, self._rows)
+            title = f"{run_title(self._config) or self.run_dir.name} ({summary.rounds} rounds)"
+            plot_run(paths["plot"], title, self.node_names, summary.splits, self._rows)
             paths["summary_md"].write_text(f"# Run summary: {self.run_dir.name}\n\n"
-                                           + format_summary_table(summary))
+                                           f"{run_title(self._config)}\n\n" + format_summary_table(summary))
             data = summary.to_dict()
             others = {k: v for k, v in extra.items() if k != "checkpoints"}
             if others:

@@ -1,4 +1,4 @@
-"""Groups of completions and their wire codec to Flower records (SPEC §1, DESIGN: Data on wire).
+"""The wire codec of groups to Flower records (SPEC §1, DESIGN: Data on wire).
 
 Only tokens, per-token generator log-probs and small metadata cross the network. A group is
 encoded as flat arrays plus offsets in an ``ArrayRecord``; per-group strings go in a
@@ -16,26 +16,20 @@ Layout (format version 1), n groups, c completions in total:
   the fp32 bit pattern, rounded to nearest even), and per-group lists of str ``prompt_id``,
   ``node``, ``model_id``, ``tokenizer_fp``.
 
-Rules a group must meet (sender and receiver alike): a prompt has >= 1 token; a group has >= 1
-completion; every completion has >= 1 token (a model always emits at least one token, EOS or a
-token cut by the length cap, so an empty completion can only be a fault); log-probs are finite
-and <= ``LOGPROB_TOLERANCE`` (1e-4: log-softmax rounding may give tiny positive values, anything
-larger is not a log-probability); ids lie in [0, vocab_size); rewards are finite.
+The rules a group must meet are :class:`ftis_flwr.groups.Group`'s; this module only encodes
+and decodes (and is the one place that imports Flower's records).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-from dataclasses import dataclass
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord
 
 from ftis_flwr.config import WireConfig
+from ftis_flwr.groups import Group, PayloadError, _first_bad_logprob
 
 FORMAT_VERSION = 1
-LOGPROB_TOLERANCE = 1e-4
 LOGPROB_DTYPES = ("fp32", "fp16", "bf16")
 TOKEN_DTYPES = ("uint8", "uint16", "int32")
 
@@ -50,111 +44,6 @@ _ARRAY_KEYS = (
 )
 _GROUP_STR_KEYS = ("prompt_id", "node", "model_id", "tokenizer_fp")
 _LOGPROB_WIRE_DTYPE = {"fp32": np.float32, "fp16": np.float16, "bf16": np.uint16}
-
-
-class PayloadError(ValueError):
-    """A group or payload breaks the wire rules; the message names the group and the fault."""
-
-
-@dataclass
-class Group:
-    """G completions of one prompt by one generator, with the generator's token log-probs."""
-
-    prompt_id: str
-    prompt_tokens: np.ndarray
-    completions: list[np.ndarray]
-    logprobs: list[np.ndarray]
-    rewards: np.ndarray
-    node: str
-    model_id: str
-    tokenizer_fp: str
-
-    @property
-    def size(self) -> int:
-        """Number of completions in the group."""
-        return len(self.completions)
-
-    @property
-    def num_tokens(self) -> int:
-        """Completion tokens in the group (the prompt is not counted)."""
-        return int(sum(len(c) for c in self.completions))
-
-    def validate(self, vocab_size: int | None = None) -> None:
-        """Raise PayloadError unless the group meets the wire rules (module docstring)."""
-        where = f"group {self.prompt_id!r}"
-        for name in ("prompt_id", "node", "model_id", "tokenizer_fp"):
-            value = getattr(self, name)
-            if not isinstance(value, str) or not value:
-                raise PayloadError(f"{where}: {name} must be a non-empty str, got {value!r}")
-        _check_ids(self.prompt_tokens, vocab_size, f"{where}: prompt_tokens")
-        if not isinstance(self.completions, list) or not isinstance(self.logprobs, list):
-            raise PayloadError(f"{where}: completions and logprobs must be lists of arrays")
-        if not self.completions:
-            raise PayloadError(f"{where}: a group needs at least one completion")
-        if len(self.logprobs) != len(self.completions):
-            raise PayloadError(
-                f"{where}: {len(self.completions)} completions but {len(self.logprobs)} "
-                "log-prob arrays"
-            )
-        for i, (ids, lps) in enumerate(zip(self.completions, self.logprobs)):
-            _check_ids(ids, vocab_size, f"{where}: completion {i}")
-            lps = np.asarray(lps)
-            if lps.ndim != 1 or lps.dtype.kind != "f":
-                raise PayloadError(f"{where}: completion {i}: log-probs must be a 1-D float array")
-            if len(lps) != len(ids):
-                raise PayloadError(
-                    f"{where}: completion {i}: {len(ids)} tokens but {len(lps)} log-probs"
-                )
-            bad = _first_bad_logprob(lps.astype(np.float32))
-            if bad is not None:
-                raise PayloadError(f"{where}: completion {i} token {bad[0]}: {bad[1]}")
-        rewards = np.asarray(self.rewards)
-        if rewards.shape != (len(self.completions),) or rewards.dtype.kind not in "fiub":
-            raise PayloadError(
-                f"{where}: rewards must be a numeric array of shape ({len(self.completions)},),"
-                f" got shape {rewards.shape}"
-            )
-        if not np.all(np.isfinite(rewards)):
-            raise PayloadError(f"{where}: rewards contain non-finite values")
-
-
-def _check_ids(ids: np.ndarray, vocab_size: int | None, where: str) -> None:
-    ids = np.asarray(ids)
-    if ids.ndim != 1 or ids.dtype.kind not in "iu":
-        raise PayloadError(f"{where}: token ids must be a 1-D integer array")
-    if len(ids) == 0:
-        raise PayloadError(f"{where}: has no tokens (at least one is required)")
-    if ids.min() < 0 or (vocab_size is not None and ids.max() >= vocab_size):
-        raise PayloadError(
-            f"{where}: token id out of range [0, {vocab_size}): min {ids.min()}, max {ids.max()}"
-        )
-
-
-def _first_bad_logprob(lps: np.ndarray) -> tuple[int, str] | None:
-    """(position, fault) of the first non-finite or positive log-prob, else None."""
-    bad = ~np.isfinite(lps) | (lps > LOGPROB_TOLERANCE)
-    if not bad.any():
-        return None
-    pos = int(np.argmax(bad))
-    value = float(lps[pos])
-    kind = "non-finite" if not np.isfinite(value) else f"positive (> {LOGPROB_TOLERANCE})"
-    return pos, f"log-prob {value} is {kind}"
-
-
-def tokenizer_fingerprint(tokenizer) -> str:
-    """Short hex hash of the vocabulary and special tokens: equal iff ids mean the same text.
-
-    Covers token->id (sorted, added tokens included) and the bos/eos/pad/unk ids and strings,
-    because a receiver scores and trains on received ids with its own tokenizer.
-    """
-    vocab = sorted((str(tok), int(idx)) for tok, idx in tokenizer.get_vocab().items())
-    special = {
-        f"{name}{suffix}": getattr(tokenizer, f"{name}{suffix}", None)
-        for name in ("bos", "eos", "pad", "unk")
-        for suffix in ("_token", "_token_id")
-    }
-    blob = json.dumps({"vocab": vocab, "special": special}, ensure_ascii=True, default=str)
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
 
 
 def token_dtype_for(vocab_size: int) -> str:
@@ -475,9 +364,3 @@ def bytes_per_completion_token(arrays: ArrayRecord, meta: ConfigRecord) -> float
     return payload_bytes(arrays, meta) / tokens if tokens else float("nan")
 
 
-def groups_by_node(groups: list[Group]) -> dict[str, list[Group]]:
-    """Groups keyed by generator node, order kept (for redistribution and per-source stats)."""
-    out: dict[str, list[Group]] = {}
-    for g in groups:
-        out.setdefault(g.node, []).append(g)
-    return out

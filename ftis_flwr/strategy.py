@@ -24,10 +24,9 @@ import copy
 import json
 import logging
 import math
-import re
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from pathlib import Path
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
@@ -36,45 +35,21 @@ from flwr.serverapp.strategy.result import Result
 
 from . import protocol
 from .config import ExperimentConfig, to_dict
-from .rollouts import completion_tokens, payload_bytes
+from .replies import BadReply, RoundOutcome, TrainReply, flatten, read_train_reply, record
+from .roster import FederationError, Roster, read_hello
+from .server_state import ServerState, save_server_state
 
 log = logging.getLogger(__name__)
 
 PROMPT_STRIDE = 1_009
 """Train-index offset per unit of ``rounds.seed`` (indices wrap modulo the train split)."""
 RoundCallback = Callable[[int, dict[str, dict[str, float]], dict[str, float]], None]
-NODE_NAME = re.compile(r"[A-Za-z0-9_.+-]{1,64}")
-"""A node name as it may appear in record keys and metric names ("/" separates metric parts)."""
+PROGRESS_EVERY = 30.0
+"""Seconds between "waiting for ..." lines while replies are outstanding."""
+HELLO_TIMEOUT = 120.0
+"""Longest wait for the answers to HELLO (they build nothing: seconds, a ClientApp start)."""
 REJECTION_STREAK = 3
 """Rounds in a row a source's groups are rejected by some receiver before the strategy warns."""
-
-
-class FederationError(RuntimeError):
-    """The federation cannot go on (too few nodes connected or replying)."""
-
-
-class BadReply(ValueError):
-    """A node's reply lacks a record or has one of the wrong type; the message says which."""
-
-
-@dataclass
-class TrainReply:
-    """The parts of a well-formed train reply the strategy uses."""
-
-    name: str
-    arrays: ArrayRecord
-    meta: ConfigRecord
-    metrics: dict[str, float]
-    rejections: list[str]
-    nbytes: int
-    ntokens: int
-
-
-@dataclass
-class RoundOutcome:
-    node_metrics: dict[str, dict[str, float]] = field(default_factory=dict)
-    server_metrics: dict[str, float] = field(default_factory=dict)
-    failures: dict[int, str] = field(default_factory=dict)
 
 
 class FTISStrategy(Strategy):
@@ -82,18 +57,23 @@ class FTISStrategy(Strategy):
 
     def __init__(self, experiment: ExperimentConfig, *, run_name: str = "", out_dir: str = "",
                  on_round: RoundCallback | None = None, on_event: Callable[..., None] | None = None,
-                 connect_timeout: float = 120.0):
+                 connect_timeout: float = 120.0, state_dir: str = ""):
         self.cfg = copy.deepcopy(experiment)  # never the caller's object: start() may change it
         self.run_name = run_name or f"run-{int(time.time())}"
-        self.out_dir = out_dir
+        self.out_dir = out_dir or str(Path(experiment.run_dir).expanduser().resolve() / self.run_name
+                                      / "checkpoints")
+        """Where nodes save their final models (``<out_dir>/<node>``); absolute, resolved here on
+        the server, so it never depends on where a node's worker runs."""
+        self.state_dir = state_dir
+        """Where the strategy saves its state after every round (``server_state/`` in it), so a
+        stopped run can be resumed (:meth:`restore`); empty: not saved."""
+        self._first_round = 0
         self.on_round = on_round
         self.on_event = on_event or (lambda kind, **fields: None)
         self.connect_timeout = connect_timeout
         self._experiment_json = json.dumps(to_dict(experiment))
         self._next_prompt = PROMPT_STRIDE * experiment.rounds.seed  # rounds.seed offsets the schedule
-        self._names: dict[int, str] = {}          # Flower node id -> node name (bound at first reply)
-        self._owners: dict[str, int] = {}         # node name -> the node id bound to it
-        self._claimed: dict[int, str] = {}        # node id -> name its last good reply claimed
+        self.roster = Roster([c.name for c in experiment.nodes])  # node id <-> card, bound by HELLO
         # last round's groups by source name, with the train indices that source was assigned
         self._groups: dict[str, tuple[ArrayRecord, ConfigRecord, list[int]]] = {}
         self._assigned: dict[int, list[int]] = {}   # node id -> train indices, round in flight
@@ -103,6 +83,19 @@ class FTISStrategy(Strategy):
         self._lost: dict[int, str] = {}           # node id -> why no reply came, round in flight
         self.history: list[RoundOutcome] = []
         self.checkpoints: dict[str, str] = {}
+
+    # ------------------------------------------------------------ resume
+    def restore(self, state: ServerState) -> None:
+        """Continue after ``state.round``: :meth:`start` runs the rounds after it, forwarding the
+        groups saved with it. The nodes (same ``run_name``) resume or rewind their own state."""
+        self._first_round = state.round + 1
+        self._next_prompt = state.next_prompt
+        self._groups = dict(state.groups)
+        self._streaks = dict(state.streaks)
+
+    def _save_state(self, rnd: int) -> None:
+        if self.state_dir:
+            save_server_state(self.state_dir, ServerState(rnd, self._next_prompt, self._groups, self._streaks))
 
     # ------------------------------------------------------------ schedule
     def _evaluate_now(self, rnd: int) -> bool:
@@ -130,15 +123,17 @@ class FTISStrategy(Strategy):
     # ------------------------------------------------- Strategy interface
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
-        """One message per node: prompt indices + the other nodes' groups of last round, stamped."""
-        node_ids = sorted(grid.get_node_ids())
+        """One message per node: prompt indices + the other nodes' groups of last round, stamped.
+
+        Only node ids bound to a card (see :meth:`introduce`) take part."""
+        node_ids = sorted(nid for nid in grid.get_node_ids() if nid in self.roster.names)
         prompts = self._prompts(node_ids, server_round)
         self._assigned, self._forwarded = prompts, {}
         messages = []
         for nid in node_ids:
             content, foreign = RecordDict(), {}
             if self.cfg.advantage.mode != "alone":
-                me = {self._names.get(nid), self._claimed.get(nid)}  # an impostor gets no copy either
+                me = {self.roster.names.get(nid), self.roster.claimed.get(nid)}  # an impostor gets no copy either
                 for src, (arr, meta, indices) in self._groups.items():
                     if src not in me:
                         arrays_key, meta_key = protocol.foreign_keys(src)
@@ -171,7 +166,7 @@ class FTISStrategy(Strategy):
                 outcome.failures[nid] = f"code {reply.error.code}: {reply.error.reason}"
                 continue
             try:
-                good[nid] = _read_train_reply(reply.content)
+                good[nid] = read_train_reply(reply.content)
             except Exception as exc:  # whatever a node sent, it must not stop the federation
                 why = str(exc) if isinstance(exc, BadReply) else f"{type(exc).__name__}: {exc}"
                 outcome.failures[nid] = f"malformed reply: {why}"
@@ -180,10 +175,10 @@ class FTISStrategy(Strategy):
         total_bytes, total_tokens = 0, 0
         live = set(self._sent.values())
         # node ids bound in earlier rounds first: the order replies arrive in cannot steal a card
-        for nid in sorted(good, key=lambda n: n not in self._names):
+        for nid in sorted(good, key=lambda n: n not in self.roster.names):
             r = good[nid]
-            self._claimed[nid] = r.name
-            reason = self._bind(nid, r.name, live)
+            self.roster.claimed[nid] = r.name
+            reason = self.roster.bind(nid, r.name, live)
             if reason is not None:
                 outcome.failures[nid] = reason
                 continue
@@ -193,7 +188,7 @@ class FTISStrategy(Strategy):
             outcome.node_metrics[r.name] = {**r.metrics, "payload_bytes": float(r.nbytes)}
             rejected |= self._note_rejections(server_round, nid, r)
         for nid, reason in outcome.failures.items():
-            name = self._names.get(nid, f"node-{nid}")
+            name = self.roster.name(nid)
             log.warning("round %d: node %s failed: %s", server_round, name, reason)
             self.on_event("node_failed", round=server_round, node=name, reason=reason)
         self._update_streaks(server_round, rejected)
@@ -216,21 +211,6 @@ class FTISStrategy(Strategy):
             log.warning("round %s: discarded a second reply from node id %d", rnd, nid)
             return None
         return nid
-
-    def _bind(self, nid: int, name: str, live: set[int]) -> str | None:
-        """Bind a node id to the card name of its first good reply; the reason it cannot, or None."""
-        bound = self._names.get(nid)
-        if bound is not None and bound != name:
-            return f"node id {nid} served model card {bound!r} and now claims {name!r}"
-        owner = self._owners.get(name)
-        if owner is not None and owner != nid:
-            if owner in live:  # two SuperNodes claim one model card: the first keeps it
-                return (f"model card {name!r} is already served by node id {owner}; give each "
-                        "SuperNode its own card")
-            log.warning("model card %r moves from node id %d (gone) to node id %d", name, owner, nid)
-            del self._names[owner]
-        self._names[nid], self._owners[name] = name, nid
-        return None
 
     def _note_rejections(self, rnd: int, nid: int, r: TrainReply) -> set[str]:
         """Log a receiver's rejections; event per source it rejected; returns those sources."""
@@ -273,19 +253,66 @@ class FTISStrategy(Strategy):
     def _wait_for_nodes(self, grid: Grid) -> list[int]:
         want = len(self.cfg.nodes)
         deadline = time.monotonic() + self.connect_timeout
+        shown, next_line = None, time.monotonic() + 10.0
         while True:
             ids = sorted(grid.get_node_ids())
             if len(ids) >= want or time.monotonic() > deadline:
                 break
+            if time.monotonic() >= next_line and ids != shown:
+                log.info("waiting for SuperNodes: %d connected (node ids %s), the experiment has %d "
+                         "model cards; %.0f s left", len(ids), ids, want, deadline - time.monotonic())
+                shown, next_line = ids, time.monotonic() + 10.0
             time.sleep(1.0)
         if len(ids) < self.cfg.rounds.min_nodes:
             raise FederationError(f"only {len(ids)} node(s) connected within {self.connect_timeout:.0f} s; "
                                   f"rounds.min_nodes={self.cfg.rounds.min_nodes}")
-        if len(ids) != want:
-            log.warning("%d node(s) connected but the experiment defines %d model cards", len(ids), want)
         return ids
 
-    def _send(self, grid: Grid, messages: list[Message], timeout: float) -> list[Message]:
+    def introduce(self, grid: Grid, timeout: float, *, first: bool) -> None:
+        """Ask every node id not yet known which card it serves (protocol.HELLO) and bind it.
+
+        A SuperNode that serves no card is reported once and left out. ``first`` (before the
+        first round of a run): a node naming an unknown card, two nodes naming one card, or a
+        card without a node refuses the run (FederationError listing each, with the fix); later,
+        such a node is only left out.
+        """
+        roster = self.roster
+        new = roster.unknown(grid.get_node_ids())
+        problems: dict[int, str] = {}
+        unanswered: dict[int, str] = {}  # not delivered or no answer in time: asked again next round
+        if new:
+            messages = [Message(content=RecordDict({protocol.HELLO: ConfigRecord({
+                "experiment": self._experiment_json, "run_name": self.run_name})}),
+                dst_node_id=nid, message_type=MessageType.QUERY) for nid in new]
+            replies = self._send(grid, messages, timeout, what="which card do you serve")
+            unanswered, done = dict(self._lost), set()
+            self._lost = {}
+            for reply in replies:
+                nid = self._reply_node(reply, "hello", done | set(unanswered))
+                if nid is None:
+                    continue
+                done.add(nid)
+                try:
+                    name, reason, unknown = read_hello(reply)
+                    why = roster.admit(nid, name, reason, unknown, set(roster.names) | set(new))
+                except Exception as exc:  # whatever a node sent, the others go on
+                    why = str(exc) if isinstance(exc, BadReply) else f"{type(exc).__name__}: {exc}"
+                if why is not None:
+                    problems[nid] = why
+                elif nid in roster.left_out:
+                    log.warning("node id %d serves no model card of this run and is left out: %s",
+                                nid, roster.left_out[nid])
+                    self.on_event("node_left_out", node_id=nid, reason=roster.left_out[nid])
+                else:
+                    log.info("node id %d serves model card %r", nid, roster.names[nid])
+        if first:
+            roster.check_complete({**unanswered, **problems})
+        for nid, why in problems.items():  # a later joiner with a problem: left out, not fatal
+            roster.left_out[nid] = why
+            log.warning("node id %d is left out: %s", nid, why)
+            self.on_event("node_left_out", node_id=nid, reason=why)
+
+    def _send(self, grid: Grid, messages: list[Message], timeout: float, what: str = "") -> list[Message]:
         """Push, then pull until every delivered message is answered or ``timeout`` passes.
 
         A message that could not be pushed, or got no reply in time, is recorded in ``_lost``.
@@ -304,13 +331,20 @@ class FTISStrategy(Strategy):
                                                         "(push_messages returned no id for it)")
         replies: list[Message] = []
         pending = set(self._sent)
-        deadline = time.monotonic() + timeout
+        start = time.monotonic()
+        deadline, next_note = start + timeout, start + PROGRESS_EVERY
         while pending and time.monotonic() < deadline:
             for reply in grid.pull_messages(list(pending)):
                 replies.append(reply)
                 pending.discard(reply.metadata.reply_to_message_id)
             if pending:
                 time.sleep(0.2)
+            if pending and time.monotonic() >= next_note:  # a long wait is never silent
+                waiting = ", ".join(sorted(self.roster.name(self._sent[m]) for m in pending))
+                log.info("%s: %d of %d replies after %.0f s; waiting for %s (up to %.0f s more)",
+                         what, len(self._sent) - len(pending), len(self._sent),
+                         time.monotonic() - start, waiting, deadline - time.monotonic())
+                next_note += PROGRESS_EVERY
         for mid in pending:
             self._lost[self._sent[mid]] = f"no reply within the {timeout:.0f} s round timeout"
         return replies
@@ -318,7 +352,11 @@ class FTISStrategy(Strategy):
     def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int | None = None,
               timeout: float | None = None, train_config: ConfigRecord | None = None,
               evaluate_config: ConfigRecord | None = None, evaluate_fn: Callable | None = None) -> Result:
-        """Run rounds 0..R, then ask every node to save its model. Returns Flower's Result.
+        """Run rounds 0..R, then ask every node to save its model. Returns Flower's Result:
+        ``train_metrics_clientapp[round]`` holds every node's round metrics as
+        ``"<node>/<metric>"`` plus the server's as ``"server/<metric>"``;
+        ``evaluate_metrics_clientapp[round]`` the evaluated rounds' ``"<node>/eval/<split>/accuracy"``.
+        If a round fails (or anything raises), every node is told to stop its worker.
 
         ``num_rounds`` and ``timeout`` override the experiment's (on this strategy's own copy,
         and in what the nodes are sent). F-TIS ships no weights and evaluates on the nodes, so
@@ -341,25 +379,56 @@ class FTISStrategy(Strategy):
         rounds = self.cfg.rounds.num_rounds
         timeout = self.cfg.rounds.round_timeout if timeout is None else timeout
         self.summary()
-        result = Result()
+        self._result = Result()
+        if self._first_round > rounds:
+            raise ValueError(f"nothing to resume: round {self._first_round - 1} of {rounds} is done")
         node_ids = self._wait_for_nodes(grid)
         log.info("%d node(s) connected: %s", len(node_ids), node_ids)
-        for rnd in range(0, rounds + 1):
+        hello_timeout = min(timeout, HELLO_TIMEOUT)
+        self.introduce(grid, hello_timeout, first=True)
+        try:
+            self._rounds(grid, rounds, timeout, hello_timeout)
+        except BaseException:
+            self._stop_workers(grid)
+            raise
+        self.finish(grid, timeout)
+        return self._result
+
+    def _stop_workers(self, grid: Grid) -> None:
+        """The run ends early: tell every bound node to stop its worker (best effort, short wait)."""
+        messages = [Message(content=RecordDict({protocol.STOP: ConfigRecord({
+            "experiment": self._experiment_json, "run_name": self.run_name})}),
+            dst_node_id=nid, message_type=MessageType.QUERY)
+            for nid in sorted(self.roster.names)]
+        try:
+            self._send(grid, messages, min(HELLO_TIMEOUT, 30.0), what="stop")
+        except Exception as exc:  # the grid itself may be what failed
+            log.warning("could not tell the nodes to stop their workers: %s", exc)
+
+    def _rounds(self, grid: Grid, rounds: int, timeout: float, hello_timeout: float) -> None:
+        result = self._result
+        for rnd in range(self._first_round, rounds + 1):
             t0 = time.perf_counter()
-            replies = self._send(grid, list(self.configure_train(rnd, ArrayRecord(), ConfigRecord(), grid)), timeout)
-            _, metrics = self.aggregate_train(rnd, replies)
+            if rnd > self._first_round:
+                self.introduce(grid, hello_timeout, first=False)  # SuperNodes that joined since
+            # the first round of a run builds (or restores) every node: its own, longer deadline
+            limit = max(timeout, self.cfg.rounds.startup_timeout) if rnd == self._first_round else timeout
+            replies = self._send(grid, list(self.configure_train(rnd, ArrayRecord(), ConfigRecord(), grid)),
+                                 limit, what=f"round {rnd}")
+            self.aggregate_train(rnd, replies)
             outcome = self.history[-1]
             outcome.server_metrics["round_seconds"] = time.perf_counter() - t0
-            if metrics is not None:
-                result.train_metrics_clientapp[rnd] = metrics
+            train, evals = flatten(outcome)
+            result.train_metrics_clientapp[rnd] = MetricRecord(train)
+            if evals:
+                result.evaluate_metrics_clientapp[rnd] = MetricRecord(evals)
             if self.on_round is not None:
                 self.on_round(rnd, outcome.node_metrics, outcome.server_metrics)
+            self._save_state(rnd)
             if len(outcome.node_metrics) < self.cfg.rounds.min_nodes:
-                reasons = "; ".join(f"{self._names.get(n, n)}: {r}" for n, r in outcome.failures.items())
+                reasons = "; ".join(f"{self.roster.names.get(n, n)}: {r}" for n, r in outcome.failures.items())
                 raise FederationError(f"round {rnd}: {len(outcome.node_metrics)} node(s) replied, fewer than "
                                       f"rounds.min_nodes={self.cfg.rounds.min_nodes} ({reasons})")
-        self.finish(grid, timeout)
-        return result
 
     def finish(self, grid: Grid, timeout: float) -> dict[str, str]:
         """Ask each node to save its final model (and stop its worker); returns name -> path.
@@ -367,10 +436,10 @@ class FTISStrategy(Strategy):
         A node that fails to (error, malformed or missing reply) is logged as ``checkpoint_failed``.
         """
         messages = [Message(content=RecordDict({protocol.FINISH: ConfigRecord({
-            "out_dir": self.out_dir or "checkpoints", "experiment": self._experiment_json,
+            "out_dir": self.out_dir, "experiment": self._experiment_json,
             "run_name": self.run_name})}), dst_node_id=nid, message_type=MessageType.QUERY)
-            for nid in sorted(grid.get_node_ids())]
-        replies = self._send(grid, messages, timeout)
+            for nid in sorted(grid.get_node_ids()) if nid in self.roster.names]
+        replies = self._send(grid, messages, timeout, what="saving final models")
         failures, done = dict(self._lost), set()
         for reply in replies:
             nid = self._reply_node(reply, "finish", done | set(failures))
@@ -385,7 +454,7 @@ class FTISStrategy(Strategy):
             self.checkpoints[name] = path
             self.on_event("checkpoint", node=name, path=path)
         for nid, reason in failures.items():
-            name = self._names.get(nid, f"node-{nid}")
+            name = self.roster.name(nid)
             log.warning("node %s could not save its model: %s", name, reason)
             self.on_event("checkpoint_failed", node=name, reason=reason)
         return self.checkpoints
@@ -394,46 +463,15 @@ class FTISStrategy(Strategy):
         """(card name, path) from a finish reply, checked against the node id's bound name."""
         if reply.has_error():
             raise BadReply(f"code {reply.error.code}: {reply.error.reason}")
-        rec = _record(reply.content, protocol.CHECKPOINT, ConfigRecord)
+        rec = record(reply.content, protocol.CHECKPOINT, ConfigRecord)
         name, path = rec.get("node"), rec.get("path")
         if not isinstance(name, str) or not isinstance(path, str) or not path:
             raise BadReply(f"record {protocol.CHECKPOINT!r} needs str 'node' and 'path', got "
                            f"{name!r}, {path!r}")
-        bound, owner = self._names.get(nid, name), self._owners.get(name, nid)
+        bound, owner = self.roster.names.get(nid, name), self.roster.owners.get(name, nid)
         if owner != nid:
             raise BadReply(f"node id {nid} claims the checkpoint of model card {name!r}, which node id "
                            f"{owner} serves")
         if name != bound:
             raise BadReply(f"node id {nid} serves model card {bound!r} but its checkpoint claims {name!r}")
         return name, path
-
-
-def _record(content: RecordDict, key: str, kind: type):
-    """content[key], checked to be a ``kind``; BadReply naming the key otherwise."""
-    rec = content.get(key)
-    if rec is None:
-        raise BadReply(f"record {key!r} is missing")
-    if not isinstance(rec, kind):
-        raise BadReply(f"record {key!r} is a {type(rec).__name__}, expected a {kind.__name__}")
-    return rec
-
-
-def _read_train_reply(content: RecordDict) -> TrainReply:
-    """Check a train reply's records (protocol.GROUPS, GROUPS_META, METRICS, INFO); BadReply if not."""
-    arrays = _record(content, protocol.GROUPS, ArrayRecord)
-    meta = _record(content, protocol.GROUPS_META, ConfigRecord)
-    metric_rec = _record(content, protocol.METRICS, MetricRecord)
-    info = _record(content, protocol.INFO, ConfigRecord)
-    name = info.get("node")
-    if not isinstance(name, str) or not NODE_NAME.fullmatch(name):
-        raise BadReply(f"info 'node' must be a node name (1-64 letters, digits, _ . + -), got {name!r}")
-    rejections = info.get("rejections", [])
-    if not isinstance(rejections, list) or not all(isinstance(x, str) for x in rejections):
-        raise BadReply(f"info 'rejections' must be a list of str, got {rejections!r}")
-    metrics = {k: float(v) for k, v in metric_rec.items() if isinstance(v, (int, float))}
-    starts = info.get("worker_starts")
-    if isinstance(starts, (int, float)) and not isinstance(starts, bool):
-        metrics["worker_starts"] = float(starts)
-    return TrainReply(name=name, arrays=arrays, meta=meta, metrics=metrics,
-                      rejections=[x for x in rejections if x], nbytes=payload_bytes(arrays, meta),
-                      ntokens=completion_tokens(arrays))

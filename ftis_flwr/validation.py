@@ -161,6 +161,8 @@ def experiment_errors(cfg: ExperimentConfig, *, import_registries: bool = True) 
     rd = cfg.rounds
     if rd.num_rounds < 1 or rd.prompts_per_node < 1:
         errors.append("rounds.num_rounds and rounds.prompts_per_node must be >= 1")
+    if rd.state_every < 0:
+        errors.append(f"rounds.state_every={rd.state_every} must be >= 0 (0 = never save node state)")
     if rd.min_nodes < 1 or rd.round_timeout <= 0 or rd.eval_every < 0 or rd.eval_size < 0:
         errors.append("rounds.min_nodes >= 1, rounds.round_timeout > 0, rounds.eval_every >= 0 "
                       "and rounds.eval_size >= 0 are required")

@@ -11,7 +11,9 @@ without a request.
 
 Layout of a worker's directory ``<cache>/workers/<run>/<node>/``:
 ``spec.json`` (card + experiment), ``address.json`` (host, port, pid, authkey; 0600),
-``starts.log`` (one line per process start), ``worker.log`` (its stdout/stderr), ``lock``.
+``starts.log`` (one line per process start), ``worker.log`` (its stdout/stderr), ``lock``,
+``state/round-NNNNNN/`` (the node's training state, :mod:`ftis_flwr.node_state`): a worker that
+is started again for the same run (after a crash, a kill or its idle timeout) resumes from it.
 """
 
 from __future__ import annotations
@@ -52,9 +54,15 @@ class WorkerError(RuntimeError):
     """The node's worker failed to start or failed a request; the message says why."""
 
 
+def safe_name(text: str) -> str:
+    """A single path component from server-sent text: letters, digits, - _ . only, never "."
+    or ".." (a run name or node name can never climb out of the folder it is put in)."""
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in str(text))[:128]
+    return safe if safe.strip(".") else "_" + safe
+
+
 def worker_dir(cache_dir: Path, run_key: str, node: str) -> Path:
-    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in node)
-    return Path(cache_dir) / "workers" / str(run_key) / safe
+    return Path(cache_dir) / "workers" / safe_name(run_key) / safe_name(node)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -157,6 +165,18 @@ def connect_or_spawn(directory: Path, spec: dict[str, Any], *, env: dict[str, st
         raise WorkerError(f"node worker did not start listening within {timeout:.0f} s")
 
 
+def stop_worker(directory: Path) -> bool:
+    """Ask the node's worker in ``directory`` to exit, if one is running; True if one was."""
+    handle = WorkerHandle.read(Path(directory))
+    if handle is None or not _pid_alive(handle.pid):
+        return False
+    try:
+        handle.call("stop", timeout=PING_TIMEOUT)
+    except WorkerError:  # busy past the timeout or already gone: its idle timeout ends it
+        return False
+    return True
+
+
 # ----------------------------------------------------------------------------- worker side
 
 
@@ -171,6 +191,8 @@ class _Server:
         self.busy = False
         self.node = None
         self.load_error: str | None = None
+        self.resumed_from: int | None = None
+        """The round of the state the node was last restored from, reported once in a reply."""
 
     def _load(self):
         from .config import card_from_dict, from_dict
@@ -212,12 +234,58 @@ class _Server:
             except Exception:
                 self.load_error = traceback.format_exc()
                 raise WorkerError(f"the node could not be built:\n{self.load_error}") from None
+            self._resume(None)
         if op == "step":
-            return step_from_payloads(self.node, payload), False
+            return self._step(payload), False
         if op == "finish":
             path = self.node.save(Path(payload["out_dir"]))
+            shutil.rmtree(self.state_root, ignore_errors=True)  # the final model is saved
             return {"checkpoint": str(path), "updates": self.node.updates}, True
         raise WorkerError(f"unknown request {op!r}")
+
+    @property
+    def state_root(self) -> Path:
+        return self.directory / "state"
+
+    def _resume(self, at_most: int | None) -> None:
+        """Load the newest saved state (at most round ``at_most``) into the node, if there is one."""
+        from .node_state import load_state
+
+        before = (self.node.round, self.node.updates)
+        found = load_state(self.node, self.state_root, at_most=at_most)
+        if found is not None:
+            self.resumed_from = found
+            log.info("node %s resumed from its state of round %d (updates %d; it was at round %d, "
+                     "updates %d)", self.node.card.name, found, self.node.updates, *before)
+
+    def _step(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """One round; a round this node already ran (a resumed server) is replayed from the state
+        saved before it, never applied on top of it. Saves the state before replying."""
+        from .node_state import save_state
+
+        rnd = int(payload["round"])
+        if rnd <= self.node.round:
+            log.info("node %s is at round %d and is asked for round %d again: rewinding",
+                     self.node.card.name, self.node.round, rnd)
+            if rnd == 0:
+                self.node = self._load()
+                self.resumed_from = -1
+            else:
+                self._resume(rnd - 1)
+                if self.node.round >= rnd:
+                    raise WorkerError(
+                        f"round {rnd} was already run by this node (it is at round {self.node.round}) "
+                        f"and no state saved at or before round {rnd - 1} is left to replay it from "
+                        f"(rounds.state_every={self.node.cfg.rounds.state_every})")
+        reply = step_from_payloads(self.node, payload)
+        if self.resumed_from is not None:
+            reply["metrics"]["resumed_from_round"] = float(self.resumed_from)
+            self.resumed_from = None
+        every = self.node.cfg.rounds.state_every
+        if every and (rnd % every == 0 or rnd == int(payload["num_rounds"])):
+            info = save_state(self.node, self.state_root, rnd)
+            reply["metrics"].update(state_save_seconds=info.seconds, state_bytes=float(info.nbytes))
+        return reply
 
     def serve(self):
         authkey = secrets.token_bytes(32)

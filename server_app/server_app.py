@@ -8,16 +8,20 @@ is not empty (``""`` means "leave it to the preset").
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 import secrets
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from ftis_flwr.config import ConfigError, load_run_config, to_dict
-from ftis_flwr.reporting import RunReporter, format_summary_table
+from ftis_flwr.config import ConfigError, from_dict, load_run_config, to_dict
+from ftis_flwr.reporting import PROGRESS_LEGEND, RunReporter, format_summary_table, run_title
+from ftis_flwr.server_state import ServerStateError, load_server_state
 from ftis_flwr.strategy import FTISStrategy
 
 log = logging.getLogger("ftis_flwr")
@@ -31,24 +35,57 @@ def experiment_from_run_config(run_config: dict):
     return load_run_config(run_config)
 
 
-def run(grid: Grid, experiment, *, connect_timeout: float = 120.0) -> Path:
-    """Run the federation described by ``experiment``; returns the run directory."""
-    name = f"{time.strftime('%Y%m%d-%H%M%S')}-{Path(experiment.preset).stem or 'run'}-{secrets.token_hex(2)}"
-    run_dir = Path(experiment.run_dir).expanduser().resolve() / name
+def run_name(experiment) -> str:
+    """``<date>-<time>-<preset>-<mode>-<method>-<4 hex>``: runs that differ in method or mode are
+    told apart by their folder alone."""
+    parts = [Path(experiment.preset).stem or "run", experiment.advantage.mode, experiment.loss.method]
+    safe = "-".join(re.sub(r"[^A-Za-z0-9.]+", "_", p).strip("_") for p in parts)
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{safe}-{secrets.token_hex(2)}"
+
+
+def run(grid: Grid, experiment, *, connect_timeout: float = 120.0,
+        after_round: Callable[[int, dict], None] | None = None, resume: str | Path = "") -> Path:
+    """Run the federation described by ``experiment``; returns the run directory.
+
+    ``resume``: a run directory to continue after its last completed round, with the
+    configuration saved in it (``experiment`` is then not used). ``after_round(round,
+    node_metrics)`` is called after each round is logged (tests use it to kill a worker).
+    """
+    state = None
+    if resume:
+        run_dir = Path(resume).expanduser().resolve()
+        state = load_server_state(run_dir)
+        experiment = from_dict(json.loads((run_dir / "config.json").read_text()), import_registries=True)
+        name = run_dir.name
+    else:
+        name = run_name(experiment)
+        run_dir = Path(experiment.run_dir).expanduser().resolve() / name
     nodes = [c.name for c in experiment.nodes]
     with RunReporter(run_dir, config=to_dict(experiment), node_names=nodes,
-                     num_rounds=experiment.rounds.num_rounds) as reporter:
-        print(f"ftis-flwr: run directory {run_dir}", flush=True)
-        print(f"ftis-flwr: round 0 builds every node and evaluates it (a model the package does not "
-              f"ship is warm-started or converted once and cached: minutes on a 2-core CPU); each node logs to "
-              f"<cache>/workers/{name}/<node>/worker.log on its machine", flush=True)
+                     num_rounds=experiment.rounds.num_rounds,
+                     resume_after=None if state is None else state.round) as reporter:
+        print(f"ftis-flwr: {run_title(to_dict(experiment))}; run directory {run_dir}", flush=True)
+        print(f"ftis-flwr: {PROGRESS_LEGEND}", flush=True)
+        if state is not None:
+            print(f"ftis-flwr: resuming after round {state.round} with the run's saved configuration "
+                  f"({run_dir / 'config.json'}; other run-config keys are not used); each node "
+                  "continues from its own saved state", flush=True)
+            reporter.log_event("resumed", after_round=state.round)
+        else:
+            print(f"ftis-flwr: round 0 builds every node and evaluates it (a model the package does not "
+                  f"ship is warm-started or converted once and cached: minutes on a 2-core CPU); each node logs to "
+                  f"<cache>/workers/{name}/<node>/worker.log on its machine", flush=True)
 
         def on_round(rnd, node_metrics, server_metrics):
             print(reporter.log_round(rnd, node_metrics, server_metrics), flush=True)
+            if after_round is not None:
+                after_round(rnd, node_metrics)
 
         strategy = FTISStrategy(experiment, run_name=name, out_dir=str(run_dir / "checkpoints"),
                                 on_round=on_round, on_event=reporter.log_event,
-                                connect_timeout=connect_timeout)
+                                connect_timeout=connect_timeout, state_dir=str(run_dir))
+        if state is not None:
+            strategy.restore(state)
         strategy.start(grid)
         summary = reporter.finish(extra={"checkpoints": strategy.checkpoints})
     print(format_summary_table(summary), flush=True)
@@ -71,7 +108,7 @@ class _ConfigErrorWithoutTraceback(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, ConfigError):
+        if isinstance(exc, (ConfigError, ServerStateError)):
             record.msg, record.args = f"{record.getMessage()}: invalid configuration (listed above)", ()
             record.exc_info, record.exc_text = None, None
         return True
@@ -80,12 +117,15 @@ class _ConfigErrorWithoutTraceback(logging.Filter):
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     _log_to_console()
+    resume = str(context.run_config.get("resume", "") or "")
     try:
-        experiment = experiment_from_run_config(dict(context.run_config))
-    except ConfigError as exc:
+        experiment = None if resume else experiment_from_run_config(dict(context.run_config))
+        if resume:
+            load_server_state(Path(resume).expanduser())  # refuse early: a clear message, no traceback
+    except (ConfigError, ServerStateError) as exc:
         # One short message listing every error; raising marks the run failed in Flower (`flwr ls`),
         # but `flwr run --stream` still exits 0 in Flower 1.42: it does not check the run's status.
         print(f"ftis-flwr: {exc}", flush=True)
         logging.getLogger("flwr").addFilter(_ConfigErrorWithoutTraceback())
         raise exc.with_traceback(None) from None
-    run(grid, experiment)
+    run(grid, experiment, resume=resume)

@@ -25,7 +25,7 @@ def kill_workers(cache) -> None:
             pass
 
 
-def simulate(experiment, num_supernodes: int = 2):
+def simulate(experiment, num_supernodes: int = 2, after_round=None):
     """Run ``experiment`` in a real in-process Flower simulation; returns the run directory.
 
     ``run_simulation`` hands the ServerApp an empty run config (FACTS.md), so the experiment is
@@ -42,7 +42,7 @@ def simulate(experiment, num_supernodes: int = 2):
 
     @server.main()
     def main(grid, context):
-        out["run_dir"] = run(grid, experiment, connect_timeout=60)
+        out["run_dir"] = run(grid, experiment, connect_timeout=60, after_round=after_round)
 
     try:
         run_simulation(server, client_app, num_supernodes=num_supernodes,

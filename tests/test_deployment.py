@@ -23,8 +23,8 @@ FEDERATION = """
 rounds: {num_rounds: 2, prompts_per_node: 4, eval_size: 16}
 rollout: {group_size: 4, max_new_tokens: 6}
 nodes:
-  - {name: full, tiny_size: small, warmstart_target: 0.3, warmstart_steps: 800, seed: 1}
-  - {name: lora, tiny_size: small, warmstart_target: 0.3, warmstart_steps: 800, seed: 1, lora: true,
+  - {name: full, tiny_size: small, warmstart_target: 0.6, seed: 0}
+  - {name: lora, tiny_size: small, warmstart_target: 0.6, seed: 0, lora: true,
      lora_config: {r: 8, alpha: 16}}
 """
 

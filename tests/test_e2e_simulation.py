@@ -1,6 +1,9 @@
 """End to end: a real Flower simulation of two tiny heterogeneous nodes exchanging groups."""
 
 import json
+import os
+import signal
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,21 +18,30 @@ TINY_FEDERATION = """
 rounds: {num_rounds: 2, prompts_per_node: 4, eval_every: 1, eval_size: 16, round_timeout: 300}
 rollout: {group_size: 4, max_new_tokens: 6, batch_size: 64}
 train: {lr: 1e-3, micro_batch_size: 32}
-# one warm-start (same size and seed) shared by a full and a LoRA node: heterogeneous budgets;
-# warm-started to 30% so groups have reward variance and the updates have a signal
+# one base model (the offline default's shipped small model: no warm-start here) shared by a full
+# and a LoRA node: heterogeneous budgets; at ~60% its groups have reward variance
 nodes:
-  - {name: full, tiny_size: small, warmstart_target: 0.3, warmstart_steps: 800, seed: 1}
-  - {name: lora, tiny_size: small, warmstart_target: 0.3, warmstart_steps: 800, seed: 1, lora: true,
+  - {name: full, tiny_size: small, warmstart_target: 0.6, seed: 0}
+  - {name: lora, tiny_size: small, warmstart_target: 0.6, seed: 0, lora: true,
      lora_config: {r: 8, alpha: 16}, lr: 1e-2}
 """
 
 
 @pytest.fixture(scope="module")
 def federation(tmp_path_factory):
+    """Two rounds, three SuperNodes for two cards; the LoRA node's worker is killed with SIGKILL
+    after round 1 (between rounds)."""
     root = tmp_path_factory.mktemp("e2e")
     exp = load_experiment(yaml_text=TINY_FEDERATION,
                           overrides={"cache_dir": str(root / "cache"), "run_dir": str(root / "runs")})
-    return exp, root, simulate(exp)
+
+    def kill_lora_worker(rnd, node_metrics):
+        if rnd == 1:
+            (address,) = (root / "cache").glob("workers/*/lora/address.json")
+            os.kill(json.loads(address.read_text())["pid"], signal.SIGKILL)
+
+    # a third SuperNode has no card (partition 2 of 2 cards): it is left out, never failed
+    return exp, root, simulate(exp, num_supernodes=3, after_round=kill_lora_worker)
 
 
 def test_groups_were_exchanged_every_round(federation):
@@ -47,14 +59,22 @@ def test_groups_were_exchanged_every_round(federation):
     assert rounds[-1]["server"]["bytes_per_token"] is None
 
 
-def test_each_worker_started_once(federation):
+def test_each_worker_started_once_and_a_killed_one_resumed_its_state(federation):
     _, root, run_dir = federation
-    for r in load_metrics(run_dir):
-        for m in r["nodes"].values():
-            assert m["worker_starts"] == 1
-    starts = sorted(root.glob("cache/workers/*/*/starts.log"))
-    assert len(starts) == 2
-    assert all(s.read_text().count("\n") == 1 for s in starts)
+    rounds = load_metrics(run_dir)
+    for r in rounds:
+        assert r["nodes"]["full"]["worker_starts"] == 1
+        assert "resumed_from_round" not in r["nodes"]["full"]
+    assert [r["nodes"]["lora"]["worker_starts"] for r in rounds] == [1, 1, 2]
+    resumed = rounds[2]["nodes"]["lora"]
+    assert resumed["resumed_from_round"] == 1  # the state its dead worker saved after round 1
+    assert resumed["updates"] == 2  # the update counter continues, not 1 again
+    # its own groups of round 1 came back and its weights are round 1's, not the base model's:
+    # the learner scores them exactly as the (killed) generator did
+    assert resumed["samples_own"] == 16 and resumed["kl_mean_own"] < 1e-4
+    assert all(r["nodes"]["full"]["state_bytes"] > 0 for r in rounds)
+    assert len(sorted(root.glob("cache/workers/*/*/starts.log"))) == 2
+    assert not list(root.glob("cache/workers/*/*/state/round-*")), "finish keeps no state"
 
 
 def test_parameters_changed_and_checkpoints_load(federation):
@@ -81,6 +101,13 @@ def test_parameters_changed_and_checkpoints_load(federation):
     base_state = {k: v.clone() for k, v in base.state_dict().items()}
     lora = PeftModel.from_pretrained(base, ckpts["lora"])
     merged = lora.merge_and_unload()
+    # the run folder is usable on its own: the adapter names the copy of its base saved beside it
+    from peft import AutoPeftModelForCausalLM
+
+    config = json.loads((Path(ckpts["lora"]) / "adapter_config.json").read_text())
+    assert Path(config["base_model_name_or_path"]) == Path(ckpts["lora"]) / "base"
+    standalone = AutoPeftModelForCausalLM.from_pretrained(ckpts["lora"]).merge_and_unload()
+    assert all(torch.equal(v, merged.state_dict()[k]) for k, v in standalone.state_dict().items())
     assert any(not torch.equal(v, base_state[k]) for k, v in merged.state_dict().items()), \
         "the LoRA node's adapter did not change its weights"
 
@@ -90,6 +117,16 @@ def test_run_directory_has_reports(federation):
     for name in ("metrics.jsonl", "summary.md", "summary.json", "plot.png", "config.json"):
         assert (run_dir / name).is_file(), name
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_a_supernode_without_a_card_is_left_out_once(federation):
+    from ftis_flwr.reporting import load_events
+
+    _, _, run_dir = federation
+    left = [e for e in load_events(run_dir) if e["event"] == "node_left_out"]
+    assert len(left) == 1 and "partition-id 2 has no model card" in left[0]["reason"]
+    assert not [e for e in load_events(run_dir) if e["event"] == "node_failed"]
+    assert all(r["missing_nodes"] == [] for r in load_metrics(run_dir))
 
 
 def test_a_failing_node_is_logged_and_the_round_goes_on(federation):

@@ -68,8 +68,12 @@ def test_rewards_are_recomputed_not_trusted(cache):
     honest = [a._rewards(g) for g in gb]
     inflated = [dataclasses.replace(g, rewards=np.ones_like(g.rewards)) for g in gb]
     assert [a._rewards(g).tolist() for g in inflated] == [r.tolist() for r in honest]
-    m = a.step(StepRequest(1, 3, [], 4, False, foreign=[Received("b", inflated, [0, 1, 2, 3])])).metrics
+    res = a.step(StepRequest(1, 3, [], 4, False, foreign=[Received("b", inflated, [0, 1, 2, 3])]))
+    m = res.metrics
     assert m["train_reward_foreign"] == pytest.approx(float(np.mean(np.concatenate(honest))))
+    lies = int(sum((r != 1).sum() for r in honest))  # samples whose claimed reward 1 was false
+    assert lies > 0 and m["b/rewards_corrected"] == lies
+    assert any(r.startswith(f"b: {lies} sample(s) came with rewards that differ") for r in res.rejections)
 
 
 def test_group_with_foreign_prompt_tokens_is_rejected_and_counted(cache):
@@ -108,7 +112,7 @@ def test_alone_ignores_foreign_groups_and_says_so(cache):
 
 def _crafted(node, index, answers, name):
     """A group whose completions are the given answer strings (rewards follow from the text)."""
-    from ftis_flwr.rollouts import Group
+    from ftis_flwr.groups import Group
 
     problem = node.task.train_problem(index)
     comps = [np.asarray(node.tokenizer(t, add_special_tokens=False)["input_ids"] + [node.tokenizer.eos_token_id])

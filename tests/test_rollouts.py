@@ -12,16 +12,13 @@ from tokenizers.pre_tokenizers import Split
 from transformers import PreTrainedTokenizerFast
 
 from ftis_flwr.config import WireConfig
+from ftis_flwr.groups import Group, PayloadError, groups_by_node, tokenizer_fingerprint
 from ftis_flwr.rollouts import (
-    Group,
-    PayloadError,
     bytes_per_completion_token,
     decode_groups,
     encode_groups,
-    groups_by_node,
     payload_bytes,
     payload_size,
-    tokenizer_fingerprint,
 )
 
 FP = "abcdef0123456789"

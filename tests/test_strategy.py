@@ -19,14 +19,15 @@ from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, Re
 from clients.client_app import step_payload
 from ftis_flwr import protocol
 from ftis_flwr.config import load_experiment
-from ftis_flwr.rollouts import Group, encode_groups
+from ftis_flwr.groups import Group
+from ftis_flwr.rollouts import encode_groups
 from ftis_flwr.strategy import PROMPT_STRIDE, FederationError, FTISStrategy
 from ftis_flwr.worker import step_from_payloads
 
 VOCAB, FP = 50, "0123456789abcdef"
 NAMES = {1: "a", 2: "b"}
 YAML = """
-rounds: {num_rounds: 2, prompts_per_node: 3, eval_every: 0, round_timeout: 0.3}
+rounds: {num_rounds: 2, prompts_per_node: 3, eval_every: 0, round_timeout: 0.3, startup_timeout: 0.3}
 rollout: {group_size: 4, max_new_tokens: 8}
 nodes: [{name: a}, {name: b}]
 """
@@ -58,8 +59,10 @@ class FakeGrid:
     or no entry like the in-memory one); replies put in ``late`` come back with the next pull.
     """
 
-    def __init__(self, respond, node_ids=(1, 2), undeliverable=(), omit_failed=False, alternate=False):
+    def __init__(self, respond, node_ids=(1, 2), undeliverable=(), omit_failed=False, alternate=False,
+                 hello_undeliverable=False):
         self.respond, self.node_ids = respond, list(node_ids)
+        self.hello_undeliverable = hello_undeliverable
         self.undeliverable, self.omit_failed, self.alternate = set(undeliverable), omit_failed, alternate
         self.pushed: list[Message] = []
         self.late: list[Message] = []
@@ -73,7 +76,8 @@ class FakeGrid:
         ids = []
         for msg in messages:
             msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex  # as Flower's grids do
-            if msg.metadata.dst_node_id in self.undeliverable:
+            hello = protocol.HELLO in msg.content
+            if msg.metadata.dst_node_id in self.undeliverable and (self.hello_undeliverable or not hello):
                 if not self.omit_failed:
                     ids.append("")
                 continue
@@ -125,12 +129,20 @@ def finish_reply(msg: Message, name: str) -> Message:
         {"node": name, "path": f"/ckpt/{name}", "updates": 1})}), reply_to=msg)
 
 
-def honest(names=NAMES, special=None):
-    """Every node answers well, except node ids in ``special`` (id -> respond(msg, name))."""
-    special = special or {}
+def hello_reply(msg: Message, name: str, reason: str = "", unknown: bool = False) -> Message:
+    return Message(content=RecordDict({protocol.HELLO: ConfigRecord(
+        {"node": name, "reason": reason, "unknown": unknown})}), reply_to=msg)
+
+
+def honest(names=NAMES, special=None, hellos=None):
+    """Every node answers well, except node ids in ``special`` (id -> respond(msg, name)) for
+    rounds and finish, and in ``hellos`` (id -> respond(msg, name)) for the HELLO query."""
+    special, hellos = special or {}, hellos or {}
 
     def respond(msg):
         nid = msg.metadata.dst_node_id
+        if protocol.HELLO in msg.content:
+            return (hellos.get(nid) or hello_reply)(msg, names[nid])
         if nid in special:
             return special[nid](msg, names[nid])
         if msg.metadata.message_type == "train":
@@ -246,17 +258,45 @@ def test_a_node_that_does_not_reply_in_time_fails_and_the_others_go_on():
     assert all("no reply within" in f for f in failures(strategy, 2))
     assert [set(h.node_metrics) for h in strategy.history] == [{"a"}] * 3
     assert foreign(grid.train_messages(1)[1]) == {}
-    assert [f["node"] for k, f in events if k == "node_failed"] == ["node-2"] * 3
-    assert [f["node"] for k, f in events if k == "checkpoint_failed"] == ["node-2"]
+    assert [f["node"] for k, f in events if k == "node_failed"] == ["b"] * 3  # bound by HELLO
+    assert [f["node"] for k, f in events if k == "checkpoint_failed"] == ["b"]
 
 
-def test_two_node_ids_claiming_one_card_the_second_fails_whatever_the_reply_order():
-    grid = FakeGrid(honest(names={1: "a", 2: "a"}), alternate=True)
-    strategy, _ = run(experiment(), grid)
-    losers = [nid for h in strategy.history for nid in h.failures]
-    assert len(losers) == 3 and len(set(losers)) == 1  # the same node id every round
-    assert "already served by node id" in strategy.history[1].failures[losers[0]]
-    assert foreign(grid.train_messages(1)[losers[0]]) == {}  # a's groups never go to the impostor
+@pytest.mark.parametrize("alternate", [False, True])
+def test_two_node_ids_claiming_one_card_are_refused_before_round_0(alternate):
+    grid = FakeGrid(honest(names={1: "a", 2: "a"}), alternate=alternate)
+    strategy, _ = run(experiment(), grid, raises=(FederationError, r"(?s)cannot start:.*model card 'a' "
+                                                  r"is already served by node id.*'b' has no SuperNode"))
+    assert not grid.train_messages(0), "no round may start"
+
+
+def test_an_unknown_card_and_a_missing_node_are_refused_before_round_0():
+    def huge(msg, name):
+        return hello_reply(msg, "", "node config card='huge' is neither a model card ...", unknown=True)
+
+    grid = FakeGrid(honest(hellos={2: huge}))
+    run(experiment(), grid, raises=(FederationError, r"(?s)node id 2: node config card='huge'.*"
+                                    r"model card 'b' has no SuperNode: start one with --node-config"))
+    assert not grid.train_messages(0)
+
+
+def test_a_supernode_without_a_card_is_left_out_once_and_never_sent_a_round():
+    def cardless(msg, name):
+        return hello_reply(msg, "", "this SuperNode has neither a 'card' nor a 'partition-id'")
+
+    grid = FakeGrid(honest(names={**NAMES, 3: "?"}, hellos={3: cardless}), node_ids=(1, 2, 3))
+    strategy, events = run(experiment(), grid)
+    assert [set(h.node_metrics) for h in strategy.history] == [{"a", "b"}] * 3
+    assert all(not h.failures for h in strategy.history)
+    assert [m.metadata.dst_node_id for m in grid.pushed if m.metadata.message_type == "train"
+            ] == [1, 2] * 3
+    assert [(k, f["node_id"]) for k, f in events if k == "node_left_out"] == [("node_left_out", 3)]
+    assert sum(protocol.HELLO in m.content for m in grid.pushed) == 3  # one HELLO per node id, ever
+
+
+def test_a_hello_that_cannot_be_delivered_refuses_the_start():
+    grid = FakeGrid(honest(), undeliverable={2}, hello_undeliverable=True)
+    run(experiment(), grid, raises=(FederationError, r"node id 2: the message could not be delivered"))
 
 
 def test_a_node_changing_its_name_fails():
@@ -276,7 +316,7 @@ def test_fewer_nodes_than_min_nodes_aborts():
 
     strategy, events = run(experiment(**{"rounds.min_nodes": 2}), FakeGrid(honest(special={2: broken})),
                            raises=(FederationError, r"round 0: 1 node\(s\) replied, fewer than "
-                                                    r"rounds.min_nodes=2 \(2: code 2: ClientApp raised\)"))
+                                                    r"rounds.min_nodes=2 \(b: code 2: ClientApp raised\)"))
     assert [k for k, _ in events] == ["node_failed"]
 
 
@@ -359,7 +399,7 @@ def test_a_failed_push_is_that_nodes_failure(omit_failed):
     strategy, events = run(experiment(), grid)
     assert all("could not be delivered" in f for f in failures(strategy, 2))
     assert [set(h.node_metrics) for h in strategy.history] == [{"a"}] * 3
-    assert [f["node"] for k, f in events if k == "checkpoint_failed"] == ["node-2"]
+    assert [f["node"] for k, f in events if k == "checkpoint_failed"] == ["b"]
     assert strategy.checkpoints == {"a": "/ckpt/a"}
 
 
@@ -369,6 +409,8 @@ def test_late_and_duplicate_replies_are_discarded(strategy_log):
 
     def respond(msg):
         nid, rnd = msg.metadata.dst_node_id, msg.content.get(protocol.ROUND, {}).get("round")
+        if protocol.HELLO in msg.content:
+            return hello_reply(msg, NAMES[nid])
         if msg.metadata.message_type != "train":
             return finish_reply(msg, NAMES[nid])
         first.setdefault(nid, msg)
@@ -432,7 +474,9 @@ def serve(node, msg: Message, tamper=None) -> Message:
     """What the ClientApp + worker do with a round message, with b's groups optionally tampered."""
     out = step_from_payloads(node, step_payload(msg))
     arrays, meta = out["arrays"], out["meta"]
-    if tamper is not None:
+    if getattr(tamper, "on_wire", False):  # the encoded payload itself is forged
+        arrays, meta = tamper(node, ArrayRecord(dict(arrays.items())), ConfigRecord(dict(meta.items())))
+    elif tamper is not None:
         groups = tamper(node, indices(msg))
         arrays, meta = encode_groups(groups, vocab_size=node.vocab_size)
     return Message(content=RecordDict({
@@ -461,8 +505,57 @@ def _oversized(node, idx):
                                 logprobs=[np.full(4, -0.5, np.float32)] * 3) for g in node.pending]
 
 
+def on_wire(edit):
+    """A tamper that forges the encoded payload (what no honest encoder would produce)."""
+    def tamper(node, arrays, meta):
+        edit(node, arrays, meta)
+        return arrays, meta
+    tamper.on_wire, tamper.__name__ = True, edit.__name__
+    return tamper
+
+
+def _set(arrays, key, change):
+    from flwr.app import Array
+
+    values = arrays[key].numpy().copy()
+    arrays[key] = Array.from_numpy_ndarray(change(values))
+
+
+@on_wire
+def _nan_logprob(node, arrays, meta):
+    _set(arrays, "logprobs", lambda v: np.where(np.arange(len(v)) == 1, np.nan, v).astype(v.dtype))
+
+
+@on_wire
+def _positive_logprob(node, arrays, meta):
+    _set(arrays, "logprobs", lambda v: np.where(np.arange(len(v)) == 0, 0.5, v).astype(v.dtype))
+
+
+@on_wire
+def _out_of_vocab(node, arrays, meta):
+    def bump(v):
+        v[0] = node.vocab_size + 3
+        return v
+    _set(arrays, "completion_ids", bump)
+
+
+@on_wire
+def _ragged(node, arrays, meta):
+    _set(arrays, "logprobs", lambda v: v[:-1])  # one log-prob fewer than completion tokens
+
+
+@on_wire
+def _wrong_tokenizer(node, arrays, meta):
+    meta["tokenizer_fp"] = ["f" * 16] * len(meta["tokenizer_fp"])
+
+
 @pytest.mark.parametrize("tamper,groups,samples,used,reason", [
     (None, 0, 0, 4, None),
+    (_nan_logprob, 2, 4, 0, "log-prob nan is non-finite"),
+    (_positive_logprob, 2, 4, 0, "log-prob 0.5 is positive"),
+    (_out_of_vocab, 2, 4, 0, "outside [0, 62)"),
+    (_ragged, 2, 4, 0, "logprobs length 15 != completion_ids length 16"),
+    (_wrong_tokenizer, 2, 4, 0, "tokenizer fingerprint 'ffffffffffffffff' differs"),
     (_relabel, 2, 4, 0, "labelled as made by 'a', but the server received it from 'b'"),
     (_unassigned, 2, 4, 0, "prompt id not assigned to b"),
     (_duplicated, 1, 2, 2, "prompt id used more than once"),
@@ -474,6 +567,8 @@ def test_receivers_reject_by_the_servers_stamp_and_count_groups_and_samples(
 
     def respond(msg):
         node = nodes[msg.metadata.dst_node_id]
+        if protocol.HELLO in msg.content:
+            return hello_reply(msg, node.card.name)
         if msg.metadata.message_type != "train":
             return finish_reply(msg, node.card.name)
         rnd = msg.content[protocol.ROUND]["round"]

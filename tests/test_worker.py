@@ -151,3 +151,27 @@ def test_the_socket_lives_in_a_private_folder(tmp_path, workers):
     assert stat.S_IMODE(os.stat(handle.socket).st_mode) == 0o600
     handle.call("stop")
     assert _wait_dead(handle.pid) and not os.path.exists(folder)
+
+
+def test_a_live_worker_asked_for_a_round_again_replays_it_from_the_state_before(tmp_path, workers):
+    """A resumed server may ask a live worker for a round it already ran: the worker rewinds to
+    the state saved before that round, so no round is ever applied twice to one node."""
+    exp = load_experiment(overrides={"cache_dir": str(tmp_path / "cache"), "rollout.max_new_tokens": 6,
+                                     "rollout.group_size": 4, "rounds.num_rounds": 3})
+    card = dict(to_dict(exp.nodes[0]), warmstart_steps=60, warmstart_target=0.0)
+    spec = {"card": card, "experiment": to_dict(exp), "cache_dir": str(tmp_path / "cache"), "idle_timeout": 600}
+    handle = connect_or_spawn(worker_dir(tmp_path / "cache", "run7", "a"), spec)
+    workers.append(handle.pid)
+
+    def step(rnd):
+        return handle.call("step", {"round": rnd, "num_rounds": 3, "prompt_indices": [2 * rnd, 2 * rnd + 1],
+                                    "group_size": 4, "evaluate": False, "foreign_payloads": {}},
+                           timeout=300)["metrics"]
+
+    step(0)
+    first = step(1)
+    again = step(1)
+    assert first["updates"] == again["updates"] == 1
+    assert "resumed_from_round" not in first and again["resumed_from_round"] == 0
+    assert again["loss"] == first["loss"]  # the same update from the same state
+    assert step(2)["updates"] == 2

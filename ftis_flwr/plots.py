@@ -1,0 +1,72 @@
+"""The run's plot.png: accuracy per held-out split, train reward, and the method's own
+diagnostics (filtered share of received samples, truncated token share, KL of received
+samples), one colour per node, from exactly the rows the reporter logged."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+ACC_PREFIX, ACC_SUFFIX = "eval/", "/accuracy"
+
+
+def _ratio(num: str, den: str):
+    def get(m: dict):
+        a, b = m.get(num), m.get(den)
+        return None if a is None or not b else a / b
+    return get
+
+
+def _panels(splits: list[str]) -> list[tuple[str, object, str, bool]]:
+    """(title, metric getter, y label, sparse: evaluated rounds only)."""
+    panels = [(f"Eval accuracy: {s}", (lambda k: lambda m: m.get(k))(f"{ACC_PREFIX}{s}{ACC_SUFFIX}"),
+               "accuracy", True) for s in splits]
+    panels += [
+        ("Train reward (mean)", lambda m: m.get("reward_mean"), "reward", False),
+        ("Filtered share of received samples", _ratio("filtered", "samples_foreign"), "share", False),
+        ("Truncated IS weights (token share)", lambda m: m.get("frac_tokens_truncated"), "share", False),
+        ("KL of received samples (mean, k3)", lambda m: m.get("kl_mean_foreign"), "KL", False),
+    ]
+    return panels
+
+
+def plot_run(path: Path, title: str, nodes: list[str], splits: list[str], rows: list[dict]) -> None:
+    """Write the panels as one PNG; a panel without data says so."""
+    from matplotlib.figure import Figure  # no pyplot: no global backend, no display needed
+    from matplotlib.ticker import MaxNLocator
+
+    panels = _panels(splits)
+    cols = min(3, len(panels))
+    nrows = math.ceil(len(panels) / cols)
+    fig = Figure(figsize=(5.2 * cols, 3.8 * nrows), dpi=110, layout="constrained")
+    axes = fig.subplots(nrows, cols, squeeze=False).ravel()
+    colours = [f"C{i % 10}" for i in range(len(nodes))]
+    for ax, (label, get, ylabel, sparse) in zip(axes, panels):
+        for node, colour in zip(nodes, colours):
+            xs, ys = [], []
+            for row in rows:
+                m = row["nodes"].get(node)
+                v = None if m is None else get(m)
+                if sparse and v is None:
+                    continue  # eval only every N rounds: connect the evaluated points
+                xs.append(row["round"])
+                ys.append(math.nan if v is None else v)
+            if any(math.isfinite(y) for y in ys):
+                ax.plot(xs, ys, marker="o", markersize=3, color=colour, label=node)
+        ax.set_title(label, fontsize=10)
+        ax.set_xlabel("round")
+        ax.set_ylabel(ylabel)
+        if sparse or ylabel == "share":
+            ax.set_ylim(-0.02, 1.02)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if rows:
+            ax.set_xlim(rows[0]["round"] - 0.5, rows[-1]["round"] + 0.5)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="best", fontsize=8)
+        else:
+            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+    for ax in axes[len(panels):]:
+        ax.set_visible(False)
+    fig.suptitle(title)
+    fig.savefig(path)

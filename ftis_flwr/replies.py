@@ -1,0 +1,85 @@
+"""What the strategy accepts from a node: each reply's records, checked before anything is used.
+
+Why apart: a node's reply is untrusted input. Reading it is pure (no grid, no state), so every
+malformed shape becomes one ``BadReply`` with a message naming the record, testable by hand.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+
+from . import protocol
+from .rollouts import completion_tokens, payload_bytes
+
+NODE_NAME = re.compile(r"[A-Za-z0-9_.+-]{1,64}")
+"""A node name as it may appear in record keys and metric names ("/" separates metric parts)."""
+
+
+class BadReply(ValueError):
+    """A node's reply lacks a record or has one of the wrong type; the message says which."""
+
+
+@dataclass
+class TrainReply:
+    """The parts of a well-formed train reply the strategy uses."""
+
+    name: str
+    arrays: ArrayRecord
+    meta: ConfigRecord
+    metrics: dict[str, float]
+    rejections: list[str]
+    nbytes: int
+    ntokens: int
+
+
+@dataclass
+class RoundOutcome:
+    node_metrics: dict[str, dict[str, float]] = field(default_factory=dict)
+    server_metrics: dict[str, float] = field(default_factory=dict)
+    failures: dict[int, str] = field(default_factory=dict)
+
+
+def flatten(outcome: RoundOutcome) -> tuple[dict[str, float], dict[str, float]]:
+    """(train, evaluation) metrics of one round as flat ``"<node>/<metric>"`` dicts, finite only."""
+    train = {f"server/{k}": v for k, v in outcome.server_metrics.items() if math.isfinite(v)}
+    evals = {}
+    for node, metrics in outcome.node_metrics.items():
+        for k, v in metrics.items():
+            if math.isfinite(v):
+                (evals if k.startswith("eval/") else train)[f"{node}/{k}"] = float(v)
+    return train, evals
+
+
+def record(content: RecordDict, key: str, kind: type):
+    """content[key], checked to be a ``kind``; BadReply naming the key otherwise."""
+    rec = content.get(key)
+    if rec is None:
+        raise BadReply(f"record {key!r} is missing")
+    if not isinstance(rec, kind):
+        raise BadReply(f"record {key!r} is a {type(rec).__name__}, expected a {kind.__name__}")
+    return rec
+
+
+def read_train_reply(content: RecordDict) -> TrainReply:
+    """Check a train reply's records (protocol.GROUPS, GROUPS_META, METRICS, INFO); BadReply if not."""
+    arrays = record(content, protocol.GROUPS, ArrayRecord)
+    meta = record(content, protocol.GROUPS_META, ConfigRecord)
+    metric_rec = record(content, protocol.METRICS, MetricRecord)
+    info = record(content, protocol.INFO, ConfigRecord)
+    name = info.get("node")
+    if not isinstance(name, str) or not NODE_NAME.fullmatch(name):
+        raise BadReply(f"info 'node' must be a node name (1-64 letters, digits, _ . + -), got {name!r}")
+    rejections = info.get("rejections", [])
+    if not isinstance(rejections, list) or not all(isinstance(x, str) for x in rejections):
+        raise BadReply(f"info 'rejections' must be a list of str, got {rejections!r}")
+    metrics = {k: float(v) for k, v in metric_rec.items() if isinstance(v, (int, float))}
+    starts = info.get("worker_starts")
+    if isinstance(starts, (int, float)) and not isinstance(starts, bool):
+        metrics["worker_starts"] = float(starts)
+    return TrainReply(name=name, arrays=arrays, meta=meta, metrics=metrics,
+                      rejections=[x for x in rejections if x], nbytes=payload_bytes(arrays, meta),
+                      ntokens=completion_tokens(arrays))

@@ -1,0 +1,85 @@
+"""Which Flower node id serves which model card of the run: bound once, checked on every reply.
+
+Why apart: membership is the strategy's security boundary (a node's name is what receivers
+filter on) and has rules of its own: a node id is bound to a card by its HELLO answer (or its
+first good reply), one card has one live node id, a SuperNode serving no card is left out, and
+before the first round every card must be served. Pure bookkeeping: no grid, no messages.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from flwr.app import ConfigRecord, Message
+
+from . import protocol
+from .replies import BadReply, record
+
+log = logging.getLogger(__name__)
+
+
+class FederationError(RuntimeError):
+    """The federation cannot go on (too few nodes connected or replying, cards not served)."""
+
+
+def read_hello(reply: Message) -> tuple[str, str, bool]:
+    """(card name or "", reason, unknown card?) from a HELLO answer; BadReply if malformed."""
+    if reply.has_error():
+        raise BadReply(f"code {reply.error.code}: {reply.error.reason}")
+    rec = record(reply.content, protocol.HELLO, ConfigRecord)
+    name, reason, unknown = rec.get("node", ""), rec.get("reason", ""), rec.get("unknown", False)
+    if not isinstance(name, str) or not isinstance(reason, str) or not isinstance(unknown, bool):
+        raise BadReply(f"hello needs str 'node', str 'reason', bool 'unknown', got {dict(rec)!r}")
+    return name, reason, unknown
+
+
+class Roster:
+    def __init__(self, cards: list[str]):
+        self.cards = list(cards)
+        self.names: dict[int, str] = {}      # Flower node id -> card name it serves
+        self.owners: dict[str, int] = {}     # card name -> the node id bound to it
+        self.claimed: dict[int, str] = {}    # node id -> name its last good reply claimed
+        self.left_out: dict[int, str] = {}   # node id -> why it takes no part in this run
+
+    def name(self, nid: int) -> str:
+        return self.names.get(nid, f"node-{nid}")
+
+    def unknown(self, node_ids) -> list[int]:
+        """Node ids neither bound nor left out: they get a HELLO."""
+        return [n for n in sorted(node_ids) if n not in self.names and n not in self.left_out]
+
+    def bind(self, nid: int, name: str, live: set[int]) -> str | None:
+        """Bind a node id to a card; the reason it cannot, or None. ``live``: node ids connected."""
+        bound = self.names.get(nid)
+        if bound is not None and bound != name:
+            return f"node id {nid} served model card {bound!r} and now claims {name!r}"
+        owner = self.owners.get(name)
+        if owner is not None and owner != nid:
+            if owner in live:  # two SuperNodes claim one model card: the first keeps it
+                return (f"model card {name!r} is already served by node id {owner}; give each "
+                        "SuperNode its own card")
+            log.warning("model card %r moves from node id %d (gone) to node id %d", name, owner, nid)
+            del self.names[owner]
+        self.names[nid], self.owners[name] = name, nid
+        return None
+
+    def admit(self, nid: int, name: str, reason: str, unknown: bool, live: set[int]) -> str | None:
+        """Apply one HELLO answer: bind, leave out (no card), or return the problem."""
+        if not name and not unknown:
+            self.left_out[nid] = reason
+            return None
+        if name not in self.cards:
+            return reason or f"it serves model card {name!r}, which the experiment does not define"
+        return self.bind(nid, name, live)
+
+    def check_complete(self, problems: dict[int, str]) -> None:
+        """Before the first round: FederationError listing every problem and unserved card."""
+        served = set(self.names.values())
+        lines = [f"node id {nid}: {why}" for nid, why in problems.items()]
+        lines += [f"model card {name!r} has no SuperNode: start one with --node-config 'card=\"{name}\"' "
+                  "(simulation: num-supernodes = the number of cards)"
+                  for name in self.cards if name not in served]
+        if lines:
+            bound = ", ".join(f"{n} = node id {i}" for i, n in sorted(self.names.items())) or "none"
+            raise FederationError("the federation cannot start:\n  " + "\n  ".join(lines)
+                                  + f"\n  (cards served so far: {bound})")

@@ -1,0 +1,37 @@
+"""The ClientApp's own decisions: which card a SuperNode serves, and paths it takes from the server."""
+
+from pathlib import Path
+
+import pytest
+
+from clients.client_app import NoCard, checkpoint_dir, select_card
+from ftis_flwr.config import load_experiment
+from ftis_flwr.worker import worker_dir
+
+EXP = load_experiment(yaml_text="nodes: [{name: small}, {name: large}]")
+
+
+def test_a_card_by_name_or_partition_and_the_two_ways_to_serve_none():
+    assert select_card(EXP, {"card": "large"}).name == "large"
+    assert select_card(EXP, {"partition-id": 0}).name == "small"
+    with pytest.raises(NoCard, match="neither a 'card' nor a 'partition-id'"):
+        select_card(EXP, {})
+    with pytest.raises(NoCard, match="partition-id 2 has no model card"):
+        select_card(EXP, {"partition-id": 2})
+    with pytest.raises(ValueError, match="card='huge' is neither a model card") as err:
+        select_card(EXP, {"card": "huge"})
+    assert not isinstance(err.value, NoCard)  # an unknown card refuses the run; no card is left out
+
+
+@pytest.mark.parametrize("run_name,node", [("../../etc", ".."), ("/abs/path", "a/b"), ("ok-run", ".")])
+def test_server_sent_names_never_leave_the_workers_folder(tmp_path, run_name, node):
+    d = worker_dir(tmp_path, run_name, node).resolve()
+    assert d.parent.parent == (tmp_path / "workers").resolve()
+
+
+def test_the_node_decides_where_its_final_model_goes(tmp_path):
+    assert checkpoint_dir("/srv/runs/r1/checkpoints", "r1", "small", {}) == Path("/srv/runs/r1/checkpoints/small")
+    assert checkpoint_dir("/srv/x", "r1", "small", {"out-dir": str(tmp_path)}) == tmp_path / "r1" / "small"
+    for bad in ("checkpoints", "/srv/runs/../../etc"):
+        with pytest.raises(ValueError, match="not a plain absolute path"):
+            checkpoint_dir(bad, "r1", "small", {})
