@@ -102,6 +102,9 @@ class Change:
     first_round: int | None = None
     last: float | None = None
     last_round: int | None = None
+    no_start: bool = False
+    """The node has no value in the split's first evaluated round (it failed that round): nothing
+    to compare its last value with, so ``first`` and ``delta`` stay empty, never taken later."""
 
     @property
     def delta(self) -> float | None:
@@ -124,11 +127,12 @@ class Summary:
     mean_delta: dict[str, float | None]
     checkpoints: dict[str, str] = field(default_factory=dict)
     paths: dict[str, Path] = field(default_factory=dict)
+    start_round: int = 0
 
     def to_dict(self) -> dict:
         def ch(c: Change) -> dict:
             return {"first": c.first, "first_round": c.first_round, "last": c.last,
-                    "last_round": c.last_round, "delta_points": c.delta}
+                    "last_round": c.last_round, "delta_points": c.delta, "no_start_eval": c.no_start}
         return _jsonable({
             "rounds": self.rounds, "nodes": self.nodes, "splits": self.splits,
             "accuracy": {n: {s: ch(c) for s, c in d.items()} for n, d in self.accuracy.items()},
@@ -139,10 +143,14 @@ class Summary:
         }, "summary")
 
 
-def _change(points: list[tuple[int, float | None]]) -> Change:
+def _change(points: list[tuple[int, float | None]], start: int | None = None) -> Change:
+    """First and last finite point; with ``start``, a series not evaluated in round ``start``
+    has no first value (``no_start``)."""
     pts = [(r, v) for r, v in points if _finite(v) is not None]
     if not pts:
         return Change()
+    if start is not None and pts[0][0] != start:
+        return Change(None, None, pts[-1][1], pts[-1][0], no_start=True)
     return Change(pts[0][1], pts[0][0], pts[-1][1], pts[-1][0])
 
 
@@ -166,6 +174,8 @@ def format_summary_table(summary: Summary) -> str:
                 c = summary.accuracy[node][split]
                 fr = "" if c.first_round is None else f" (r{c.first_round})"
                 lr = "" if c.last_round is None else f" (r{c.last_round})"
+                if c.no_start:
+                    fr = f" (no r{summary.start_round} eval: not compared)"
                 out.append(f"| {node} | {split} | {_fmt(c.first, '.3f')}{fr} | "
                            f"{_fmt(c.last, '.3f')}{lr} | {_fmt(c.delta, '+.1f')} |")
             out.append(f"| **mean** | {split} | {_fmt(summary.mean_first[split], '.3f')} | "
@@ -349,7 +359,13 @@ class RunReporter:
             return [(r["round"], r["nodes"][node].get(key)) for r in self._rows
                     if node in r["nodes"]]
 
-        acc = {n: {s: _change(series(n, f"{ACC_PREFIX}{s}{ACC_SUFFIX}")) for s in splits}
+        def first_eval(split: str) -> int | None:  # the baseline round: the split's first evaluation
+            rounds = [r for n in self.node_names for r, v in series(n, f"{ACC_PREFIX}{split}{ACC_SUFFIX}")
+                      if _finite(v) is not None]
+            return min(rounds) if rounds else None
+
+        starts = {s: first_eval(s) for s in splits}
+        acc = {n: {s: _change(series(n, f"{ACC_PREFIX}{s}{ACC_SUFFIX}"), starts[s]) for s in splits}
                for n in self.node_names}
         reward = {n: _change(series(n, "reward_mean")) for n in self.node_names}
         return Summary(
@@ -359,6 +375,7 @@ class RunReporter:
             mean_last={s: _mean([acc[n][s].last for n in self.node_names]) for s in splits},
             mean_delta={s: _mean([acc[n][s].delta for n in self.node_names]) for s in splits},
             checkpoints={str(k): str(v) for k, v in (checkpoints or {}).items()},
+            start_round=min((r for r in starts.values() if r is not None), default=0),
         )
 
     def finish(self, extra: Mapping[str, Any] | None = None) -> Summary:

@@ -39,7 +39,7 @@ def run_name(experiment) -> str:
     """``<date>-<time>-<preset>-<mode>-<method>-<4 hex>``: runs that differ in method or mode are
     told apart by their folder alone."""
     parts = [Path(experiment.preset).stem or "run", experiment.advantage.mode, experiment.loss.method]
-    safe = "-".join(re.sub(r"[^A-Za-z0-9.]+", "_", p).strip("_") for p in parts)
+    safe = "-".join(re.sub(r"[^A-Za-z0-9.-]+", "_", p).strip("_") for p in parts)
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{safe}-{secrets.token_hex(2)}"
 
 

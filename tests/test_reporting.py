@@ -167,3 +167,18 @@ def test_runs_without_tensorboard_and_warns_once(tmp_path, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _run(tmp_path / "two")  # second reporter: no second warning
+
+
+def test_a_node_missing_the_first_evaluation_is_flagged_never_compared_from_later(tmp_path):
+    """Round 0 evaluates every node; one that failed it must not report a change from round 2."""
+    with RunReporter(tmp_path, config={}, node_names=["a", "b"], tensorboard=False) as rep:
+        rep.log_round(0, {"a": {"eval/test/accuracy": 0.5}}, {})  # b failed round 0
+        rep.log_round(1, {"a": {}, "b": {}}, {})
+        rep.log_round(2, {"a": {"eval/test/accuracy": 0.7}, "b": {"eval/test/accuracy": 0.9}}, {})
+        s = rep.finish()
+    b = s.accuracy["b"]["test"]
+    assert b.no_start and b.first is None and b.delta is None and b.last == 0.9
+    assert s.mean_delta["test"] == pytest.approx(20.0)  # a's change alone, not b's 0.9 from nowhere
+    md = (tmp_path / "summary.md").read_text()
+    assert "| b | test | n/a (no r0 eval: not compared) | 0.900 (r2) | n/a |" in md
+    assert json.loads((tmp_path / "summary.json").read_text())["accuracy"]["b"]["test"]["no_start_eval"]
