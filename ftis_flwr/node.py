@@ -194,6 +194,9 @@ class Node:
             return f"prompt id not assigned to {src} in the round it was generated"
         if g.prompt_id in seen:
             return "prompt id used more than once in one round"
+        longest = max(len(c) for c in g.completions)
+        if longest > self.cfg.rollout.max_new_tokens:  # no honest engine samples past the cap
+            return f"a completion of {longest} tokens exceeds rollout.max_new_tokens={self.cfg.rollout.max_new_tokens}"
         try:
             problem = self.task.problem(g.prompt_id)
         except KeyError as exc:

@@ -1,0 +1,165 @@
+"""A peer that lies, through a real Flower simulation.
+
+Three SuperNodes run this project's ClientApp; the third, ``mallory``, forges its reply on the
+wire after its (real) round, one attack per round: NaN and positive log-probs, token ids outside
+the vocabulary, ragged lengths, a wrong tokenizer fingerprint, an oversized payload, groups
+relabelled as another node's, prompts it was not assigned, a duplicated prompt, inflated rewards,
+completions longer than the experiment's cap.
+The honest nodes must reject every forged group with its reason, count it in groups and samples,
+and train only on what is honest; the server must name the repeat offender.
+
+What this shows about learning: none of mallory's forged samples enters an honest node's update
+(``samples_foreign`` counts only the other honest node's, plus the one legitimate group of the
+duplicate attack and the inflated-rewards groups, whose rewards the receivers recompute), so the
+attacker cannot move the honest nodes other than by taking a share of the prompt schedule.
+"""
+
+import dataclasses
+
+import numpy as np
+import pytest
+from conftest import kill_workers
+
+from ftis_flwr import protocol
+from ftis_flwr.config import load_experiment
+from ftis_flwr.reporting import load_events, load_metrics
+
+pytestmark = pytest.mark.slow
+
+FEDERATION = """
+rounds: {num_rounds: 11, prompts_per_node: 4, eval_every: 0, eval_size: 16, round_timeout: 300}
+rollout: {group_size: 4, max_new_tokens: 6, batch_size: 64}
+wire: {max_tokens_per_payload: 200}
+train: {lr: 1e-3, micro_batch_size: 32}
+nodes:
+  - {name: a, tiny_size: small, warmstart_target: 0.6, seed: 0}
+  - {name: b, tiny_size: small, warmstart_target: 0.6, seed: 0, lora: true, lora_config: {r: 8, alpha: 16}}
+  - {name: mallory, tiny_size: small, warmstart_target: 0.6, seed: 0}
+"""
+
+
+def _array(arrays, key, change):
+    from flwr.app import Array
+
+    arrays[key] = Array.from_numpy_ndarray(change(arrays[key].numpy().copy()))
+
+
+def _at(index, value):
+    def change(v):
+        v[index] = value
+        return v
+    return change
+
+
+def _groups(arrays, meta, edit):
+    """Decode mallory's honest payload, edit its groups, encode again (what a forger's code does)."""
+    from ftis_flwr.config import WireConfig
+    from ftis_flwr.rollouts import decode_groups, encode_groups
+
+    groups = decode_groups(arrays, meta, expected_fp=meta["tokenizer_fp"][0], vocab_size=62, wire=WireConfig())
+    return encode_groups(edit(groups), vocab_size=62)
+
+
+def _stretch(length):
+    """Every completion made ``length`` tokens long (its own tokens repeated)."""
+    def edit(groups):
+        return [dataclasses.replace(g, completions=[np.resize(c, length) for c in g.completions],
+                                    logprobs=[np.resize(lp, length) for lp in g.logprobs]) for g in groups]
+    return edit
+
+
+def _meta(key, make):
+    def attack(arrays, meta):
+        meta[key] = [make(i, v) for i, v in enumerate(meta[key])]
+        return arrays, meta
+    return attack
+
+
+def _arrays(key, change):
+    def attack(arrays, meta):
+        _array(arrays, key, change)
+        return arrays, meta
+    return attack
+
+
+# round mallory generated in -> (forgery, groups rejected, samples rejected, reason fragment)
+ATTACKS = {
+    0: (_arrays("logprobs", _at(1, np.nan)), 4, 16, "log-prob nan is non-finite"),
+    1: (_arrays("logprobs", _at(0, 0.5)), 4, 16, "log-prob 0.5 is positive"),
+    2: (_arrays("completion_ids", _at(0, 61 + 9)), 4, 16, "outside [0, 62)"),
+    3: (_arrays("logprobs", lambda v: v[:-1]), 4, 16, "logprobs length"),
+    4: (_meta("tokenizer_fp", lambda i, v: "f" * 16), 4, 16, "tokenizer fingerprint 'ffffffffffffffff' differs"),
+    5: (lambda arrays, meta: _groups(arrays, meta, _stretch(20)), 4, 16, "exceed wire.max_tokens_per_payload=200"),
+    6: (_meta("node", lambda i, v: "a"), 4, 16, "labelled as made by 'a', but the server received it from 'mallory'"),
+    7: (_meta("prompt_id", lambda i, v: f"train:{900_000 + i}"), 4, 16, "prompt id not assigned to mallory"),
+    8: (lambda arrays, meta: _meta("prompt_id", lambda i, v: meta["prompt_id"][0])(arrays, meta),
+        3, 12, "prompt id used more than once"),
+    9: (_arrays("rewards", lambda v: np.ones_like(v)), 0, 0, None),
+    10: (lambda arrays, meta: _groups(arrays, meta, _stretch(7)), 4, 16, "exceeds rollout.max_new_tokens=6"),
+}
+
+
+def mallory_app():
+    """This project's ClientApp, except that the node serving card ``mallory`` forges its replies."""
+    from flwr.clientapp import ClientApp
+
+    from clients.client_app import query, train
+
+    app = ClientApp()
+
+    @app.train()
+    def forged_train(msg, context):
+        reply = train(msg, context)
+        if reply.content[protocol.INFO]["node"] != "mallory":
+            return reply
+        rnd = int(msg.content[protocol.ROUND]["round"])
+        if rnd in ATTACKS:
+            forge = ATTACKS[rnd][0]
+            arrays, meta = forge(reply.content[protocol.GROUPS], reply.content[protocol.GROUPS_META])
+            reply.content[protocol.GROUPS], reply.content[protocol.GROUPS_META] = arrays, meta
+        return reply
+
+    app.query()(query)
+    return app
+
+
+def test_every_forgery_is_rejected_with_its_reason_and_counted(tmp_path):
+    from flwr.serverapp import ServerApp
+    from flwr.simulation import run_simulation
+
+    from server_app.server_app import run
+
+    exp = load_experiment(yaml_text=FEDERATION,
+                          overrides={"cache_dir": str(tmp_path / "cache"), "run_dir": str(tmp_path / "runs")})
+    out = {}
+    server = ServerApp()
+
+    @server.main()
+    def main(grid, context):
+        out["run_dir"] = run(grid, exp, connect_timeout=60)
+
+    try:
+        run_simulation(server, mallory_app(), num_supernodes=3,
+                       backend_config={"client_resources": {"num_cpus": 1}})
+    finally:
+        kill_workers(tmp_path / "cache")
+    rounds, events = load_metrics(out["run_dir"]), load_events(out["run_dir"])
+    assert not [e for e in events if e["event"] == "node_failed"]
+    rejected = [e for e in events if e["event"] == "payload_rejected"]
+    for made_in, (_, groups, samples, reason) in ATTACKS.items():
+        used_in = made_in + 1  # groups of round r are trained on in round r + 1
+        for receiver in ("a", "b"):
+            m = rounds[used_in]["nodes"][receiver]
+            got = [e for e in rejected if e["round"] == used_in and e["node"] == receiver]
+            where = f"attack of round {made_in}, receiver {receiver}: {m}"
+            if reason is None:  # inflated rewards: used, but scored by the receiver itself
+                assert not got and m["samples_foreign"] == 32, where
+                assert m.get("mallory/rewards_corrected", 0) > 0, where
+                continue
+            assert len(got) == 1 and got[0]["source"] == "mallory" and reason in got[0]["reason"], where
+            assert (m["mallory/groups_rejected"], m["mallory/samples_rejected"]) == (groups, samples), where
+            assert (got[0]["groups"], got[0]["samples"]) == (groups, samples), where
+            assert m["samples_foreign"] == 16 + (16 - samples), where  # the other honest node's 16
+    repeat = [e["round"] for e in events if e["event"] == "payload_rejected_repeatedly"]
+    assert repeat and all(e["node"] == "mallory" for e in events
+                          if e["event"] == "payload_rejected_repeatedly"), repeat
