@@ -16,7 +16,7 @@ from flwr.clientapp import ClientApp
 from ftis_flwr import protocol
 from ftis_flwr.config import (ExperimentConfig, ModelCard, card_from_dict, default_cache_dir, from_dict,
                               to_dict)
-from ftis_flwr.worker import connect_or_spawn, safe_name, stop_worker, worker_dir
+from ftis_flwr.worker import WorkerTimeout, connect_or_spawn, safe_name, stop_worker, worker_dir
 
 app = ClientApp()
 
@@ -72,7 +72,9 @@ def _worker(msg_config: ConfigRecord, context: Context):
     spec = {"card": to_dict(card), "experiment": to_dict(experiment), "cache_dir": str(cache),
             "idle_timeout": experiment.idle_timeout()}
     handle = connect_or_spawn(worker_dir(cache, run_key, card.name), spec, env=_worker_env(card))
-    return card, handle, experiment.rounds.round_timeout
+    # a worker that has not built its node yet may warm-start or load first: the start-up allowance
+    timeout = experiment.rounds.round_timeout + (0 if handle.ready else experiment.rounds.startup_timeout)
+    return card, handle, timeout
 
 
 def step_payload(msg: Message) -> dict:
@@ -93,7 +95,11 @@ def step_payload(msg: Message) -> dict:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     card, handle, timeout = _worker(msg.content[protocol.ROUND], context)
-    reply = handle.call("step", step_payload(msg), timeout=timeout)
+    try:
+        reply = handle.call("step", step_payload(msg), timeout=timeout)
+    except WorkerTimeout as exc:  # hung (or hopelessly slow): replaced, it resumes from its state
+        handle.kill(str(exc))
+        raise
     starts = (handle.directory / "starts.log").read_text().count("\n")
     content = RecordDict({
         protocol.GROUPS: reply["arrays"],

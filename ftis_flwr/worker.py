@@ -25,6 +25,7 @@ import logging
 import os
 import secrets
 import shutil
+import signal
 import socket
 import tempfile
 import subprocess
@@ -52,6 +53,10 @@ PING_TIMEOUT = 30.0
 
 class WorkerError(RuntimeError):
     """The node's worker failed to start or failed a request; the message says why."""
+
+
+class WorkerTimeout(WorkerError):
+    """The worker sent no reply in time: it is hung or far too slow (the caller replaces it)."""
 
 
 def safe_name(text: str) -> str:
@@ -113,8 +118,8 @@ class WorkerHandle:
             conn.send((op, payload))
             try:
                 if not conn.poll(timeout):
-                    raise WorkerError(f"node worker pid {self.pid} sent no reply to {op!r} within "
-                                      f"{timeout:.0f} s; see {self.directory / 'worker.log'}")
+                    raise WorkerTimeout(f"node worker pid {self.pid} sent no reply to {op!r} within "
+                                        f"{timeout:.0f} s; see {self.directory / 'worker.log'}")
                 status, value = conn.recv()
             except (EOFError, OSError):
                 raise WorkerError(f"node worker pid {self.pid} died during {op!r}; see "
@@ -123,14 +128,28 @@ class WorkerHandle:
             raise WorkerError(f"node worker failed {op!r}: {value}")
         return value
 
+    ready: bool = False
+    """Whether the worker had built its node at the last ping (a new worker has not)."""
+
     def alive(self) -> bool:
+        """Answers a ping (answered even while a request runs: it takes no lock)."""
         if not _pid_alive(self.pid):
             return False
         try:
-            self.call("ping", timeout=PING_TIMEOUT)
+            self.ready = bool(self.call("ping", timeout=PING_TIMEOUT).get("ready"))
         except WorkerError:
             return False
         return True
+
+    def kill(self, why: str) -> None:
+        """Replace a hung worker: SIGKILL its pid (the next message starts a new one, which
+        resumes from the node's saved state)."""
+        log.warning("killing node worker pid %d: %s", self.pid, why)
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        (self.directory / "address.json").unlink(missing_ok=True)
 
 
 def connect_or_spawn(directory: Path, spec: dict[str, Any], *, env: dict[str, str] | None = None,
@@ -329,6 +348,13 @@ class _Server:
             return
         finally:
             timer.cancel()
+        if op == "ping":  # no lock: a busy worker still proves it is alive
+            try:
+                conn.send(("ok", {"pid": os.getpid(), "ready": self.node is not None, "busy": self.busy}))
+            except (OSError, EOFError):
+                pass
+            conn.close()
+            return
         with self._lock:
             self.busy = True
             self.last_request = time.monotonic()

@@ -175,3 +175,35 @@ def test_a_live_worker_asked_for_a_round_again_replays_it_from_the_state_before(
     assert "resumed_from_round" not in first and again["resumed_from_round"] == 0
     assert again["loss"] == first["loss"]  # the same update from the same state
     assert step(2)["updates"] == 2
+
+
+def test_a_busy_worker_answers_pings_and_a_hung_one_is_replaced(tmp_path, workers):
+    """While a request runs, a ping still proves the worker alive (it takes no lock); a request
+    that outlives its timeout raises WorkerTimeout, and the caller kills the worker, whose
+    successor starts afresh (and would resume from the node's saved state)."""
+    import threading
+
+    from ftis_flwr.worker import WorkerTimeout
+
+    exp = load_experiment(overrides={"cache_dir": str(tmp_path / "cache"), "rollout.max_new_tokens": 6})
+    card = dict(to_dict(exp.nodes[0]), warmstart_steps=60, warmstart_target=0.0)
+    spec = {"card": card, "experiment": to_dict(exp), "cache_dir": str(tmp_path / "cache"), "idle_timeout": 600}
+    d = worker_dir(tmp_path / "cache", "run8", "a")
+    handle = connect_or_spawn(d, spec)
+    workers.append(handle.pid)
+    payload = {"round": 0, "num_rounds": 2, "prompt_indices": [0], "group_size": 2, "evaluate": False,
+               "foreign_payloads": {}}
+    answers = []
+    # the first request builds the node (seconds): far longer than 0.2 s
+    pinger = threading.Timer(0.05, lambda: answers.append(handle.call("ping", timeout=5)))
+    pinger.start()
+    with pytest.raises(WorkerTimeout, match="sent no reply to 'step' within"):
+        handle.call("step", payload, timeout=0.2)
+    pinger.join()
+    assert answers and answers[0]["pid"] == handle.pid
+    handle.kill("test: no reply in time")
+    assert _wait_dead(handle.pid)
+    successor = connect_or_spawn(d, spec)
+    workers.append(successor.pid)
+    assert successor.pid != handle.pid and not successor.ready
+    assert successor.call("step", payload, timeout=120)["metrics"]["round"] == 0
