@@ -26,6 +26,7 @@ import ipaddress
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import ssl
@@ -36,7 +37,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
+BIN = Path(sys.executable).parent if (Path(sys.executable).parent / "flower-superlink").exists() \
+    else Path(shutil.which("flower-superlink") or sys.executable).parent
 CARDS = ("small", "large")  # node names of simulations/presets/cpu-pair.yaml
 REFUSAL = "Failed to initialize the connection to the SuperLink"  # supernode/fleet_http_connection.py
 

@@ -1,6 +1,9 @@
 """Test-wide settings: never reach a model hub, keep Flower quiet, keep torch to one thread."""
 
 import os
+import shutil
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +13,16 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def flower_bin() -> Path:
+    """The folder of Flower's commands: beside this interpreter, else the first on PATH (a venv
+    made with --system-site-packages has the interpreter but not the commands)."""
+    here = Path(sys.executable).parent
+    if (here / "flower-superlink").exists():
+        return here
+    found = shutil.which("flower-superlink")
+    return Path(found).parent if found else here
 
 
 def kill_workers(cache) -> None:

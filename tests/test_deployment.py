@@ -7,17 +7,16 @@ test that a node's worker is reused across processes, not reloaded per round.
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import free_port, kill_workers, wait_listening
+from conftest import flower_bin, free_port, kill_workers, wait_listening
 
 from ftis_flwr.reporting import load_metrics
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
+BIN = flower_bin()
 
 FEDERATION = """
 rounds: {num_rounds: 2, prompts_per_node: 4, eval_size: 16}

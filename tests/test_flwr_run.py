@@ -4,11 +4,10 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import free_port, kill_workers, wait_listening
+from conftest import flower_bin, free_port, kill_workers, wait_listening
 
 from ftis_flwr.reporting import load_metrics
 
@@ -31,7 +30,7 @@ def superlink(tmp_path):
     env = dict(os.environ, FLWR_HOME=str(tmp_path / "flwr-home"),
                FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(http), FLWR_LOCAL_CONTROL_API_PORT=str(control),
                FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
-    bindir = Path(sys.executable).parent
+    bindir = flower_bin()
     proc = subprocess.Popen(
         [str(bindir / "flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess",
          "--control-api-address", f"127.0.0.1:{control}", "--host", "127.0.0.1", "--port", str(http),
@@ -53,7 +52,7 @@ def test_flwr_run_with_the_real_pyproject(tmp_path, superlink):
     config = tmp_path / "tiny.yaml"
     config.write_text(FEDERATION)
     cache, runs = tmp_path / "cache", tmp_path / "runs"
-    bindir = Path(sys.executable).parent
+    bindir = flower_bin()
     cmd = [str(bindir / "flwr"), "run", ".", "--stream",
            "--federation-config", "num-supernodes=2 client-resources-num-cpus=1",
            "--run-config", f"config-file='{config}' cache-dir='{cache}' run-dir='{runs}'"]

@@ -2,17 +2,16 @@
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from conftest import flower_bin
 from test_flwr_run import REPO, superlink  # noqa: F401  (the SuperLink fixture this test owns)
 
 pytestmark = pytest.mark.slow
 
 
 def test_config_errors_fail_the_run_with_one_short_message(tmp_path, superlink):  # noqa: F811
-    bindir = Path(sys.executable).parent
+    bindir = flower_bin()
     cmd = [str(bindir / "flwr"), "run", ".", "--stream",
            "--federation-config", "num-supernodes=2 client-resources-num-cpus=1",
            "--run-config", f"loss.method='ppo' rollout.group-size=8.5 overrides='nodes.0.lr=-1' "
