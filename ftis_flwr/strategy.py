@@ -35,6 +35,7 @@ from flwr.serverapp.strategy.result import Result
 
 from . import protocol
 from .config import ExperimentConfig, to_dict
+from .grid_io import exchange, wait_for_nodes
 from .replies import BadReply, RoundOutcome, TrainReply, flatten, read_train_reply, record
 from .roster import FederationError, Roster, read_hello
 from .server_state import ServerState, save_server_state
@@ -44,8 +45,6 @@ log = logging.getLogger(__name__)
 PROMPT_STRIDE = 1_009
 """Train-index offset per unit of ``rounds.seed`` (indices wrap modulo the train split)."""
 RoundCallback = Callable[[int, dict[str, dict[str, float]], dict[str, float]], None]
-PROGRESS_EVERY = 30.0
-"""Seconds between "waiting for ..." lines while replies are outstanding."""
 HELLO_TIMEOUT = 120.0
 """Longest wait for the answers to HELLO (they build nothing: seconds, a ClientApp start)."""
 REJECTION_STREAK = 3
@@ -251,18 +250,7 @@ class FTISStrategy(Strategy):
 
     # --------------------------------------------------------------- loop
     def _wait_for_nodes(self, grid: Grid) -> list[int]:
-        want = len(self.cfg.nodes)
-        deadline = time.monotonic() + self.connect_timeout
-        shown, next_line = None, time.monotonic() + 10.0
-        while True:
-            ids = sorted(grid.get_node_ids())
-            if len(ids) >= want or time.monotonic() > deadline:
-                break
-            if time.monotonic() >= next_line and ids != shown:
-                log.info("waiting for SuperNodes: %d connected (node ids %s), the experiment has %d "
-                         "model cards; %.0f s left", len(ids), ids, want, deadline - time.monotonic())
-                shown, next_line = ids, time.monotonic() + 10.0
-            time.sleep(1.0)
+        ids = wait_for_nodes(grid, len(self.cfg.nodes), self.connect_timeout)
         if len(ids) < self.cfg.rounds.min_nodes:
             raise FederationError(f"only {len(ids)} node(s) connected within {self.connect_timeout:.0f} s; "
                                   f"rounds.min_nodes={self.cfg.rounds.min_nodes}")
@@ -313,41 +301,10 @@ class FTISStrategy(Strategy):
             self.on_event("node_left_out", node_id=nid, reason=why)
 
     def _send(self, grid: Grid, messages: list[Message], timeout: float, what: str = "") -> list[Message]:
-        """Push, then pull until every delivered message is answered or ``timeout`` passes.
-
-        A message that could not be pushed, or got no reply in time, is recorded in ``_lost``.
-        """
-        self._sent, self._lost = {}, {}
-        ids = list(grid.push_messages(messages))
-        returned = {i for i in ids if i}
-        for i, msg in enumerate(messages):
-            # Flower's grids stamp a message's id before pushing it and return "" (SuperLink) or
-            # nothing (in-memory) for one they could not store: match by id, not by position
-            mid = msg.metadata.message_id or (ids[i] if len(ids) == len(messages) else "")
-            if mid and mid in returned:
-                self._sent[mid] = msg.metadata.dst_node_id
-            else:
-                self._lost[msg.metadata.dst_node_id] = ("the message could not be delivered "
-                                                        "(push_messages returned no id for it)")
-        replies: list[Message] = []
-        pending = set(self._sent)
-        start = time.monotonic()
-        deadline, next_note = start + timeout, start + PROGRESS_EVERY
-        while pending and time.monotonic() < deadline:
-            for reply in grid.pull_messages(list(pending)):
-                replies.append(reply)
-                pending.discard(reply.metadata.reply_to_message_id)
-            if pending:
-                time.sleep(0.2)
-            if pending and time.monotonic() >= next_note:  # a long wait is never silent
-                waiting = ", ".join(sorted(self.roster.name(self._sent[m]) for m in pending))
-                log.info("%s: %d of %d replies after %.0f s; waiting for %s (up to %.0f s more)",
-                         what, len(self._sent) - len(pending), len(self._sent),
-                         time.monotonic() - start, waiting, deadline - time.monotonic())
-                next_note += PROGRESS_EVERY
-        for mid in pending:
-            self._lost[self._sent[mid]] = f"no reply within the {timeout:.0f} s round timeout"
-        return replies
+        """:func:`ftis_flwr.grid_io.exchange`; what was not delivered or answered goes to ``_lost``."""
+        out = exchange(grid, messages, timeout, what=what, name_of=self.roster.name)
+        self._sent, self._lost = out.sent, out.lost
+        return out.replies
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int | None = None,
               timeout: float | None = None, train_config: ConfigRecord | None = None,
