@@ -238,6 +238,20 @@ class ModelCard:
     """This node's filter threshold schedule."""
     torch_threads: int = 1
     """CPU threads of this node's process (1 lets two nodes share 2 cores)."""
+    vllm_gpu_memory_utilization: float = 0.9
+    """engine=vllm only: fraction of the GPU's memory vLLM may take for weights, activations and
+    KV cache (vLLM's ``gpu_memory_utilization``). Default 0.9; lower it when two nodes or a
+    learner share one GPU (e.g. 0.3 with the learner on the same device). The worker's
+    ``CUDA_VISIBLE_DEVICES`` pinning still decides which GPU."""
+    vllm_max_model_len: int = 0
+    """engine=vllm only: longest prompt + completion vLLM plans for (its ``max_model_len``).
+    Default 0: the model's own limit (large for Qwen2.5, which costs KV-cache memory)."""
+    vllm_kv_cache_gib: float = 0.0
+    """engine=vllm only: KV-cache size in GiB (vLLM's ``kv_cache_memory_bytes``). Default 0:
+    vLLM sizes it (on a GPU from vllm_gpu_memory_utilization; on a CPU from its own rules)."""
+    vllm_enforce_eager: bool = True
+    """engine=vllm only: run without CUDA graphs / torch.compile (vLLM's ``enforce_eager``).
+    Default True: faster start and no compile step; False can be faster for long runs on a GPU."""
 
 
 @dataclass

