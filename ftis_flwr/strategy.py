@@ -125,7 +125,11 @@ class FTISStrategy(Strategy):
         """One message per node: prompt indices + the other nodes' groups of last round, stamped.
 
         Only node ids bound to a card (see :meth:`introduce`) take part."""
-        node_ids = sorted(nid for nid in grid.get_node_ids() if nid in self.roster.names)
+        # in the experiment's card order, not by Flower node id (random per run): each card gets
+        # the same prompts whatever ids the SuperNodes have, so a seed reproduces a run
+        order = {c.name: i for i, c in enumerate(self.cfg.nodes)}
+        node_ids = sorted((nid for nid in grid.get_node_ids() if nid in self.roster.names),
+                          key=lambda nid: order.get(self.roster.names[nid], len(order)))
         prompts = self._prompts(node_ids, server_round)
         self._assigned, self._forwarded = prompts, {}
         messages = []

@@ -187,6 +187,16 @@ def test_vertical_prompts_are_disjoint_per_node_and_offset_by_the_run_seed(seed)
     assert sorted(seen) == list(range(PROMPT_STRIDE * seed, PROMPT_STRIDE * seed + 12))
 
 
+@pytest.mark.parametrize("ids", [(1, 2), (2, 1)])
+def test_each_card_gets_the_same_prompts_whatever_its_node_id(ids):
+    """Flower node ids are random per run: prompts follow the card order, so a seed reproduces."""
+    names = {ids[0]: "a", ids[1]: "b"}
+    grid = FakeGrid(honest(names=names))
+    run(experiment(), grid)
+    by_card = {names[nid]: indices(msg) for nid, msg in grid.train_messages(0).items()}
+    assert by_card == {"a": [0, 1, 2], "b": [3, 4, 5]}
+
+
 def test_the_last_round_sends_no_prompts():
     grid = FakeGrid(honest())
     strategy, _ = run(experiment(), grid)
