@@ -75,6 +75,23 @@ NEUTRAL_GENERATION_KWARGS: dict[str, Any] = {
 Keys the installed ``GenerationConfig`` does not know are dropped (older transformers)."""
 
 
+def check_prompts(prompts: list[list[int]], vocab_size: int | None, engine: str) -> list[list[int]]:
+    """Prompts as lists of int ids, each non-empty and inside the vocabulary; ValueError naming
+    the engine and the prompt otherwise (shared by every engine)."""
+    if not isinstance(prompts, (list, tuple)) or len(prompts) == 0:
+        raise ValueError(f"{engine}: prompts must be a non-empty list of token-id lists")
+    out = []
+    for i, p in enumerate(prompts):
+        ids = [int(x) for x in p]
+        if not ids:
+            raise ValueError(f"{engine}: prompt {i} is empty")
+        bad = [x for x in ids if x < 0 or (vocab_size is not None and x >= vocab_size)]
+        if bad:
+            raise ValueError(f"{engine}: prompt {i} has token id {bad[0]} outside [0, {vocab_size})")
+        out.append(ids)
+    return out
+
+
 @dataclass
 class Sample:
     """One completion: ids (final EOS included if emitted) and their sampling log-probs."""
@@ -234,20 +251,7 @@ class HFEngine:
 
     # ---------------------------------------------------------------- validation
     def _check_prompts(self, prompts: list[list[int]]) -> list[list[int]]:
-        if not isinstance(prompts, (list, tuple)) or len(prompts) == 0:
-            raise ValueError("HFEngine: prompts must be a non-empty list of token-id lists")
-        out = []
-        for i, p in enumerate(prompts):
-            ids = [int(x) for x in p]
-            if not ids:
-                raise ValueError(f"HFEngine: prompt {i} is empty")
-            bad = [x for x in ids if x < 0 or (self.vocab_size is not None and x >= self.vocab_size)]
-            if bad:
-                raise ValueError(
-                    f"HFEngine: prompt {i} has token id {bad[0]} outside [0, {self.vocab_size})"
-                )
-            out.append(ids)
-        return out
+        return check_prompts(prompts, self.vocab_size, "HFEngine")
 
     @staticmethod
     def _check_common(max_new_tokens: int, batch_size: int) -> None:

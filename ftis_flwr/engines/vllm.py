@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .hf import Sample
+from .hf import Sample, check_prompts
 
 __all__ = ["VLLMEngine", "VLLM_INSTALL", "import_vllm"]
 
@@ -255,18 +255,7 @@ class VLLMEngine:
 
     # ---------------------------------------------------------------- validation
     def _check_prompts(self, prompts: list[list[int]]) -> list[list[int]]:
-        if not isinstance(prompts, (list, tuple)) or len(prompts) == 0:
-            raise ValueError("VLLMEngine: prompts must be a non-empty list of token-id lists")
-        out = []
-        for i, p in enumerate(prompts):
-            ids = [int(x) for x in p]
-            if not ids:
-                raise ValueError(f"VLLMEngine: prompt {i} is empty")
-            bad = [x for x in ids if x < 0 or (self.vocab_size is not None and x >= self.vocab_size)]
-            if bad:
-                raise ValueError(f"VLLMEngine: prompt {i} has token id {bad[0]} outside [0, {self.vocab_size})")
-            out.append(ids)
-        return out
+        return check_prompts(prompts, self.vocab_size, "VLLMEngine")
 
     def _params(self, **kw: Any):
         neutral = dict(repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
