@@ -273,9 +273,7 @@ class FTISStrategy(Strategy):
         problems: dict[int, str] = {}
         unanswered: dict[int, str] = {}  # not delivered or no answer in time: asked again next round
         if new:
-            messages = [Message(content=RecordDict({protocol.HELLO: ConfigRecord({
-                "experiment": self._experiment_json, "run_name": self.run_name})}),
-                dst_node_id=nid, message_type=MessageType.QUERY) for nid in new]
+            messages = [self._query(protocol.HELLO, nid) for nid in new]
             replies = self._send(grid, messages, timeout, what="which card do you serve")
             unanswered, done = dict(self._lost), set()
             self._lost = {}
@@ -355,12 +353,15 @@ class FTISStrategy(Strategy):
         self.finish(grid, timeout)
         return self._result
 
+    def _query(self, key: str, nid: int, **extra: str) -> Message:
+        """A query message (protocol.HELLO, STOP or FINISH) carrying the experiment and run name."""
+        return Message(content=RecordDict({key: ConfigRecord({
+            "experiment": self._experiment_json, "run_name": self.run_name, **extra})}),
+            dst_node_id=nid, message_type=MessageType.QUERY)
+
     def _stop_workers(self, grid: Grid) -> None:
         """The run ends early: tell every bound node to stop its worker (best effort, short wait)."""
-        messages = [Message(content=RecordDict({protocol.STOP: ConfigRecord({
-            "experiment": self._experiment_json, "run_name": self.run_name})}),
-            dst_node_id=nid, message_type=MessageType.QUERY)
-            for nid in sorted(self.roster.names)]
+        messages = [self._query(protocol.STOP, nid) for nid in sorted(self.roster.names)]
         try:
             self._send(grid, messages, min(HELLO_TIMEOUT, 30.0), what="stop")
         except Exception as exc:  # the grid itself may be what failed
@@ -396,10 +397,8 @@ class FTISStrategy(Strategy):
 
         A node that fails to (error, malformed or missing reply) is logged as ``checkpoint_failed``.
         """
-        messages = [Message(content=RecordDict({protocol.FINISH: ConfigRecord({
-            "out_dir": self.out_dir, "experiment": self._experiment_json,
-            "run_name": self.run_name})}), dst_node_id=nid, message_type=MessageType.QUERY)
-            for nid in sorted(grid.get_node_ids()) if nid in self.roster.names]
+        messages = [self._query(protocol.FINISH, nid, out_dir=self.out_dir)
+                    for nid in sorted(grid.get_node_ids()) if nid in self.roster.names]
         replies = self._send(grid, messages, timeout, what="saving final models")
         failures, done = dict(self._lost), set()
         for reply in replies:

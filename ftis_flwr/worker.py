@@ -242,9 +242,7 @@ class _Server:
 
     def handle(self, op: str, payload: Any) -> tuple[Any, bool]:
         """-> (reply value, stop after replying)."""
-        if op == "ping":
-            return {"pid": os.getpid(), "ready": self.node is not None}, False
-        if op == "stop":
+        if op == "stop":  # ("ping" is answered in _serve_one, without the lock)
             return {"pid": os.getpid()}, True
         if self.node is None:  # built on the first request; a failure is retried on the next one
             try:                # (a transient cause, e.g. out of memory at load, can go away)

@@ -92,6 +92,22 @@ def check_prompts(prompts: list[list[int]], vocab_size: int | None, engine: str)
     return out
 
 
+def check_sampling(engine: str, n: int, temperature: float, top_k: int, top_p: float,
+                   max_new_tokens: int) -> None:
+    """ValueError naming the engine and the setting when a sampling request is out of range
+    (shared by every engine)."""
+    if int(max_new_tokens) < 1:
+        raise ValueError(f"{engine}: max_new_tokens must be >= 1, got {max_new_tokens}")
+    if int(n) < 1:
+        raise ValueError(f"{engine}.sample: n must be >= 1, got {n}")
+    if not float(temperature) > 0:
+        raise ValueError(f"{engine}.sample: temperature must be > 0, got {temperature}")
+    if int(top_k) < 0:
+        raise ValueError(f"{engine}.sample: top_k must be >= 0 (0 = off), got {top_k}")
+    if not 0.0 < float(top_p) <= 1.0:
+        raise ValueError(f"{engine}.sample: top_p must be in (0, 1], got {top_p}")
+
+
 @dataclass
 class Sample:
     """One completion: ids (final EOS included if emitted) and their sampling log-probs."""
@@ -328,14 +344,7 @@ class HFEngine:
         """
         prompts = self._check_prompts(prompts)
         self._check_common(max_new_tokens, batch_size)
-        if int(n) < 1:
-            raise ValueError(f"HFEngine.sample: n must be >= 1, got {n}")
-        if not float(temperature) > 0:
-            raise ValueError(f"HFEngine.sample: temperature must be > 0, got {temperature}")
-        if int(top_k) < 0:
-            raise ValueError(f"HFEngine.sample: top_k must be >= 0 (0 = off), got {top_k}")
-        if not 0.0 < float(top_p) <= 1.0:
-            raise ValueError(f"HFEngine.sample: top_p must be in (0, 1], got {top_p}")
+        check_sampling("HFEngine", n, temperature, top_k, top_p, max_new_tokens)
         jobs = [(i, j) for i in range(len(prompts)) for j in range(int(n))]
         jobs.sort(key=lambda job: len(prompts[job[0]]))
         results: list[list[Sample | None]] = [[None] * int(n) for _ in prompts]

@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .hf import Sample, check_prompts
+from .hf import Sample, check_prompts, check_sampling
 
 __all__ = ["VLLMEngine", "VLLM_INSTALL", "import_vllm"]
 
@@ -293,16 +293,7 @@ class VLLMEngine:
         contract. ``batch_size`` is accepted for the interface and ignored: vLLM schedules its
         own batches (continuous batching, bounded by its KV cache)."""
         prompts = self._check_prompts(prompts)
-        if int(max_new_tokens) < 1:
-            raise ValueError(f"VLLMEngine: max_new_tokens must be >= 1, got {max_new_tokens}")
-        if int(n) < 1:
-            raise ValueError(f"VLLMEngine.sample: n must be >= 1, got {n}")
-        if not float(temperature) > 0:
-            raise ValueError(f"VLLMEngine.sample: temperature must be > 0, got {temperature}")
-        if int(top_k) < 0:
-            raise ValueError(f"VLLMEngine.sample: top_k must be >= 0 (0 = off), got {top_k}")
-        if not 0.0 < float(top_p) <= 1.0:
-            raise ValueError(f"VLLMEngine.sample: top_p must be in (0, 1], got {top_p}")
+        check_sampling("VLLMEngine", n, temperature, top_k, top_p, max_new_tokens)
         jobs = [(i, j) for i in range(len(prompts)) for j in range(int(n))]
         params = [self._params(
             n=1, temperature=float(temperature), top_k=int(top_k), top_p=float(top_p),
