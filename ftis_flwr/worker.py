@@ -80,6 +80,51 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _is_worker(pid: int) -> bool:
+    """Whether live ``pid`` runs this module (a pid reused by another program is never killed)."""
+    try:
+        return b"ftis_flwr.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True  # no /proc (not Linux): trust the pid we wrote
+
+
+def kill_worker_group(pid: int) -> None:
+    """SIGKILL a worker and everything it started (a vLLM engine core, a reward judge).
+
+    A worker is started in its own session, so its process group id is its pid and its children
+    share it; killing only the pid would orphan them (a vLLM ``EngineCore`` holds GBs). If the
+    worker is already dead, its group is killed all the same: Linux keeps a pid unused while a
+    process group of that id exists, so a live group with the dead worker's id is its orphans."""
+    if _pid_alive(pid) and not _is_worker(pid):
+        return
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _kill_own_group_but_me() -> int:
+    """On a worker's exit: SIGKILL what is left in its process group besides itself (children
+    an engine's own shutdown missed); only when it leads its group, as :func:`connect_or_spawn`
+    starts it. Returns how many were killed."""
+    me = os.getpid()
+    if os.getpgid(0) != me:
+        return 0
+    killed = 0
+    for entry in Path("/proc").glob("[0-9]*"):
+        pid = int(entry.name)
+        try:
+            if pid != me and os.getpgid(pid) == me:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+        except (ProcessLookupError, PermissionError):
+            pass
+    return killed
+
+
 @contextmanager
 def _locked(path: Path):
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -145,10 +190,7 @@ class WorkerHandle:
         """Replace a hung worker: SIGKILL its pid (the next message starts a new one, which
         resumes from the node's saved state)."""
         log.warning("killing node worker pid %d: %s", self.pid, why)
-        try:
-            os.kill(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        kill_worker_group(self.pid)
         (self.directory / "address.json").unlink(missing_ok=True)
 
 
@@ -160,6 +202,8 @@ def connect_or_spawn(directory: Path, spec: dict[str, Any], *, env: dict[str, st
         handle = WorkerHandle.read(directory)
         if handle is not None and handle.alive():
             return handle
+        if handle is not None:  # dead or deaf: it (or what it left, e.g. a vLLM engine core) goes
+            kill_worker_group(handle.pid)
         (directory / "address.json").unlink(missing_ok=True)
         (directory / "spec.json").write_text(json.dumps(spec))
         child_env = dict(os.environ)
@@ -180,7 +224,7 @@ def connect_or_spawn(directory: Path, spec: dict[str, Any], *, env: dict[str, st
                 tail = (directory / "worker.log").read_text(errors="replace")[-2000:]
                 raise WorkerError(f"node worker exited with code {proc.returncode} before listening:\n{tail}")
             time.sleep(0.05)
-        proc.kill()
+        kill_worker_group(proc.pid)
         raise WorkerError(f"node worker did not start listening within {timeout:.0f} s")
 
 
@@ -234,6 +278,21 @@ class _Server:
                 os._exit(0)
 
     def _cleanup(self):
+        """Before ``os._exit``: shut the rollout engine down (no destructor runs after it), kill
+        whatever it left in the group, and remove the address and the private folder."""
+        engine = getattr(self.node, "engine", None)
+        close = getattr(engine, "close", None)
+        if close is not None:
+            try:
+                close()
+            except Exception as exc:  # exiting anyway: the group kill below is the backstop
+                log.warning("engine shutdown failed: %s", exc)
+        try:
+            n = _kill_own_group_but_me()
+            if n:
+                log.info("killed %d leftover process(es) of this worker's group", n)
+        except OSError as exc:
+            log.warning("could not clear this worker's process group: %s", exc)
         handle = WorkerHandle.read(self.directory)
         if handle is not None and handle.pid == os.getpid():
             (self.directory / "address.json").unlink(missing_ok=True)

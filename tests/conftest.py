@@ -28,13 +28,14 @@ def flower_bin() -> Path:
 def kill_workers(cache) -> None:
     """Stop, by pid, every node worker a test's federation left under its cache directory."""
     import json
-    import signal
     from pathlib import Path
+
+    from ftis_flwr.worker import kill_worker_group
 
     for address in Path(cache).glob("workers/*/*/address.json"):
         try:
-            os.kill(json.loads(address.read_text())["pid"], signal.SIGKILL)
-        except (ProcessLookupError, ValueError, KeyError):
+            kill_worker_group(int(json.loads(address.read_text())["pid"]))
+        except (ValueError, KeyError, OSError):
             pass
 
 

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from multiprocessing.connection import Client
 
 import pytest
@@ -22,12 +23,22 @@ def _spec(tmp_path, idle=60.0, **card_overrides):
             "idle_timeout": idle}
 
 
+def _zombie(pid) -> bool:
+    """Killed but not yet reaped (an orphan waits for whatever adopted it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def _wait_dead(pid, timeout=15.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
+            return True
+        if _zombie(pid):
             return True
         try:  # reap if it is our child
             os.waitpid(pid, os.WNOHANG)
@@ -207,3 +218,66 @@ def test_a_busy_worker_answers_pings_and_a_hung_one_is_replaced(tmp_path, worker
     workers.append(successor.pid)
     assert successor.pid != handle.pid and not successor.ready
     assert successor.call("step", payload, timeout=120)["metrics"]["round"] == 0
+
+
+_TREE = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+print(child.pid, flush=True)
+time.sleep(float(sys.argv[1]))
+"""
+
+
+def _tree(leader_lives: float, *args: str) -> tuple[subprocess.Popen, int]:
+    """A session leader (its cmdline names ftis_flwr.worker, as a real worker's does) with one
+    child in its process group, as a vLLM engine core or a reward judge is."""
+    proc = subprocess.Popen([sys.executable, "-c", _TREE, str(leader_lives), *args],
+                            stdout=subprocess.PIPE, start_new_session=True)
+    return proc, int(proc.stdout.readline())
+
+
+def test_killing_a_worker_kills_its_group_even_after_the_leader_died():
+    """kill_worker_group takes the worker's children with it (a vLLM EngineCore was left holding
+    GBs when only the pid was killed), also when the worker itself is already gone; a live pid
+    that is not a worker (a reused pid) is left alone."""
+    from ftis_flwr.worker import kill_worker_group
+
+    leader, child = _tree(120, "ftis_flwr.worker")
+    kill_worker_group(leader.pid)
+    assert leader.wait(timeout=15) == -signal.SIGKILL
+    assert _wait_dead(child)
+
+    leader, child = _tree(0, "ftis_flwr.worker")  # the leader exits at once, its child stays
+    leader.wait(timeout=15)
+    assert not _wait_dead(child, timeout=0.5)
+    kill_worker_group(leader.pid)
+    assert _wait_dead(child)
+
+    stranger, child = _tree(120, "not-a-worker")
+    try:
+        kill_worker_group(stranger.pid)
+        assert stranger.poll() is None and not _wait_dead(child, timeout=0.5)
+    finally:
+        os.killpg(stranger.pid, signal.SIGKILL)
+        stranger.wait(timeout=15)
+
+
+def test_an_exiting_worker_kills_what_is_left_in_its_group():
+    """The worker leaves with os._exit (no destructor runs), so its cleanup kills the processes
+    left in its own group; a process that does not lead its group kills nothing."""
+    code = ("import subprocess, sys, time; from ftis_flwr.worker import _kill_own_group_but_me; "
+            "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
+            "print(c.pid, flush=True); time.sleep(0.5); print(_kill_own_group_but_me(), flush=True)")
+    for leads in (True, False):
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                                start_new_session=leads)
+        child, killed = int(proc.stdout.readline()), int(proc.stdout.readline())
+        proc.wait(timeout=15)
+        try:
+            assert killed == (1 if leads else 0)
+            assert _wait_dead(child, timeout=15 if leads else 0.5) == leads
+        finally:
+            try:
+                os.kill(child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
