@@ -77,9 +77,15 @@ class AdvantageConfig:
 class WireConfig:
     """What crosses the network and the caps a receiver enforces (DESIGN: Data on the wire)."""
 
+    format: str = "compact"
+    """What a node sends: "compact" (default, format 2: one byte container, bit-packed ids,
+    see ftis_flwr/wire_compact.py) or "arrays" (format 1: seven npy arrays + per-group string
+    lists). Receivers read both."""
     logprob_dtype: str = "fp32"
-    """Log-prob encoding: "fp32" (default, paper: 8 bytes/token with int32 ids), "fp16" or
-    "bf16" (sent as uint16)."""
+    """Log-prob encoding: "fp32" (default, paper: 8 bytes/token with int32 ids, lossless), "fp16"
+    or "bf16" (sent as uint16)."""
+    compress: str = "none"
+    """"zlib": the compact container's body is zlib-compressed (stdlib; default "none")."""
     max_completions_per_group: int = 64
     """A received group with more completions is rejected. Default 64."""
     max_tokens_per_completion: int = 4096
@@ -89,6 +95,9 @@ class WireConfig:
     max_tokens_per_payload: int = 1_048_576
     """A payload with more completion tokens in total is rejected before it is decoded.
     Default 2^20 (~8 MB at fp32): 11x the paper presets' 12 prompts x 12 completions x 640."""
+    max_payload_bytes: int = 33_554_432
+    """A payload whose bytes (compact: container, and its body once inflated) exceed this is
+    rejected before it is unpacked or inflated. Default 32 MiB (4x the token cap at fp32)."""
 
 
 @dataclass
