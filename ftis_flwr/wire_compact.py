@@ -113,7 +113,8 @@ def encode_logprobs(flat: np.ndarray, codec: str) -> np.ndarray:
     if codec == "fp32":
         return flat.astype(np.float32)
     if codec == "fp16":
-        out = flat.astype(np.float16)
+        with np.errstate(over="ignore"):  # reported below, as a PayloadError
+            out = flat.astype(np.float16)
     elif codec == "bf16":
         out = bf16_bits(flat)
     else:
