@@ -8,85 +8,41 @@ one node at a time, and a resumed run may forward groups saved in the older one)
   (:mod:`ftis_flwr.wire_compact`: bit-packed ids, packed lengths, one string table, optional
   zlib) and an empty ``ConfigRecord``.
 - ``arrays`` (format 1): flat arrays plus offsets in an ``ArrayRecord``, per-group strings in
-  a ``ConfigRecord`` (below).
+  a ``ConfigRecord`` (:mod:`ftis_flwr.wire_arrays`).
 
 Both decode to the same fields, and one set of checks runs on them: the receiver validates
 *everything* before building a single ``Group``, so a malformed or hostile payload is rejected
 loudly (``PayloadError``) and never half-decoded.
 
-Layout of format version 1, n groups, c completions in total:
-
-- arrays: ``prompt_ids`` (flat token ids of all prompts), ``prompt_offsets`` int64 [n+1],
-  ``completion_ids`` (flat), ``completion_offsets`` int64 [c+1], ``group_offsets`` int64 [n+1]
-  (completion index ranges per group), ``logprobs`` (flat, same length as ``completion_ids``),
-  ``rewards`` float32 [c] (logging only: receivers recompute rewards from text).
-- meta: ``format_version``, ``token_dtype`` (uint8 / uint16 / int32, the smallest that holds the
-  vocabulary), ``logprob_dtype`` (fp32 / fp16 / bf16; bf16 travels as the uint16 upper half of
-  the fp32 bit pattern, rounded to nearest even), and per-group lists of str ``prompt_id``,
-  ``node``, ``model_id``, ``tokenizer_fp``.
-
 The rules a group must meet are :class:`ftis_flwr.groups.Group`'s; this module only encodes
-and decodes (and is the one place that imports Flower's records).
+and decodes (with :mod:`ftis_flwr.wire_arrays`, the one place that imports Flower's records).
 """
 
 from __future__ import annotations
-
 
 from io import BytesIO
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord
 
-from ftis_flwr import wire_compact
+from ftis_flwr import wire_arrays, wire_compact
 from ftis_flwr.config import WireConfig
 from ftis_flwr.groups import Group, PayloadError, _first_bad_logprob
-from ftis_flwr.wire_compact import Fields, check_token_cap as _check_token_cap
-from ftis_flwr.wire_compact import decode_logprobs as _decode_logprobs
-from ftis_flwr.wire_compact import encode_logprobs as _encode_logprobs
+from ftis_flwr.wire_arrays import (  # noqa: F401 (re-exported: format 1's names)
+    FORMAT_VERSION,
+    NPY_HEADER_MAX,
+    TOKEN_DTYPES,
+    declared_length,
+    token_dtype_for,
+)
+from ftis_flwr.wire_compact import Fields
+from ftis_flwr.wire_compact import flat as _flat
+from ftis_flwr.wire_compact import offsets as _offsets
 
-FORMAT_VERSION = 1
 FORMATS = ("compact", "arrays")
 WIRE_KEY = "wire"
 """The compact format's one ArrayRecord key."""
 LOGPROB_DTYPES = wire_compact.LP_CODECS
-TOKEN_DTYPES = ("uint8", "uint16", "int32")
-
-_ARRAY_KEYS = (
-    "prompt_ids",
-    "prompt_offsets",
-    "completion_ids",
-    "completion_offsets",
-    "group_offsets",
-    "logprobs",
-    "rewards",
-)
-_GROUP_STR_KEYS = ("prompt_id", "node", "model_id", "tokenizer_fp")
-_LOGPROB_WIRE_DTYPE = {"fp32": np.float32, "fp16": np.float16, "bf16": np.uint16}
-
-
-def token_dtype_for(vocab_size: int) -> str:
-    """The smallest wire dtype that holds ids in [0, vocab_size)."""
-    if not isinstance(vocab_size, int) or vocab_size <= 0:
-        raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
-    if vocab_size <= 2**8:
-        return "uint8"
-    if vocab_size <= 2**16:
-        return "uint16"
-    if vocab_size <= 2**31 - 1:
-        return "int32"
-    raise ValueError(f"vocab_size {vocab_size} does not fit int32 token ids")
-
-
-def _offsets(lengths: list[int]) -> np.ndarray:
-    out = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=out[1:])
-    return out
-
-
-def _flat(parts: list[np.ndarray], dtype) -> np.ndarray:
-    return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype=dtype)
-
-
 def encode_groups(
     groups: list[Group], *, logprob_dtype: str = "fp32", vocab_size: int,
     format: str = "compact", compress: str = "none",
@@ -106,7 +62,7 @@ def encode_groups(
     flat_lp = _flat([np.asarray(lp, np.float32) for g in groups for lp in g.logprobs], np.float32)
     if format == "compact":
         fields = Fields(
-            strings={key: [getattr(g, key) for g in groups] for key in _GROUP_STR_KEYS},
+            strings={key: [getattr(g, key) for g in groups] for key in wire_compact.STR_KEYS},
             prompt_ids=_flat([g.prompt_tokens for g in groups], np.int64),
             prompt_offsets=_offsets([len(g.prompt_tokens) for g in groups]),
             completion_ids=_flat(completions, np.int64),
@@ -119,24 +75,7 @@ def encode_groups(
                                  codec=logprob_dtype, compress=compress)
         return ArrayRecord({WIRE_KEY: Array.from_numpy_ndarray(np.frombuffer(blob, np.uint8))}), \
             ConfigRecord()
-    arrays = {
-        "prompt_ids": _flat([g.prompt_tokens for g in groups], tok_dtype),
-        "prompt_offsets": _offsets([len(g.prompt_tokens) for g in groups]),
-        "completion_ids": _flat(completions, tok_dtype),
-        "completion_offsets": _offsets([len(c) for c in completions]),
-        "group_offsets": _offsets([g.size for g in groups]),
-        "logprobs": _encode_logprobs(flat_lp, logprob_dtype),
-        "rewards": _flat([np.asarray(g.rewards) for g in groups], np.float32),
-    }
-    record = ArrayRecord({k: Array.from_numpy_ndarray(v) for k, v in arrays.items()})
-    meta: dict = {
-        "format_version": FORMAT_VERSION,
-        "token_dtype": tok_dtype,
-        "logprob_dtype": logprob_dtype,
-    }
-    for key in _GROUP_STR_KEYS:
-        meta[key] = [getattr(g, key) for g in groups]
-    return record, ConfigRecord(meta)
+    return wire_arrays.encode(groups, completions, flat_lp, logprob_dtype, tok_dtype)
 
 
 def _group_at(group_offsets: np.ndarray, completion: int) -> int:
@@ -155,7 +94,7 @@ def decode_groups(
     if WIRE_KEY in arrays.keys():
         f = wire_compact.unpack(_compact_bytes(arrays, meta, wire), wire)
     else:
-        f = _read_v1(arrays, meta, wire)
+        f = wire_arrays.read(arrays, meta, wire)
     return _check_and_build(f, expected_fp=expected_fp, vocab_size=vocab_size, wire=wire)
 
 
@@ -171,7 +110,7 @@ def _compact_bytes(arrays: ArrayRecord, meta: ConfigRecord, wire: WireConfig) ->
     if arr.stype != "numpy.ndarray" or arr.dtype != "uint8" or len(arr.shape) != 1:
         raise PayloadError(f"compact payload: array 'wire' must be a 1-D uint8 numpy array, got "
                            f"{len(arr.shape)}-D {arr.dtype} ({arr.stype})")
-    if len(arr.data) > wire.max_payload_bytes + _NPY_HEADER_MAX:
+    if len(arr.data) > wire.max_payload_bytes + NPY_HEADER_MAX:
         raise PayloadError(f"compact payload: {len(arr.data)} bytes exceed wire.max_payload_bytes="
                            f"{wire.max_payload_bytes}")
     bio = BytesIO(arr.data)
@@ -179,7 +118,7 @@ def _compact_bytes(arrays: ArrayRecord, meta: ConfigRecord, wire: WireConfig) ->
         version = np.lib.format.read_magic(bio)
         read = {(1, 0): np.lib.format.read_array_header_1_0,
                 (2, 0): np.lib.format.read_array_header_2_0}[version]
-        shape, _, dtype = read(bio, max_header_size=_NPY_HEADER_MAX)
+        shape, _, dtype = read(bio, max_header_size=NPY_HEADER_MAX)
     except Exception as e:  # any malformed npy header, whatever numpy raises
         raise PayloadError(f"compact payload: array 'wire' has no valid npy header ({e})") from None
     size = len(arr.data) - bio.tell()
@@ -187,50 +126,6 @@ def _compact_bytes(arrays: ArrayRecord, meta: ConfigRecord, wire: WireConfig) ->
         raise PayloadError(f"compact payload: array 'wire' declares {shape} {dtype}, "
                            f"its data holds ({size},) uint8")
     return memoryview(arr.data)[bio.tell():]
-
-
-_NPY_HEADER_MAX = 4096
-
-
-def _read_v1(arrays: ArrayRecord, meta: ConfigRecord, wire: WireConfig) -> Fields:
-    """Format 1 records -> Fields; meta and declared shapes checked before arrays are read."""
-    version = meta.get("format_version")
-    if version != FORMAT_VERSION:
-        raise PayloadError(f"format_version is {version!r}, this receiver reads {FORMAT_VERSION} "
-                           f"(arrays) or a compact {WIRE_KEY!r} container")
-    lp_dtype, tok_dtype = meta.get("logprob_dtype"), meta.get("token_dtype")
-    if lp_dtype not in LOGPROB_DTYPES:
-        raise PayloadError(f"meta logprob_dtype {lp_dtype!r} is not one of {LOGPROB_DTYPES}")
-    if tok_dtype not in TOKEN_DTYPES:
-        raise PayloadError(f"meta token_dtype {tok_dtype!r} is not one of {TOKEN_DTYPES}")
-    strs: dict[str, list[str]] = {}
-    for key in _GROUP_STR_KEYS:
-        value = meta.get(key)
-        if not isinstance(value, list) or not all(isinstance(s, str) and s for s in value):
-            raise PayloadError(f"meta {key!r} is missing or not a list of non-empty str")
-        strs[key] = value
-    n = len(strs["prompt_id"])
-    if any(len(v) != n for v in strs.values()):
-        raise PayloadError(f"meta lists differ in length: { {k: len(v) for k, v in strs.items()} }")
-    if n > wire.max_groups:
-        raise PayloadError(f"{n} groups exceed wire.max_groups={wire.max_groups}")
-    _check_token_cap(_declared_length(arrays, "completion_ids"), wire)  # before decoding anything
-    nbytes = sum(len(v.data) for v in arrays.values())
-    if nbytes > wire.max_payload_bytes + len(arrays) * _NPY_HEADER_MAX:
-        raise PayloadError(f"{nbytes} array bytes exceed wire.max_payload_bytes="
-                           f"{wire.max_payload_bytes}")
-    a = _read_arrays(arrays, tok_dtype, lp_dtype)
-    _check_token_cap(len(a["completion_ids"]), wire)  # the declared shape may have lied
-    if len(a["logprobs"]) != len(a["completion_ids"]):
-        raise PayloadError(
-            f"logprobs length {len(a['logprobs'])} != completion_ids length "
-            f"{len(a['completion_ids'])}"
-        )
-    return Fields(strings=strs, prompt_ids=a["prompt_ids"].astype(np.int64),
-                  prompt_offsets=a["prompt_offsets"],
-                  completion_ids=a["completion_ids"].astype(np.int64),
-                  completion_offsets=a["completion_offsets"], group_offsets=a["group_offsets"],
-                  logprobs=_decode_logprobs(a["logprobs"], lp_dtype), rewards=a["rewards"])
 
 
 def _check_and_build(f: Fields, *, expected_fp: str, vocab_size: int,
@@ -317,14 +212,6 @@ def _check_and_build(f: Fields, *, expected_fp: str, vocab_size: int,
     return groups
 
 
-def _declared_length(arrays: ArrayRecord, key: str) -> int:
-    """Elements the sender declares for ``key`` (its shape; nothing decoded); 0 if unreadable."""
-    try:
-        return int(np.prod([int(d) for d in arrays[key].shape]))
-    except Exception:  # a missing key or odd shape is reported by _read_arrays
-        return 0
-
-
 def payload_size(arrays: ArrayRecord, meta: ConfigRecord) -> tuple[int, int]:
     """(groups, completions) a payload claims, read without decoding, to count a rejected one.
 
@@ -336,8 +223,8 @@ def payload_size(arrays: ArrayRecord, meta: ConfigRecord) -> tuple[int, int]:
     if h is not None:
         return h["groups"], h["completions"]
     ids = meta.get("prompt_id") if isinstance(meta, ConfigRecord) else None
-    groups = len(ids) if isinstance(ids, list) else max(_declared_length(arrays, "group_offsets") - 1, 0)
-    return groups, max(_declared_length(arrays, "completion_offsets") - 1, 0)
+    groups = len(ids) if isinstance(ids, list) else max(declared_length(arrays, "group_offsets") - 1, 0)
+    return groups, max(declared_length(arrays, "completion_offsets") - 1, 0)
 
 
 def _compact_header(arrays: ArrayRecord) -> dict | None:
@@ -350,37 +237,6 @@ def _compact_header(arrays: ArrayRecord) -> dict | None:
                            WireConfig(max_payload_bytes=2**62)))
     except PayloadError:
         return None
-
-
-def _read_arrays(arrays: ArrayRecord, tok_dtype: str, lp_dtype: str) -> dict[str, np.ndarray]:
-    keys = set(arrays.keys())
-    missing = [k for k in _ARRAY_KEYS if k not in keys]
-    if missing:
-        raise PayloadError(f"arrays missing keys {missing}")
-    extra = sorted(keys - set(_ARRAY_KEYS))
-    if extra:
-        raise PayloadError(f"arrays have unexpected keys {extra}")
-    want = {
-        "prompt_ids": np.dtype(tok_dtype),
-        "completion_ids": np.dtype(tok_dtype),
-        "prompt_offsets": np.dtype(np.int64),
-        "completion_offsets": np.dtype(np.int64),
-        "group_offsets": np.dtype(np.int64),
-        "logprobs": np.dtype(_LOGPROB_WIRE_DTYPE[lp_dtype]),
-        "rewards": np.dtype(np.float32),
-    }
-    out = {}
-    for key, dtype in want.items():
-        try:
-            value = arrays[key].numpy()
-        except Exception as e:  # a corrupt buffer must become a PayloadError, whatever numpy says
-            raise PayloadError(f"array {key!r} cannot be read: {e}") from None
-        if value.ndim != 1 or value.dtype != dtype:
-            raise PayloadError(
-                f"array {key!r} must be 1-D {dtype}, got {value.ndim}-D {value.dtype}"
-            )
-        out[key] = value
-    return out
 
 
 def _check_offsets(

@@ -322,15 +322,20 @@ def unpack(buf: bytes | memoryview, wire: WireConfig) -> Fields:
         rewards = palette[ridx].view(np.float32)
     else:
         rewards = np.frombuffer(sec["rewards"], "<f4").astype(np.float32)
-    return Fields(strings=fields_str, prompt_ids=prompt_ids, prompt_offsets=_offsets(plen),
-                  completion_ids=completion_ids, completion_offsets=_offsets(clen),
-                  group_offsets=_offsets(gsize), logprobs=logprobs, rewards=rewards)
+    return Fields(strings=fields_str, prompt_ids=prompt_ids, prompt_offsets=offsets(plen),
+                  completion_ids=completion_ids, completion_offsets=offsets(clen),
+                  group_offsets=offsets(gsize), logprobs=logprobs, rewards=rewards)
 
 
-def _offsets(lengths: np.ndarray) -> np.ndarray:
+def offsets(lengths) -> np.ndarray:
+    """[0, l0, l0+l1, ...] as int64."""
     out = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=out[1:])
     return out
+
+
+def flat(parts: list[np.ndarray], dtype) -> np.ndarray:
+    return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype=dtype)
 
 
 def _inflate(data: memoryview, expected: int) -> bytes:
