@@ -44,10 +44,11 @@ WIRE_KEY = "wire"
 """The compact format's one ArrayRecord key."""
 LOGPROB_DTYPES = wire_compact.LP_CODECS
 def encode_groups(
-    groups: list[Group], *, logprob_dtype: str = "fp32", vocab_size: int,
-    format: str = "compact", compress: str = "none",
+    groups: list[Group], *, logprob_dtype: str = WireConfig.logprob_dtype, vocab_size: int,
+    format: str = WireConfig.format, compress: str = WireConfig.compress,
 ) -> tuple[ArrayRecord, ConfigRecord]:
-    """Validate and pack groups into (ArrayRecord, ConfigRecord); PayloadError on a bad group."""
+    """Validate and pack groups into (ArrayRecord, ConfigRecord); PayloadError on a bad group.
+    Defaults are WireConfig's."""
     if logprob_dtype not in LOGPROB_DTYPES:
         raise ValueError(f"logprob_dtype must be one of {LOGPROB_DTYPES}, got {logprob_dtype!r}")
     if format not in FORMATS:

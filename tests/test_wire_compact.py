@@ -7,6 +7,7 @@ format's own packer (what a forger's code would do), so each check is reached by
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import struct
 import zlib
@@ -29,6 +30,9 @@ from ftis_flwr.rollouts import (
 from test_rollouts import FP, G0, G2, decode, make_group, sample_groups, wire_trip
 
 WIRE = WireConfig()
+
+
+encode_groups = functools.partial(encode_groups, compress="none")  # sections readable in place
 
 
 def fields_of(groups, vocab=1000):
@@ -417,3 +421,17 @@ def test_unpacking_never_reads_past_declared_counts():
         decode(*record(bigger))
     struct.unpack_from("<4s", blob)  # the header stays readable on its own
     assert decode_groups(*record(blob), expected_fp=FP, vocab_size=1000, wire=WIRE)
+
+
+def test_config_chooses_the_format_and_checks_the_byte_cap():
+    from ftis_flwr.config import ConfigError, load_experiment
+
+    exp = load_experiment("cpu-pair")
+    assert (exp.wire.format, exp.wire.compress) == ("compact", "zlib")
+    assert load_experiment("cpu-pair", {"wire.format": "arrays"}).wire.format == "arrays"
+    with pytest.raises(ConfigError, match=r"wire.format.*'json'"):
+        load_experiment("cpu-pair", {"wire.format": "json"})
+    with pytest.raises(ConfigError, match=r"wire.compress.*'lzma'"):
+        load_experiment("cpu-pair", {"wire.compress": "lzma"})
+    with pytest.raises(ConfigError, match=r"wire.max_payload_bytes=1000 is under 8 bytes per token"):
+        load_experiment("cpu-pair", {"wire.max_payload_bytes": 1000})
