@@ -17,7 +17,8 @@ UTF-8 string table (each distinct string once); per group 4 indices into it (pro
 model_id, tokenizer_fp); prompt lengths; group sizes; completion lengths; prompt ids; completion
 ids (all bit-packed, most significant bit first); log-probs (4 or 2 bytes each); rewards (fp32
 each, or a palette of distinct fp32 values plus bit-packed indices: lossless, and 0/1 rewards
-cost a bit each).
+cost a bit each). With the zlib flag the body after the header is one zlib stream, which is
+inflated to at most the declared body size (itself capped) and must end exactly there.
 
 This module is pure bytes <-> :class:`Fields`; the semantic checks (offsets, vocabulary, log-prob
 signs, caps per group) are format-independent and live in :mod:`ftis_flwr.rollouts`.
