@@ -17,7 +17,8 @@ UTF-8 string table (each distinct string once); per group 4 indices into it (pro
 model_id, tokenizer_fp); prompt lengths; group sizes; completion lengths; prompt ids; completion
 ids (all bit-packed, most significant bit first); log-probs (4 or 2 bytes each); rewards (fp32
 each, or a palette of distinct fp32 values plus bit-packed indices: lossless, and 0/1 rewards
-cost a bit each). With the zlib flag the body after the header is one zlib stream, which is
+cost a bit each). With the zlib flag (set by a sender only where the stream is smaller) the body after the
+header is one zlib stream, which is
 inflated to at most the declared body size (itself capped) and must end exactly there.
 
 This module is pure bytes <-> :class:`Fields`; the semantic checks (offsets, vocabulary, log-prob
@@ -163,7 +164,8 @@ def _section_sizes(h: dict) -> list[tuple[str, int]]:
 def pack(fields: Fields, *, id_bits: int, codec: str = "fp32", compress: str = "none",
          level: int = 6) -> bytes:
     """Fields -> container bytes. No semantic checks: callers validate groups first (a forger may
-    call this directly, which is why the receiver checks everything)."""
+    call this directly, which is why the receiver checks everything). ``compress="zlib"`` sets
+    the flag only when the stream is smaller than the body."""
     if codec not in LP_CODECS:
         raise ValueError(f"logprob_dtype must be one of {LP_CODECS}, got {codec!r}")
     if compress not in COMPRESSORS:
@@ -203,12 +205,15 @@ def pack(fields: Fields, *, id_bits: int, codec: str = "fp32", compress: str = "
         lp.tobytes(),
         reward_bytes,
     ])
-    flags = LP_CODECS.index(codec) | (_ZLIB if compress == "zlib" else 0)
+    packed = zlib.compress(body, level) if compress == "zlib" else body
+    if len(packed) >= len(body):  # zlib only where it pays: tiny or random bodies go as they are
+        packed = body
+    flags = LP_CODECS.index(codec) | (_ZLIB if packed is not body else 0)
     header = HEADER.pack(MAGIC, VERSION, flags, id_bits, 0, n, len(clen),
                          len(fields.completion_ids), len(fields.prompt_ids), len(table),
                          int(str_lens.sum()), k if use_palette else 0, len(body),
                          _widths_word(widths))
-    return header + (zlib.compress(body, level) if compress == "zlib" else body)
+    return header + packed
 
 
 def read_header(buf: bytes | memoryview) -> dict:

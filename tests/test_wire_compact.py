@@ -331,8 +331,21 @@ def test_palette_index_past_the_palette_rejected():
         decode(*record(bad))
 
 
+def test_zlib_only_where_it_pays():
+    groups = sample_groups()  # random ids and log-probs: the stream would be larger
+    assert not wc.read_header(_blob(encode_groups(groups, vocab_size=1000, compress="zlib")[0]))["zlib"]
+    for g in groups:
+        g.logprobs = [np.full(len(c), -0.25, np.float32) for c in g.completions]
+    plain = encode_groups(groups, vocab_size=1000)
+    packed = encode_groups(groups, vocab_size=1000, compress="zlib")
+    assert wc.read_header(_blob(packed[0]))["zlib"]
+    assert payload_bytes(*packed) < payload_bytes(*plain)
+
+
 def test_zlib_body_checked_before_and_after_inflating():
     groups = sample_groups()
+    for g in groups:  # compressible log-probs, so that the sender uses zlib
+        g.logprobs = [np.full(len(c), -0.25, np.float32) for c in g.completions]
     blob = _blob(encode_groups(groups, vocab_size=1000, compress="zlib")[0])
     h = wc.read_header(blob)
     assert h["zlib"]
