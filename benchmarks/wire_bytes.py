@@ -133,7 +133,7 @@ def range_table() -> None:
     for lo, hi in ((-1e-6, 0), (-1e-4, -1e-6), (-0.01, -1e-4), (-1, -0.01), (-10, -1), (-70, -10), (-104, -70)):
         x = rng.uniform(lo, hi, 100_000).astype(np.float32)
         errs = [np.abs(decode_logprobs(encode_logprobs(x, c), c).astype(np.float64) - x).max() for c in ("fp16", "bf16")]
-        print(f"  [{lo:8.0e},{hi:8.0e}] {errs[0]:15.2e} {errs[1]:15.2e} {np.expm1(errs[0]):14.2e} {np.expm1(errs[1]):14.2e}")
+        print(f"  {f'[{lo:g}, {hi:g}]':>18s} {errs[0]:15.2e} {errs[1]:15.2e} {np.expm1(errs[0]):14.2e} {np.expm1(errs[1]):14.2e}")
 
 
 def real_groups():
