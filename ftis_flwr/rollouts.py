@@ -43,6 +43,8 @@ FORMATS = ("compact", "arrays")
 WIRE_KEY = "wire"
 """The compact format's one ArrayRecord key."""
 LOGPROB_DTYPES = wire_compact.LP_CODECS
+
+
 def encode_groups(
     groups: list[Group], *, logprob_dtype: str = WireConfig.logprob_dtype, vocab_size: int,
     format: str = WireConfig.format, compress: str = WireConfig.compress,
