@@ -75,7 +75,7 @@ def encode_groups(
             rewards=_flat([np.asarray(g.rewards) for g in groups], np.float32),
         )
         blob = wire_compact.pack(fields, id_bits=wire_compact.bits_for(vocab_size - 1),
-                                 codec=logprob_dtype, compress=compress)
+                                 codec=logprob_dtype, compress=compress, check_range=True)
         return ArrayRecord({WIRE_KEY: Array.from_numpy_ndarray(np.frombuffer(blob, np.uint8))}), \
             ConfigRecord()
     return wire_arrays.encode(groups, completions, flat_lp, logprob_dtype, tok_dtype)

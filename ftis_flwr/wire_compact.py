@@ -110,8 +110,9 @@ def bf16_to_fp32(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
-def encode_logprobs(flat: np.ndarray, codec: str) -> np.ndarray:
-    """fp32 log-probs in the wire codec's numpy dtype; PayloadError if a value overflows it."""
+def encode_logprobs(flat: np.ndarray, codec: str, *, check: bool = True) -> np.ndarray:
+    """fp32 log-probs in the wire codec's numpy dtype; PayloadError if a value overflows it
+    (``check``: what an honest sender wants; a forger's packer casts whatever it is given)."""
     if codec == "fp32":
         return flat.astype(np.float32)
     if codec == "fp16":
@@ -121,7 +122,7 @@ def encode_logprobs(flat: np.ndarray, codec: str) -> np.ndarray:
         out = bf16_bits(flat)
     else:
         raise ValueError(f"logprob_dtype must be one of {LP_CODECS}, got {codec!r}")
-    if not np.all(np.isfinite(decode_logprobs(out, codec))):
+    if check and not np.all(np.isfinite(decode_logprobs(out, codec))):
         raise PayloadError(f"log-probs overflow {codec} (smallest {flat.min()})")
     return out
 
@@ -162,10 +163,11 @@ def _section_sizes(h: dict) -> list[tuple[str, int]]:
 
 
 def pack(fields: Fields, *, id_bits: int, codec: str = "fp32", compress: str = "none",
-         level: int = 6) -> bytes:
+         level: int = 6, check_range: bool = False) -> bytes:
     """Fields -> container bytes. No semantic checks: callers validate groups first (a forger may
-    call this directly, which is why the receiver checks everything). ``compress="zlib"`` sets
-    the flag only when the stream is smaller than the body."""
+    call this directly, which is why the receiver checks everything); ``check_range``: refuse
+    log-probs the 16-bit codec cannot hold. ``compress="zlib"`` sets the flag only when the
+    stream is smaller than the body."""
     if codec not in LP_CODECS:
         raise ValueError(f"logprob_dtype must be one of {LP_CODECS}, got {codec!r}")
     if compress not in COMPRESSORS:
@@ -192,7 +194,8 @@ def pack(fields: Fields, *, id_bits: int, codec: str = "fp32", compress: str = "
         reward_bytes = palette.astype("<u4").tobytes() + pack_bits(idx, bits_for(max(k - 1, 0)))
     else:
         reward_bytes = rewards.astype("<f4").tobytes()
-    lp = encode_logprobs(np.asarray(fields.logprobs, np.float32), codec).astype(_LP_WIRE[codec])
+    lp = encode_logprobs(np.asarray(fields.logprobs, np.float32), codec, check=check_range)
+    lp = lp.astype(_LP_WIRE[codec])
     body = b"".join([
         pack_bits(str_lens, widths[3]),
         b"".join(encoded),

@@ -23,7 +23,7 @@ from ftis_flwr.rollouts import (
     payload_size,
 )
 
-encode_groups = functools.partial(encode_groups, format="arrays")  # this file tests format 1
+encode_groups = functools.partial(encode_groups, format="arrays", logprob_dtype="fp32")  # format 1
 
 FP = "abcdef0123456789"
 G0 = r"group 0 \(prompt_id 'train:1'\)"

@@ -32,7 +32,7 @@ from test_rollouts import FP, G0, G2, decode, make_group, sample_groups, wire_tr
 WIRE = WireConfig()
 
 
-encode_groups = functools.partial(encode_groups, compress="none")  # sections readable in place
+encode_groups = functools.partial(encode_groups, compress="none", logprob_dtype="fp32")  # exact
 
 
 def fields_of(groups, vocab=1000):
@@ -232,11 +232,18 @@ def test_lengths_that_one_count_sizes_cannot_disagree(cut):
         decode(*record(blob))
 
 
-def test_bf16_and_fp16_positive_logprob_rejected():
+def test_bf16_and_fp16_positive_and_nan_logprobs_rejected():
     for codec in ("fp16", "bf16"):
         arrays, meta = forged(_set("logprobs", _pos(0), 0.5), codec=codec)
         with pytest.raises(PayloadError, match=G2 + r": completion 1 token 0: log-prob 0.5 is pos"):
             decode(arrays, meta)
+        arrays, meta = forged(_set("logprobs", _pos(1), np.nan), codec=codec)  # the packer casts it
+        with pytest.raises(PayloadError, match=G2 + r": completion 1 token 1: log-prob nan is non-finite"):
+            decode(arrays, meta)
+        arrays, meta = forged(_set("logprobs", _pos(1), -1e6), codec=codec)
+        if codec == "fp16":  # -1e6 is -inf in fp16: non-finite once decoded
+            with pytest.raises(PayloadError, match=r"completion 1 token 1: log-prob -inf is non-finite"):
+                decode(arrays, meta)
 
 
 def test_caps_enforced_from_the_header():
@@ -440,7 +447,7 @@ def test_config_chooses_the_format_and_checks_the_byte_cap():
     from ftis_flwr.config import ConfigError, load_experiment
 
     exp = load_experiment("cpu-pair")
-    assert (exp.wire.format, exp.wire.compress) == ("compact", "zlib")
+    assert (exp.wire.format, exp.wire.compress, exp.wire.logprob_dtype) == ("compact", "zlib", "fp16")
     assert load_experiment("cpu-pair", {"wire.format": "arrays"}).wire.format == "arrays"
     with pytest.raises(ConfigError, match=r"wire.format.*'json'"):
         load_experiment("cpu-pair", {"wire.format": "json"})
