@@ -77,9 +77,18 @@ class AdvantageConfig:
 class WireConfig:
     """What crosses the network and the caps a receiver enforces (DESIGN: Data on the wire)."""
 
-    logprob_dtype: str = "fp32"
-    """Log-prob encoding: "fp32" (default, paper: 8 bytes/token with int32 ids), "fp16" or
-    "bf16" (sent as uint16)."""
+    format: str = "compact"
+    """What a node sends: "compact" (default, format 2: one byte container, bit-packed ids,
+    see ftis_flwr/wire_compact.py) or "arrays" (format 1: seven npy arrays + per-group string
+    lists). Receivers read both."""
+    logprob_dtype: str = "fp16"
+    """Log-prob encoding: "fp16" (default: 2 bytes, rounding error <= 2^-11 relative, the
+    default's learning unchanged over 3 seeds; see the README's "Wire cost"), "fp32" (lossless;
+    the paper's 8 bytes/token with int32 ids) or "bf16" (sent as uint16; 8x coarser than fp16
+    on log-probs, which are <= 0 and mostly near 0)."""
+    compress: str = "zlib"
+    """The compact container's body compressor: "zlib" (default: halves the offline default's
+    payloads for ~5 ms per payload, see benchmarks/wire_bytes.py) or "none"."""
     max_completions_per_group: int = 64
     """A received group with more completions is rejected. Default 64."""
     max_tokens_per_completion: int = 4096
@@ -89,6 +98,9 @@ class WireConfig:
     max_tokens_per_payload: int = 1_048_576
     """A payload with more completion tokens in total is rejected before it is decoded.
     Default 2^20 (~8 MB at fp32): 11x the paper presets' 12 prompts x 12 completions x 640."""
+    max_payload_bytes: int = 33_554_432
+    """A payload whose bytes (compact: container, and its body once inflated) exceed this is
+    rejected before it is unpacked or inflated. Default 32 MiB (4x the token cap at fp32)."""
 
 
 @dataclass

@@ -35,6 +35,8 @@ CHOICE_OWNERS: dict[str, tuple[str, str]] = {
     "loss.reduction": ("ftis_flwr.loss", "REDUCTIONS"),
     "advantage.scale_rewards": ("ftis_flwr.advantages", "SCALES"),
     "wire.logprob_dtype": ("ftis_flwr.rollouts", "LOGPROB_DTYPES"),
+    "wire.format": ("ftis_flwr.rollouts", "FORMATS"),
+    "wire.compress": ("ftis_flwr.wire_compact", "COMPRESSORS"),
     "task.name": ("ftis_flwr.tasks", "TASK_NAMES"),
 }
 """Experiment key -> (owner module, attribute holding the allowed values)."""
@@ -152,6 +154,10 @@ def experiment_errors(cfg: ExperimentConfig, *, import_registries: bool = True) 
         errors.append(f"rounds.prompts_per_node x rollout.group_size x rollout.max_new_tokens = {most} "
                       f"exceeds wire.max_tokens_per_payload={cfg.wire.max_tokens_per_payload}: "
                       "receivers would reject full payloads")
+    if 8 * cfg.wire.max_tokens_per_payload > cfg.wire.max_payload_bytes:
+        errors.append(f"wire.max_payload_bytes={cfg.wire.max_payload_bytes} is under 8 bytes per "
+                      f"token of wire.max_tokens_per_payload={cfg.wire.max_tokens_per_payload}: "
+                      "receivers would reject payloads the token cap admits")
     t = cfg.train
     if t.lr <= 0 or t.grad_clip <= 0 or t.micro_batch_size < 1 or t.updates_per_round < 1:
         errors.append("train.lr and train.grad_clip must be > 0, train.micro_batch_size and "

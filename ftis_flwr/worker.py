@@ -464,8 +464,10 @@ def step_from_payloads(node, payload: dict[str, Any]) -> dict[str, Any]:
             continue
         foreign.append(Received(src, groups, [int(i) for i in indices]))
     result = node.step(StepRequest(**payload, foreign=foreign, rejected=rejected))
-    arrays, meta = encode_groups(result.groups, logprob_dtype=node.cfg.wire.logprob_dtype,
-                                 vocab_size=node.vocab_size)
+    wire = node.cfg.wire
+    arrays, meta = encode_groups(result.groups, logprob_dtype=wire.logprob_dtype,
+                                 vocab_size=node.vocab_size, format=wire.format,
+                                 compress=wire.compress)
     return {"arrays": arrays, "meta": meta, "metrics": result.metrics,
             "rejections": reasons + result.rejections,
             "node": node.card.name, "model_id": node.policy.model_id}

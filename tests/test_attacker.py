@@ -19,6 +19,7 @@ import dataclasses
 import numpy as np
 import pytest
 from conftest import kill_workers
+from flwr.app import Array, ArrayRecord
 
 from ftis_flwr import protocol
 from ftis_flwr.config import load_experiment
@@ -29,7 +30,7 @@ pytestmark = pytest.mark.slow
 FEDERATION = """
 rounds: {num_rounds: 11, prompts_per_node: 4, eval_every: 0, eval_size: 16, round_timeout: 300}
 rollout: {group_size: 4, max_new_tokens: 6, batch_size: 64}
-wire: {max_tokens_per_payload: 200}
+wire: {max_tokens_per_payload: 200, format: compact}
 train: {lr: 1e-3, micro_batch_size: 32}
 nodes:
   - {name: a, tiny_size: small, warmstart_target: 0.6, seed: 0}
@@ -38,17 +39,40 @@ nodes:
 """
 
 
-def _array(arrays, key, change):
-    from flwr.app import Array
+def _container(edit):
+    """Forge at the wire level: unpack mallory's compact container without any semantic check
+    (what a forger's code does with the format's own packer), edit its fields, pack it again."""
+    def attack(arrays, meta):
+        from ftis_flwr import wire_compact as wc
+        from ftis_flwr.config import WireConfig
+        from ftis_flwr.rollouts import WIRE_KEY, _compact_bytes
 
-    arrays[key] = Array.from_numpy_ndarray(change(arrays[key].numpy().copy()))
+        blob = _compact_bytes(arrays, meta, WireConfig())
+        h = wc.read_header(blob)
+        fields = wc.unpack(blob, WireConfig())
+        edit(fields)
+        id_bits = max(h["id_bits"], wc.bits_for(int(max(fields.completion_ids.max(), fields.prompt_ids.max()))))
+        forged = wc.pack(fields, id_bits=id_bits, codec=h["codec"], compress="zlib" if h["zlib"] else "none")
+        return ArrayRecord({WIRE_KEY: Array.from_numpy_ndarray(np.frombuffer(forged, np.uint8))}), meta
+    return attack
 
 
-def _at(index, value):
-    def change(v):
-        v[index] = value
-        return v
-    return change
+def _at(key, index, value):
+    def edit(fields):
+        getattr(fields, key)[index] = value
+    return edit
+
+
+def _cut(key):
+    def edit(fields):
+        setattr(fields, key, getattr(fields, key)[:-1])
+    return edit
+
+
+def _strings(key, make):
+    def edit(fields):
+        fields.strings[key] = [make(i, v, fields.strings[key]) for i, v in enumerate(fields.strings[key])]
+    return edit
 
 
 def _groups(arrays, meta, edit):
@@ -56,8 +80,16 @@ def _groups(arrays, meta, edit):
     from ftis_flwr.config import WireConfig
     from ftis_flwr.rollouts import decode_groups, encode_groups
 
-    groups = decode_groups(arrays, meta, expected_fp=meta["tokenizer_fp"][0], vocab_size=62, wire=WireConfig())
+    groups = decode_groups(arrays, meta, expected_fp=_fingerprint(arrays, meta), vocab_size=62, wire=WireConfig())
     return encode_groups(edit(groups), vocab_size=62)
+
+
+def _fingerprint(arrays, meta):
+    from ftis_flwr import wire_compact as wc
+    from ftis_flwr.config import WireConfig
+    from ftis_flwr.rollouts import _compact_bytes
+
+    return wc.unpack(_compact_bytes(arrays, meta, WireConfig()), WireConfig()).strings["tokenizer_fp"][0]
 
 
 def _stretch(length):
@@ -68,33 +100,21 @@ def _stretch(length):
     return edit
 
 
-def _meta(key, make):
-    def attack(arrays, meta):
-        meta[key] = [make(i, v) for i, v in enumerate(meta[key])]
-        return arrays, meta
-    return attack
-
-
-def _arrays(key, change):
-    def attack(arrays, meta):
-        _array(arrays, key, change)
-        return arrays, meta
-    return attack
-
-
 # round mallory generated in -> (forgery, groups rejected, samples rejected, reason fragment)
 ATTACKS = {
-    0: (_arrays("logprobs", _at(1, np.nan)), 4, 16, "log-prob nan is non-finite"),
-    1: (_arrays("logprobs", _at(0, 0.5)), 4, 16, "log-prob 0.5 is positive"),
-    2: (_arrays("completion_ids", _at(0, 61 + 9)), 4, 16, "outside [0, 62)"),
-    3: (_arrays("logprobs", lambda v: v[:-1]), 4, 16, "logprobs length"),
-    4: (_meta("tokenizer_fp", lambda i, v: "f" * 16), 4, 16, "tokenizer fingerprint 'ffffffffffffffff' differs"),
+    0: (_container(_at("logprobs", 1, np.nan)), 4, 16, "log-prob nan is non-finite"),
+    1: (_container(_at("logprobs", 0, 0.5)), 4, 16, "log-prob 0.5 is positive"),
+    2: (_container(_at("completion_ids", 0, 61 + 9)), 4, 16, "outside [0, 62)"),
+    3: (_container(_cut("logprobs")), 4, 16, "its counts need"),  # format 1: "logprobs length"
+    4: (_container(_strings("tokenizer_fp", lambda i, v, all_: "f" * 16)), 4, 16,
+        "tokenizer fingerprint 'ffffffffffffffff' differs"),
     5: (lambda arrays, meta: _groups(arrays, meta, _stretch(20)), 4, 16, "exceed wire.max_tokens_per_payload=200"),
-    6: (_meta("node", lambda i, v: "a"), 4, 16, "labelled as made by 'a', but the server received it from 'mallory'"),
-    7: (_meta("prompt_id", lambda i, v: f"train:{900_000 + i}"), 4, 16, "prompt id not assigned to mallory"),
-    8: (lambda arrays, meta: _meta("prompt_id", lambda i, v: meta["prompt_id"][0])(arrays, meta),
-        3, 12, "prompt id used more than once"),
-    9: (_arrays("rewards", lambda v: np.ones_like(v)), 0, 0, None),
+    6: (_container(_strings("node", lambda i, v, all_: "a")), 4, 16,
+        "labelled as made by 'a', but the server received it from 'mallory'"),
+    7: (_container(_strings("prompt_id", lambda i, v, all_: f"train:{900_000 + i}")), 4, 16,
+        "prompt id not assigned to mallory"),
+    8: (_container(_strings("prompt_id", lambda i, v, all_: all_[0])), 3, 12, "prompt id used more than once"),
+    9: (_container(lambda f: setattr(f, "rewards", np.ones_like(f.rewards))), 0, 0, None),
     10: (lambda arrays, meta: _groups(arrays, meta, _stretch(7)), 4, 16, "exceeds rollout.max_new_tokens=6"),
 }
 

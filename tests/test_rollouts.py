@@ -13,6 +13,8 @@ from transformers import PreTrainedTokenizerFast
 
 from ftis_flwr.config import WireConfig
 from ftis_flwr.groups import Group, PayloadError, groups_by_node, tokenizer_fingerprint
+import functools
+
 from ftis_flwr.rollouts import (
     bytes_per_completion_token,
     decode_groups,
@@ -20,6 +22,8 @@ from ftis_flwr.rollouts import (
     payload_bytes,
     payload_size,
 )
+
+encode_groups = functools.partial(encode_groups, format="arrays", logprob_dtype="fp32")  # format 1
 
 FP = "abcdef0123456789"
 G0 = r"group 0 \(prompt_id 'train:1'\)"
@@ -254,7 +258,7 @@ def test_missing_keys_and_version_rejected():
     with pytest.raises(PayloadError, match=r"unexpected keys \['extra'\]"):
         decode(arrays, meta)
     for key, value, message in [
-        ("format_version", 2, "format_version is 2, this receiver reads 1"),
+        ("format_version", 2, "format_version is 2, this receiver reads 1 .arrays. or a compact"),
         ("logprob_dtype", "fp8", "logprob_dtype 'fp8' is not one of"),
         ("token_dtype", "int64", "token_dtype 'int64' is not one of"),
         ("node", ["a", "b"], r"meta lists differ in length"),

@@ -124,6 +124,16 @@ def train_reply(msg: Message, name: str, groups=None, metrics=None, rejections=(
     }), reply_to=msg)
 
 
+def labels(msg: Message, src: str) -> list[str]:
+    """The generator labels of the groups forwarded from ``src`` (decoded: any wire format)."""
+    from ftis_flwr.config import WireConfig
+    from ftis_flwr.rollouts import decode_groups
+
+    arrays_key, meta_key = protocol.foreign_keys(src)
+    return [g.node for g in decode_groups(msg.content[arrays_key], msg.content[meta_key],
+                                          expected_fp=FP, vocab_size=VOCAB, wire=WireConfig())]
+
+
 def finish_reply(msg: Message, name: str) -> Message:
     return Message(content=RecordDict({protocol.CHECKPOINT: ConfigRecord(
         {"node": name, "path": f"/ckpt/{name}", "updates": 1})}), reply_to=msg)
@@ -221,8 +231,7 @@ def test_vertical_forwards_the_other_nodes_groups_stamped_with_their_source():
     for me, other in ((1, 2), (2, 1)):
         src = NAMES[other]
         assert foreign(r1[me]) == {src: indices(r0[other])}  # stamped with what src was given
-        arrays_key, meta_key = protocol.foreign_keys(src)
-        assert r1[me].content[meta_key]["node"] == [src] * 3
+        assert labels(r1[me], src) == [src] * 3
         assert protocol.foreign_keys(NAMES[me])[0] not in r1[me].content  # never its own
 
 
@@ -237,7 +246,7 @@ def test_the_stamp_is_the_transport_name_not_the_payload_label():
     run(experiment(), grid)
     to_a = grid.train_messages(1)[1]
     assert list(foreign(to_a)) == ["b"]
-    assert to_a.content[protocol.foreign_keys("b")[1]]["node"] == ["a"] * 3
+    assert labels(to_a, "b") == ["a"] * 3
 
 
 def test_alone_sends_no_foreign_groups():
@@ -463,7 +472,7 @@ def test_rejections_are_events_and_a_repeat_offender_is_named(pattern, warned, s
 NODE_YAML = """
 rounds: {num_rounds: 1, prompts_per_node: 2, eval_every: 0, eval_size: 4, round_timeout: 30}
 rollout: {group_size: 2, max_new_tokens: 4}
-wire: {max_tokens_per_payload: 16}
+wire: {max_tokens_per_payload: 16, format: arrays}  # the on-wire forgeries below edit format 1 arrays
 train: {lr: 1e-3}
 nodes:
   - {name: a, tiny_size: small, warmstart_steps: 1, warmstart_target: 0, seed: 1}
