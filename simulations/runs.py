@@ -22,6 +22,13 @@ from typing import Any, Mapping
 REPO = Path(__file__).resolve().parent.parent
 
 
+def card_order(preset: str, overrides: Mapping[str, Any]) -> list[str]:
+    """The node names of an experiment, in card order."""
+    from ftis_flwr.config import load_experiment
+
+    return [c.name for c in load_experiment(preset, dict(overrides), import_registries=False).nodes]
+
+
 def simulate(preset: str, overrides: Mapping[str, Any]) -> str:
     """Run ``preset`` with ``overrides`` through Flower in this process; returns the run folder.
 
@@ -62,16 +69,18 @@ def _num(x: Any) -> float | None:
     return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
 
 
-def summarize(run_dir: str | Path) -> dict[str, Any]:
+def summarize(run_dir: str | Path, order: list[str] | None = None) -> dict[str, Any]:
     """Per node: every eval split's accuracy by round, and per round the filtered share of
-    received samples and the truncated token share (what the sweep's tables and figures show)."""
+    received samples and the truncated token share (what the sweep's tables and figures show).
+    Nodes come in ``order`` (the experiment's card order), the rest after them: the metrics
+    rows list nodes in reply order, which changes from run to run."""
     from ftis_flwr.reporting import load_metrics
 
     rounds = load_metrics(run_dir)
     if not rounds:
         raise ValueError(f"{run_dir}: no metrics rows")
     nodes: dict[str, Any] = {}
-    for name in dict.fromkeys(n for r in rounds for n in r["nodes"]):
+    for name in dict.fromkeys([*(order or []), *(n for r in rounds for n in r["nodes"])]):
         acc: dict[str, list] = {}
         filtered, truncated = [], []
         for r in rounds:

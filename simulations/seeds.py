@@ -41,11 +41,12 @@ def _overrides(pairs: list[str]) -> dict[str, str]:
 
 def run_one(preset: str, seed: int, sets: dict[str, str], out: Path) -> None:
     """One simulation in this process; writes ``seed-<seed>.json`` with first/last accuracies."""
-    from runs import simulate, summarize
+    from runs import card_order, simulate, summarize
 
-    run_dir = simulate(preset, dict(sets, **{"rounds.seed": seed, "run_dir": str(out / "runs")}))
+    overrides = dict(sets, **{"rounds.seed": seed, "run_dir": str(out / "runs")})
+    run_dir = simulate(preset, overrides)
     acc = {}
-    for node, data in summarize(run_dir)["nodes"].items():
+    for node, data in summarize(run_dir, card_order(preset, overrides))["nodes"].items():
         series = [tuple(p) for p in data["accuracy"].get("test", [])]
         acc[node] = {"first": series[0][1], "last": series[-1][1], "rounds": series}
     (out / f"seed-{seed}.json").write_text(json.dumps({"seed": seed, "run_dir": run_dir,

@@ -42,11 +42,6 @@ class Point:
     def key(self) -> str:
         return f"{self.setup}__{self.method}__{self.mode}__g-{self.g}__seed-{self.seed}"
 
-    @property
-    def config(self) -> str:
-        """The grid point without its seed (what the tables average over)."""
-        return f"{self.method} {self.mode}" + ("" if self.g == "-" else f" g={self.g}")
-
 
 @dataclass
 class Grid:

@@ -77,6 +77,9 @@ def groups(results: list[dict]) -> dict[tuple[str, str], list[dict]]:
 
 
 def config_label(p: dict) -> str:
+    """"f-tis vertical g=50", "nois vertical", "alone"."""
+    if p["mode"] == "alone":
+        return "alone"
     return f"{p['method']} {p['mode']}" + ("" if p["g"] == "-" else f" g={p['g']}")
 
 
@@ -139,6 +142,8 @@ def _figure(rows: int, cols: int):
 def figures(results: list[dict], out: Path, id_split: str, ood_split: str) -> list[Path]:
     """Per setup: accuracy per round (ID, OOD) and filtered/truncated per round, per node, one
     colour per config, mean with the seeds' min..max shaded; and final ID/OOD per setup."""
+    from matplotlib.ticker import MaxNLocator
+
     written: list[Path] = []
     by_group = groups(results)
     setups = list(dict.fromkeys(r["point"]["setup"] for r in results))
@@ -162,6 +167,7 @@ def figures(results: list[dict], out: Path, id_split: str, ood_split: str) -> li
                         drew |= _band(ax, series, f"C{k % 10}", cfg)
                     ax.set_title(f"{node}: {label}", fontsize=9)
                     ax.set_xlabel("round")
+                    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
                     ax.grid(alpha=0.3)
                     if drew:
                         ax.legend(fontsize=7)
