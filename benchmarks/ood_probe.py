@@ -90,6 +90,12 @@ def main() -> None:
         ModelCard(name="large-s1 (shipped)", tiny_size="large", warmstart_ops="+-", warmstart_target=0.6, seed=1),
         ModelCard(name="small-s1", tiny_size="small", warmstart_ops="+-", warmstart_target=0.6, seed=1),
     ]
+    from ftis_flwr.tiny import MARKER, warmstart_dir
+
+    for ops, name in (("+++-", "adder (cpu-expertise)"), ("+---", "subtractor (cpu-expertise)")):
+        card = ModelCard(name=name, tiny_size="small", warmstart_ops=ops, warmstart_target=0.6, seed=0)
+        if (warmstart_dir(card, task) / MARKER).is_file():  # shown when cached; never built here
+            cards.append(card)
     tok = build_char_tokenizer()
     models = {c.name: AutoModelForCausalLM.from_pretrained(str(warm_start(c, task))).eval() for c in cards}
     rng = random.Random(0)

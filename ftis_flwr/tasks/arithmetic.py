@@ -28,11 +28,8 @@ never does): additions with a units carry (``37+48=``).
 - ``ood-lead0``: the base task's ``ood`` (leading zeros), kept under its own name.
 
 Chosen from the STARTING models only, before any method result (``benchmarks/ood_probe.py``):
-the shipped small/large and a cached small model score 0.24-0.51 on ``ood`` against 0.55-0.63
-on ``test``.
-
-The prompt is the raw question (``"37+48="``), the completion the answer then EOS (``"85"``), and
-the reward exact match (``rewards.arithmetic_reward``).
+the shipped small and large models and a cached small one score 0.51 / 0.24 / 0.44 on ``ood``
+against 0.59 / 0.64 / 0.64 on ``test`` (every shape change: 0.00-0.08).
 """
 
 from __future__ import annotations
@@ -65,12 +62,13 @@ def parse_ops(ops: str) -> tuple[str, ...]:
 
 def op_weights(ops: str) -> dict[str, int] | None:
     """Weighted warm-start mixes: a repeated sign is a weight (``"+++-"`` = 3 additions per
-    subtraction); None for a plain mix ("+", "-", "+-"), whose data and cache keys are unchanged.
+    subtraction); None for a plain mix ("+", "-", "+-", or equal weights such as "++--"), whose
+    data and cache keys are unchanged.
     Lets two models be experts in different operations that still overlap (SPEC §11: disjoint
     specialists do not teach each other)."""
     parse_ops(ops)
     counts = {op: ops.count(op) for op in OPS if op in ops}
-    return counts if max(counts.values()) > 1 else None
+    return counts if len(set(counts.values())) > 1 else None
 
 
 def carry_add(a: int, op: str, b: int) -> bool:
