@@ -32,6 +32,12 @@ WARMSTART_ESTIMATE_S = {"small": 240, "large": 600}
 """Rough seconds to warm-start one tiny model on 2 shared cores (FACTS: 1-6 min, x2 margin)."""
 
 
+RUN_OVERHEAD_S = 60
+"""Seconds a run spends outside its rounds (Ray start, building and evaluating the nodes, stop): a
+guess for 2 idle cores. Measured with 4 users on 2 cores (load 7-19): 3-5 min per 2-round run,
+round 0 alone 43-50 s."""
+
+
 def _fmt_s(s: float) -> str:
     s = int(s)
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
@@ -67,7 +73,8 @@ def warm_all(grid: Grid) -> None:
     from ftis_flwr.tiny import warm_start
 
     done: set[str] = set()
-    for s in grid.setups:
+    used = {p.setup for p in grid.points}
+    for s in (s for s in grid.setups if s["name"] in used):
         exp = load_experiment(s["preset"], s["overrides"], import_registries=False)
         for card in exp.nodes:
             if card.source == "tiny":
@@ -79,7 +86,7 @@ def warm_all(grid: Grid) -> None:
 
 def estimate(grid: Grid, points: list[Point]) -> float:
     rounds = {s["name"]: s["rounds"] or 1 for s in grid.setups}
-    return sum((rounds[p.setup] + 1) * grid.seconds_per_round + 15 for p in points)
+    return sum((rounds[p.setup] + 1) * grid.seconds_per_round + RUN_OVERHEAD_S for p in points)
 
 
 def dry_run(grid: Grid, out: Path) -> None:
@@ -95,7 +102,8 @@ def dry_run(grid: Grid, out: Path) -> None:
         done = "done" if p not in todo else "todo"
         print(f"  [{k:>3}/{len(grid.points)}] {done} {p.key}")
     print(f"estimate: {_fmt_s(estimate(grid, todo))} for the {len(todo)} runs to do "
-          f"({grid.seconds_per_round:g} s per round + 15 s start each; warm-starts not included)")
+          f"({grid.seconds_per_round:g} s per round + {RUN_OVERHEAD_S} s start and stop each; warm-starts "
+          f"not included)")
 
 
 def run_point(grid_path: Path, key: str, out: Path) -> None:
@@ -151,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="list the grid and an estimate; run nothing")
     ap.add_argument("--report-only", action="store_true", help="rebuild tables and figures only")
     ap.add_argument("--nice", type=int, default=None, help="niceness of the runs (default: the grid's, 15)")
+    ap.add_argument("--only", default="", help="run only the points whose key contains every one "
+                    "of these comma-separated strings (e.g. 'expertise__,seed-0')")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     grid_path = Path(a.grid).resolve()
@@ -159,6 +169,12 @@ def main(argv: list[str] | None = None) -> int:
     except GridError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if a.only and a.one is None:
+        wanted = [w for w in a.only.split(",") if w]
+        grid.points = [p for p in grid.points if all(w in p.key for w in wanted)]
+        if not grid.points:
+            print(f"error: --only {a.only!r} matches no point of {grid_path}", file=sys.stderr)
+            return 2
     out = Path(a.out or REPO / "runs" / f"sweep-{grid.name}").resolve()
     if a.one is not None:
         run_point(grid_path, a.one, out)
