@@ -114,21 +114,24 @@ def run_point(grid_path: Path, key: str, out: Path) -> None:
     point = next((p for p in grid.points if p.key == key), None)
     if point is None:
         raise SystemExit(f"no grid point {key!r} in {grid_path}")
+    final = out / "results" / f"{key}.json"
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_suffix(".json.tmp")
+    tmp.write_text("")  # fails now, not after the run, when the result cannot be written
     t0 = time.perf_counter()
     run_dir = simulate(point.preset, dict(point.overrides, run_dir=str(out / "runs" / key)))
     result = {"point": {"key": key, "setup": point.setup, "method": point.method, "mode": point.mode,
                         "g": point.g, "seed": point.seed, "preset": point.preset},
               "overrides": dict(point.overrides), "wall_s": time.perf_counter() - t0,
               "summary": summarize(run_dir, card_order(point.preset, dict(point.overrides)))}
-    final = out / "results" / f"{key}.json"
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(result, indent=1))
     os.replace(tmp, final)
 
 
-def sweep(grid_path: Path, grid: Grid, out: Path, nice: int) -> list[tuple[str, Path]]:
-    """Run every unfinished point in its own process; returns the failures (key, log)."""
+def sweep(grid_path: Path, grid: Grid, out: Path, nice: int, retries: int = 1) -> list[tuple[str, Path]]:
+    """Run every unfinished point in its own process, trying a failed one ``retries`` more times
+    (Ray or a node can fail to start when the cores are overloaded); returns the failures
+    (key, log of the last attempt; earlier attempts' logs are kept as ``<key>.attempt<N>.log``)."""
     todo = [p for p in grid.points if not (out / "results" / f"{p.key}.json").is_file()]
     n = len(grid.points)
     print(f"grid {grid.name}: {n} runs, {n - len(todo)} finished before, {len(todo)} to run", flush=True)
@@ -140,12 +143,19 @@ def sweep(grid_path: Path, grid: Grid, out: Path, nice: int) -> list[tuple[str, 
         k = grid.points.index(p) + 1
         log = out / "logs" / f"{p.key}.log"
         started = time.perf_counter()
-        rc = run_child([__file__, str(grid_path), "--out", str(out), "--one", p.key], log, nice=nice)
+        for attempt in range(1, retries + 2):
+            if attempt > 1:
+                os.replace(log, log.with_suffix(f".attempt{attempt - 1}.log"))
+                print(f"run {k} of {n}: {p.key} failed (exit {rc}), trying again", flush=True)
+            rc = run_child([__file__, str(grid_path), "--out", str(out), "--one", p.key], log, nice=nice)
+            ok = rc == 0 and (out / "results" / f"{p.key}.json").is_file()
+            if ok:
+                break
         walls.append(time.perf_counter() - started)
         left = len(todo) - i - 1
         eta = sum(walls) / len(walls) * left
-        status = "ok" if rc == 0 and (out / "results" / f"{p.key}.json").is_file() else f"FAILED (exit {rc}), log {log}"
-        if status != "ok":
+        status = "ok" if ok else f"FAILED (exit {rc}, {attempt} attempts), log {log}"
+        if not ok:
             failed.append((p.key, log))
         print(f"run {k} of {n}: {p.key} {status} in {_fmt_s(walls[-1])}; elapsed "
               f"{_fmt_s(time.perf_counter() - t0)}, ETA {_fmt_s(eta)} ({left} left)", flush=True)
@@ -158,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="", help="output folder (default runs/sweep-<grid name>)")
     ap.add_argument("--dry-run", action="store_true", help="list the grid and an estimate; run nothing")
     ap.add_argument("--report-only", action="store_true", help="rebuild tables and figures only")
+    ap.add_argument("--retries", type=int, default=1, help="extra attempts of a failed run (default 1)")
     ap.add_argument("--nice", type=int, default=None, help="niceness of the runs (default: the grid's, 15)")
     ap.add_argument("--only", default="", help="run only the points whose key contains every one "
                     "of these comma-separated strings (e.g. 'expertise__,seed-0')")
@@ -183,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         dry_run(grid, out)
         return 0
     out.mkdir(parents=True, exist_ok=True)
-    failed = [] if a.report_only else sweep(grid_path, grid, out, grid.nice if a.nice is None else a.nice)
+    failed = [] if a.report_only else sweep(grid_path, grid, out, grid.nice if a.nice is None else a.nice,
+                                         max(0, a.retries))
     from sweep_report import markdown, load_results, write_all
 
     paths = write_all(out, grid.id_split, grid.ood_split, title=f"sweep {grid.name}")
