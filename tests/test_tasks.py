@@ -103,7 +103,8 @@ def test_make_task():
     assert make_task(TaskConfig(seed=7)).seed == 7
     assert isinstance(make_task(TaskConfig(name="gsm8k")), MathTask)
     assert make_task(TaskConfig(name="math500")).eval_splits[0] == "math500"
-    with pytest.raises(ValueError, match="arithmetic, basic-math, gsm8k, math500"):
+    assert make_task(TaskConfig(name="arithmetic-heldout")).name == "arithmetic-heldout"
+    with pytest.raises(ValueError, match="arithmetic, arithmetic-heldout, basic-math, gsm8k, math500"):
         make_task(TaskConfig(name="mnist"))
 
 
