@@ -142,7 +142,7 @@ def sweep(grid_path: Path, grid: Grid, out: Path, nice: int, retries: int = 1) -
     for i, p in enumerate(todo):
         k = grid.points.index(p) + 1
         log = out / "logs" / f"{p.key}.log"
-        started = time.perf_counter()
+        started, rc = time.perf_counter(), 0
         for attempt in range(1, retries + 2):
             if attempt > 1:
                 os.replace(log, log.with_suffix(f".attempt{attempt - 1}.log"))
