@@ -36,7 +36,7 @@ from tokenizers import Regex, Tokenizer, decoders, models as tok_models, pre_tok
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config
 
 from .config import ModelCard, default_cache_dir
-from .tasks.arithmetic import ArithmeticTask, parse_ops
+from .tasks.arithmetic import ArithmeticTask, op_weights, parse_ops
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +108,11 @@ def check_cache_root(root: Path) -> Path:
 
 def warmstart_key(card: ModelCard, task: ArithmeticTask) -> dict[str, Any]:
     """Everything that determines a warm-started model (hashed into its cache directory)."""
+    weights = op_weights(card.warmstart_ops)  # a plain mix keeps its old key (shipped models)
+    ops = "".join(parse_ops(card.warmstart_ops)) if weights is None else \
+        "".join(f"{op}{w}" for op, w in weights.items())
     return {"version": WARMSTART_VERSION, "size": card.tiny_size,
-            "ops": "".join(parse_ops(card.warmstart_ops)), "steps": int(card.warmstart_steps),
+            "ops": ops, "steps": int(card.warmstart_steps),
             "seed": int(card.seed), "task_seed": int(task.seed), "lr": WARMSTART_LR,
             "batch": WARMSTART_BATCH, "betas": list(WARMSTART_BETAS), "warmup": WARMSTART_WARMUP,
             "floor": WARMSTART_FLOOR, "target": warmstart_target(card), "check": WARMSTART_CHECK,
@@ -124,7 +127,8 @@ def digest(obj: Any) -> str:
 def warmstart_dir(card: ModelCard, task: ArithmeticTask, cache_dir: Path | None = None) -> Path:
     """Where :func:`warm_start` puts (or finds) this card's model."""
     key = warmstart_key(card, task)
-    ops = {"+": "add", "-": "sub", "+-": "addsub"}[key["ops"]]
+    ops = {"+": "add", "-": "sub", "+-": "addsub"}.get(key["ops"]) or \
+        key["ops"].replace("+", "add").replace("-", "sub")  # weighted: "+3-1" -> "add3sub1"
     name = f"{key['size']}-{ops}-{key['steps']}steps-seed{key['seed']}-{digest(key)}"
     return check_cache_root(Path(cache_dir) if cache_dir else default_cache_dir()) / "tiny" / name
 

@@ -191,7 +191,7 @@ def experiment_errors(cfg: ExperimentConfig, *, import_registries: bool = True) 
                       f"{len(cfg.nodes)} nodes")
     for card in cfg.nodes:
         errors.extend(card_errors(card, import_registries=import_registries))
-    if cfg.task.name != "arithmetic" and any(c.source == "tiny" for c in cfg.nodes):
+    if not cfg.task.name.startswith("arithmetic") and any(c.source == "tiny" for c in cfg.nodes):
         errors.append(f"task.name={cfg.task.name!r} needs real models: the tiny character-level "
                       "models only know the arithmetic task")
     return errors

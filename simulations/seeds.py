@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
+from runs import run_child  # noqa: E402
 
 
 def _seeds(spec: str) -> list[int]:
@@ -43,45 +41,15 @@ def _overrides(pairs: list[str]) -> dict[str, str]:
 
 def run_one(preset: str, seed: int, sets: dict[str, str], out: Path) -> None:
     """One simulation in this process; writes ``seed-<seed>.json`` with first/last accuracies."""
-    from flwr.serverapp import ServerApp
-    from flwr.simulation import run_simulation
-
-    sys.path.insert(0, str(REPO))
-    from clients.client_app import app as client_app
-    from ftis_flwr.config import load_experiment
-    from ftis_flwr.reporting import load_metrics
-    from server_app.server_app import run
+    from runs import card_order, simulate, summarize
 
     overrides = dict(sets, **{"rounds.seed": seed, "run_dir": str(out / "runs")})
-    exp = load_experiment(preset, overrides)
-    result: dict = {}
-    server = ServerApp()
-
-    @server.main()
-    def main(grid, context):
-        result["run_dir"] = str(run(grid, exp))
-
-    try:
-        run_simulation(server, client_app, num_supernodes=len(exp.nodes),
-                       backend_config={"client_resources": {"num_cpus": 1}})
-    finally:
-        from ftis_flwr.config import default_cache_dir
-
-        for address in default_cache_dir(exp.cache_dir).glob("workers/*/*/address.json"):
-            try:  # a worker of this run that outlived it (the run failed): stopped by its pid
-                if result.get("run_dir", "") and Path(result["run_dir"]).name in str(address):
-                    os.kill(json.loads(address.read_text())["pid"], signal.SIGKILL)
-            except (ProcessLookupError, ValueError, KeyError, OSError):
-                pass
-    if "run_dir" not in result:
-        raise SystemExit(f"seed {seed}: the run did not finish (see the log above)")
-    rounds = load_metrics(result["run_dir"])
+    run_dir = simulate(preset, overrides)
     acc = {}
-    for node in rounds[0]["nodes"]:
-        series = [(r["round"], r["nodes"].get(node, {}).get("eval/test/accuracy")) for r in rounds]
-        series = [(k, v) for k, v in series if v is not None]
+    for node, data in summarize(run_dir, card_order(preset, overrides))["nodes"].items():
+        series = [tuple(p) for p in data["accuracy"].get("test", [])]
         acc[node] = {"first": series[0][1], "last": series[-1][1], "rounds": series}
-    (out / f"seed-{seed}.json").write_text(json.dumps({"seed": seed, "run_dir": result["run_dir"],
+    (out / f"seed-{seed}.json").write_text(json.dumps({"seed": seed, "run_dir": run_dir,
                                                         "accuracy": acc}, indent=1))
 
 
@@ -128,10 +96,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"seed {seed}: done before, kept", flush=True)
             continue
         print(f"seed {seed}: running", flush=True)
-        cmd = [sys.executable, __file__, "--preset", a.preset, "--out", str(out), "--one", str(seed),
-               "--set", *a.set]
-        with open(out / f"seed-{seed}.log", "w") as log:
-            rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        rc = run_child([__file__, "--preset", a.preset, "--out", str(out), "--one", str(seed),
+                        "--set", *a.set], out / f"seed-{seed}.log")
         if rc != 0:
             print(f"seed {seed}: failed (exit {rc}), see {out / f'seed-{seed}.log'}", flush=True)
     print(table(out))

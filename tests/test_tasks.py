@@ -103,7 +103,8 @@ def test_make_task():
     assert make_task(TaskConfig(seed=7)).seed == 7
     assert isinstance(make_task(TaskConfig(name="gsm8k")), MathTask)
     assert make_task(TaskConfig(name="math500")).eval_splits[0] == "math500"
-    with pytest.raises(ValueError, match="arithmetic, basic-math, gsm8k, math500"):
+    assert make_task(TaskConfig(name="arithmetic-heldout")).name == "arithmetic-heldout"
+    with pytest.raises(ValueError, match="arithmetic, arithmetic-heldout, basic-math, gsm8k, math500"):
         make_task(TaskConfig(name="mnist"))
 
 
@@ -197,3 +198,46 @@ def test_shared_data_files(name, rows):
     assert all(p.gold and p.question for p in problems)
     if name.startswith("gsm8k"):
         assert all(re.fullmatch(r"-?[\d.]+", p.gold) for p in problems)
+
+
+# ------------------------------------------------------------------------------ arithmetic-heldout
+
+def test_heldout_variant_holds_carried_additions_out_of_rl_and_keeps_warmstarts(arith):
+    """The OOD split with signal (benchmarks/ood_probe.py): units-carry additions of the base test
+    split, never in the RL train split; the warm-start data is the base task's, unchanged."""
+    held = make_task(TaskConfig(name="arithmetic-heldout", seed=1234))
+    assert held.name == "arithmetic-heldout" and held.eval_splits == ("test", "ood")
+    q = {s: [p.question for p in held.problems(s)] for s in held.splits}
+    parsed = {s: [re.fullmatch(r"(\d\d)([+-])(\d\d)=", x).groups() for x in qs]
+              for s, qs in q.items() if s != "ood-lead0"}
+    carry = lambda a, op, b: op == "+" and int(a) % 10 + int(b) % 10 >= 10  # noqa: E731
+    assert q["ood"] and all(carry(*t) for t in parsed["ood"])
+    assert not any(carry(*t) for t in parsed["train"] + parsed["test"])
+    base_test = [p.question for p in arith.problems("test")]
+    assert sorted(q["test"] + q["ood"]) == sorted(base_test)  # a partition of the base test split
+    assert set(q["train"]) < set(p.question for p in arith.problems("train"))
+    assert not set(q["train"]) & set(q["ood"]) and not set(q["test"]) & set(q["ood"])
+    assert {op_of(p) for p in held.problems("test")} == {"+", "-"}
+    assert q["ood-lead0"] == [p.question for p in arith.problems("ood")]  # the old split, renamed
+    same = lambda ps: [(p.question, p.gold) for p in ps]  # noqa: E731
+    assert same(held.warmstart_problems("+-")) == same(arith.warmstart_problems("+-"))
+    assert [int(p.gold) for p in held.problems("ood")] == \
+        [int(a) + int(b) for a, _, b in parsed["ood"]]
+
+
+def test_weighted_warmstart_mix_and_unchanged_plain_keys(arith):
+    from ftis_flwr.config import ModelCard
+    from ftis_flwr.tiny import warmstart_dir
+
+    plain = arith.warmstart_problems("+-")
+    heavy_add = arith.warmstart_problems("+++-")
+    n_add = sum(op_of(p) == "+" for p in plain)
+    assert sum(op_of(p) == "+" for p in heavy_add) == n_add
+    assert sum(op_of(p) == "-" for p in heavy_add) == round((len(plain) - n_add) / 3)
+    assert set(p.id for p in heavy_add) < set(p.id for p in plain)
+    assert arith.warmstart_problems("++--") == plain  # equal weights: the plain mix
+    card = lambda ops: ModelCard(tiny_size="small", warmstart_ops=ops, warmstart_target=0.6, seed=0)  # noqa: E731
+    # the shipped model's folder name (and key) must not move; weighted mixes get their own
+    assert warmstart_dir(card("+-"), arith, Path("/tmp/c")).name == "small-addsub-2500steps-seed0-49285e49cb0dbde0"
+    assert warmstart_dir(card("+++-"), arith, Path("/tmp/c")).name.startswith("small-add3sub1-")
+    assert warmstart_dir(card("+---"), arith, Path("/tmp/c")).name.startswith("small-add1sub3-")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .arithmetic import ArithmeticTask, op_of, parse_ops
+from .arithmetic import ArithmeticTask, carry_add, op_of, op_weights, parse_ops
 from .base import Problem, Task
 from .basic_math import BasicMathTask
 from .gsm8k import MathTask, gsm8k_task, load_jsonl, math500_task
@@ -12,13 +12,15 @@ from .gsm8k import MathTask, gsm8k_task, load_jsonl, math500_task
 if TYPE_CHECKING:
     from ftis_flwr.config import TaskConfig
 
-TASK_NAMES = ("arithmetic", "basic-math", "gsm8k", "math500")
+TASK_NAMES = ("arithmetic", "arithmetic-heldout", "basic-math", "gsm8k", "math500")
 
 
 def make_task(cfg: "TaskConfig") -> Task:
     """Build the task named by ``cfg.name``; nothing is read until problems are first asked for."""
     if cfg.name == "arithmetic":
         return ArithmeticTask(seed=cfg.seed)
+    if cfg.name == "arithmetic-heldout":
+        return ArithmeticTask(seed=cfg.seed, heldout=True)
     if cfg.name == "basic-math":
         return BasicMathTask(seed=cfg.seed, shots=cfg.shots)
     if cfg.name == "gsm8k":
@@ -29,4 +31,4 @@ def make_task(cfg: "TaskConfig") -> Task:
 
 
 __all__ = ["ArithmeticTask", "BasicMathTask", "MathTask", "Problem", "Task", "TASK_NAMES", "gsm8k_task",
-           "load_jsonl", "make_task", "math500_task", "op_of", "parse_ops"]
+           "load_jsonl", "make_task", "math500_task", "op_of", "op_weights", "parse_ops", "carry_add"]

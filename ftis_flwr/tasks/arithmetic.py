@@ -13,8 +13,23 @@ Problems are generated deterministically from ``TaskConfig.seed`` (no files, no 
 
 Sizes: train 7690 (3845 per operation), test 500 and ood 500 (250 per operation).
 
-The prompt is the raw question (``"37+48="``), the completion the answer then EOS (``"85"``), and
-the reward exact match (``rewards.arithmetic_reward``).
+**The ``arithmetic-heldout`` variant** (``ArithmeticTask(heldout=True)``): an OOD split that
+carries signal. No change of shape tried (3-digit operands, leading zeros, spaces, negative
+results, ...) scores above ~8% with the warm-started models (``benchmarks/ood_probe.py``): they
+know one shape only. So the variant holds a *kind* of problem out of RL training instead, as
+GSM8K-trained RL relates to MATH-500 (the base models saw such problems in pre-training, the RL
+never does): additions with a units carry (``37+48=``).
+
+- ``warmstart``: the base task's ``train`` list, unchanged, so the warm-starts (their cache keys
+  hold no problem list) are exactly the base task's models, shipped ones included;
+- ``train`` (the RL prompts): the base ``train`` without units-carry additions (6002);
+- ``test``: the base ``test`` without them (389); ``ood``: the base ``test``'s units-carry
+  additions (111): never seen as problems in warm-start or RL, of a kind the RL never trains;
+- ``ood-lead0``: the base task's ``ood`` (leading zeros), kept under its own name.
+
+Chosen from the STARTING models only, before any method result (``benchmarks/ood_probe.py``):
+the shipped small and large models and a cached small one score 0.51 / 0.24 / 0.44 on ``ood``
+against 0.59 / 0.64 / 0.64 on ``test`` (every shape change: 0.00-0.08).
 """
 
 from __future__ import annotations
@@ -45,6 +60,22 @@ def parse_ops(ops: str) -> tuple[str, ...]:
     return tuple(op for op in OPS if op in ops)
 
 
+def op_weights(ops: str) -> dict[str, int] | None:
+    """Weighted warm-start mixes: a repeated sign is a weight (``"+++-"`` = 3 additions per
+    subtraction); None for a plain mix ("+", "-", "+-", or equal weights such as "++--"), whose
+    data and cache keys are unchanged.
+    Lets two models be experts in different operations that still overlap (SPEC §11: disjoint
+    specialists do not teach each other)."""
+    parse_ops(ops)
+    counts = {op: ops.count(op) for op in OPS if op in ops}
+    return counts if len(set(counts.values())) > 1 else None
+
+
+def carry_add(a: int, op: str, b: int) -> bool:
+    """An addition whose units digits carry (``37+48``): the kind ``arithmetic-heldout`` holds out."""
+    return op == "+" and a % 10 + b % 10 >= 10
+
+
 class ArithmeticTask(Task):
     """Generated 2-digit addition/subtraction; see the module docstring for the splits."""
 
@@ -53,11 +84,22 @@ class ArithmeticTask(Task):
     max_new_tokens = 8
     """Answers have at most 3 digits + EOS; a few spare tokens let a bad model ramble visibly."""
 
-    def __init__(self, seed: int = 1234) -> None:
+    def __init__(self, seed: int = 1234, heldout: bool = False) -> None:
         super().__init__()
+        self.heldout = bool(heldout)
+        if self.heldout:
+            self.name = "arithmetic-heldout"
+            self.extra_splits = ("ood-lead0", "warmstart")  # readable, not evaluated
         self.seed = int(seed)
         self.shuffle_seed = self.seed + 1
         self._splits: dict[str, list[tuple[int, str, int]]] | None = None
+
+    extra_splits: tuple[str, ...] = ()
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        """The train and evaluation splits, then the readable extras of the heldout variant."""
+        return (*super().splits, *self.extra_splits)
 
     def _generate(self) -> dict[str, list[tuple[int, str, int]]]:
         # One string-seeded RNG per list, so changing one split never reshuffles another.
@@ -81,7 +123,13 @@ class ArithmeticTask(Task):
             splits["test"] += pool[:TEST_PER_OP]
             splits["train"] += pool[TEST_PER_OP:TEST_PER_OP + n_train]
             splits["ood"] += shuffled(ood[op], f"ood{op}")[:OOD_PER_OP]
-        return {name: shuffled(items, name) for name, items in splits.items()}
+        out = {name: shuffled(items, name) for name, items in splits.items()}
+        if self.heldout:  # filters keep the base lists' order: the base splits are untouched
+            out = {"warmstart": out["train"], "ood-lead0": out["ood"],
+                   "train": [x for x in out["train"] if not carry_add(*x)],
+                   "test": [x for x in out["test"] if not carry_add(*x)],
+                   "ood": [x for x in out["test"] if carry_add(*x)]}
+        return out
 
     def _load_split(self, split: str) -> list[Problem]:
         if self._splits is None:
@@ -90,9 +138,24 @@ class ArithmeticTask(Task):
                 for i, (a, op, b) in enumerate(self._splits[split])]
 
     def warmstart_problems(self, ops: str = "+-") -> list[Problem]:
-        """Supervised warm-start data: the train problems whose operation is in ``ops``."""
+        """Supervised warm-start data: the train problems whose operation is in ``ops`` (the
+        base task's train list in the heldout variant too). A weighted mix (:func:`op_weights`)
+        keeps every problem of its heaviest operation and the first ``n * w / w_max`` of each
+        other one."""
         keep = parse_ops(ops)
-        return [p for p in self.problems("train") if op_of(p) in keep]
+        pool = self.problems("warmstart" if self.heldout else "train")
+        chosen = [p for p in pool if op_of(p) in keep]
+        weights = op_weights(ops)
+        if weights is None:
+            return chosen
+        top = max(weights.values())
+        quota = {op: round(sum(op_of(p) == op for p in chosen) * w / top) for op, w in weights.items()}
+        out = []
+        for p in chosen:
+            if quota[op_of(p)] > 0:
+                quota[op_of(p)] -= 1
+                out.append(p)
+        return out
 
     def prompt_text(self, problem: Problem, tokenizer: Any = None) -> str:
         """The raw question, for every tokenizer (no chat template: the answer is the digits)."""

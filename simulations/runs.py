@@ -1,0 +1,107 @@
+"""One real Flower simulation per process, and what a study keeps of it.
+
+Shared by ``simulations/seeds.py`` (one preset over run seeds) and ``simulations/sweep.py`` (a
+grid): :func:`simulate` runs one federation in this process through
+``flwr.simulation.run_simulation`` with the project's ServerApp body and ClientApp;
+:func:`summarize` reads its ``metrics.jsonl`` into per-node series; :func:`run_child` starts a
+fresh Python for one run (Ray, torch threads and the workers never leak from one run into the
+next) and logs it to a file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Mapping
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def card_order(preset: str, overrides: Mapping[str, Any]) -> list[str]:
+    """The node names of an experiment, in card order."""
+    from ftis_flwr.config import load_experiment
+
+    return [c.name for c in load_experiment(preset, dict(overrides), import_registries=False).nodes]
+
+
+def simulate(preset: str, overrides: Mapping[str, Any]) -> str:
+    """Run ``preset`` with ``overrides`` through Flower in this process; returns the run folder.
+
+    SystemExit when the ServerApp did not finish (its error is in the log above).
+    """
+    from flwr.serverapp import ServerApp
+    from flwr.simulation import run_simulation
+
+    sys.path.insert(0, str(REPO))
+    from clients.client_app import app as client_app
+    from ftis_flwr.config import default_cache_dir, load_experiment
+    from server_app.server_app import run
+
+    exp = load_experiment(preset, dict(overrides))
+    result: dict = {}
+    server = ServerApp()
+
+    @server.main()
+    def main(grid, context):
+        result["run_dir"] = str(run(grid, exp))
+
+    try:
+        run_simulation(server, client_app, num_supernodes=len(exp.nodes),
+                       backend_config={"client_resources": {"num_cpus": 1}})
+    finally:
+        for address in default_cache_dir(exp.cache_dir).glob("workers/*/*/address.json"):
+            try:  # a worker of this run that outlived it (the run failed): stopped by its pid
+                if result.get("run_dir", "") and Path(result["run_dir"]).name in str(address):
+                    os.kill(json.loads(address.read_text())["pid"], signal.SIGKILL)
+            except (ProcessLookupError, ValueError, KeyError, OSError):
+                pass
+    if "run_dir" not in result:
+        raise SystemExit(f"{preset}: the run did not finish (see the log above)")
+    return result["run_dir"]
+
+
+def _num(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
+
+
+def summarize(run_dir: str | Path, order: list[str] | None = None) -> dict[str, Any]:
+    """Per node: every eval split's accuracy by round, and per round the filtered share of
+    received samples and the truncated token share (what the sweep's tables and figures show).
+    Nodes come in ``order`` (the experiment's card order), the rest after them: the metrics
+    rows list nodes in reply order, which changes from run to run."""
+    from ftis_flwr.reporting import load_metrics
+
+    rounds = load_metrics(run_dir)
+    if not rounds:
+        raise ValueError(f"{run_dir}: no metrics rows")
+    nodes: dict[str, Any] = {}
+    for name in dict.fromkeys([*(order or []), *(n for r in rounds for n in r["nodes"])]):
+        acc: dict[str, list] = {}
+        filtered, truncated = [], []
+        for r in rounds:
+            m = r["nodes"].get(name) or {}
+            for key, v in m.items():
+                if key.startswith("eval/") and key.endswith("/accuracy") and _num(v) is not None:
+                    acc.setdefault(key[len("eval/"):-len("/accuracy")], []).append([r["round"], v])
+            foreign = _num(m.get("samples_foreign"))
+            if foreign:
+                filtered.append([r["round"], (_num(m.get("filtered")) or 0.0) / foreign])
+            if _num(m.get("frac_tokens_truncated")) is not None:
+                truncated.append([r["round"], m["frac_tokens_truncated"]])
+        nodes[name] = {"accuracy": acc, "filtered": filtered, "truncated": truncated}
+    return {"run_dir": str(run_dir), "rounds": rounds[-1]["round"], "nodes": nodes}
+
+
+def run_child(args: list[str], log: Path, nice: int = 0) -> int:
+    """``python <args>`` in a new process from the repository root, output to ``log``; exit code."""
+    cmd = [sys.executable, *args]
+    if nice:
+        cmd = ["nice", "-n", str(nice), *cmd]
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as fh:
+        return subprocess.call(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO)

@@ -1,0 +1,210 @@
+"""A grid of federations (setup x method x mode x g x seed), each a real Flower simulation.
+
+    python simulations/sweep.py simulations/sweeps/quick.yaml --out runs/sweep-quick
+    python simulations/sweep.py simulations/sweeps/paper.yaml --dry-run
+
+The grid file is described in ``sweep_grid.py``. Each run is one Flower simulation
+(``flwr.simulation.run_simulation`` with the project's ServerApp and ClientApp) in its own
+process, logged to ``<out>/logs/<key>.log``; a finished run writes ``<out>/results/<key>.json``
+and is never run again, so an interrupted sweep resumes where it stopped. A failed run is
+reported with its log and the sweep goes on (it is retried next time). Tiny models are
+warm-started once, before the first run, into the shared cache (``FTIS_CACHE``, else
+``~/.cache/ftis-flwr``: keyed by everything that determines them), so no run warm-starts.
+At the end (and with ``--report-only``): ``results.csv``, ``results.md`` and PNG figures in
+``<out>``. ``--dry-run`` prints the grid, the number of runs and a time estimate, and builds,
+downloads and runs nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
+from runs import REPO, run_child  # noqa: E402
+from sweep_grid import Grid, GridError, Point, load_grid  # noqa: E402
+
+WARMSTART_ESTIMATE_S = {"small": 240, "large": 600}
+"""Rough seconds to warm-start one tiny model on 2 shared cores (FACTS: 1-6 min, x2 margin)."""
+
+
+RUN_OVERHEAD_S = 60
+"""Seconds a run spends outside its rounds (Ray start, building and evaluating the nodes, stop): a
+guess for 2 idle cores. Measured with 4 users on 2 cores (load 7-19): 3-5 min per 2-round run,
+round 0 alone 43-50 s."""
+
+
+def _fmt_s(s: float) -> str:
+    s = int(s)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def models(grid: Grid) -> list[tuple[str, str, str]]:
+    """(setup, card, state) of every model the grid needs: state says shipped / cached / to build
+    (tiny) or where it comes from; nothing is built or downloaded."""
+    from ftis_flwr.config import load_experiment
+    from ftis_flwr.tasks import make_task
+
+    out = []
+    for s in grid.setups:
+        exp = load_experiment(s["preset"], s["overrides"], import_registries=False)
+        for card in exp.nodes:
+            if card.source == "tiny":
+                from ftis_flwr.tiny import MARKER, find_shipped, warmstart_dir
+
+                d = warmstart_dir(card, make_task(exp.task), Path(exp.cache_dir) if exp.cache_dir else None)
+                state = ("cached" if (d / MARKER).is_file() else "shipped" if find_shipped(d.name)
+                         else f"to warm-start (~{WARMSTART_ESTIMATE_S[card.tiny_size] // 60} min)")
+                out.append((s["name"], card.name, f"tiny {d.name}: {state}"))
+            else:
+                local = Path(card.source).expanduser().is_dir()
+                out.append((s["name"], card.name, f"{card.source}: {'local folder' if local else 'hub id, fetched by its node at the first run'}"))
+    return out
+
+
+def warm_all(grid: Grid) -> None:
+    """Warm-start every tiny model of the grid once, before the runs (each run then finds it)."""
+    from ftis_flwr.config import load_experiment
+    from ftis_flwr.tasks import make_task
+    from ftis_flwr.tiny import warm_start
+
+    done: set[str] = set()
+    used = {p.setup for p in grid.points}
+    for s in (s for s in grid.setups if s["name"] in used):
+        exp = load_experiment(s["preset"], s["overrides"], import_registries=False)
+        for card in exp.nodes:
+            if card.source == "tiny":
+                path = warm_start(card, make_task(exp.task), Path(exp.cache_dir) if exp.cache_dir else None)
+                if str(path) not in done:
+                    done.add(str(path))
+                    print(f"model {s['name']}/{card.name}: {path}", flush=True)
+
+
+def estimate(grid: Grid, points: list[Point]) -> float:
+    rounds = {s["name"]: s["rounds"] or 1 for s in grid.setups}
+    return sum((rounds[p.setup] + 1) * grid.seconds_per_round + RUN_OVERHEAD_S for p in points)
+
+
+def dry_run(grid: Grid, out: Path) -> None:
+    todo = [p for p in grid.points if not (out / "results" / f"{p.key}.json").is_file()]
+    print(f"grid {grid.name}: {len(grid.setups)} setups, {len(grid.points)} runs "
+          f"({len(grid.points) - len(todo)} finished in {out})")
+    for s in grid.setups:
+        print(f"  setup {s['name']}: preset {s['preset']}, {s['nodes']} nodes, {s['rounds']} rounds, "
+              f"overrides {s['overrides']}")
+    for setup, card, state in models(grid):
+        print(f"  model {setup}/{card}: {state}")
+    for k, p in enumerate(grid.points, 1):
+        done = "done" if p not in todo else "todo"
+        print(f"  [{k:>3}/{len(grid.points)}] {done} {p.key}")
+    print(f"estimate: {_fmt_s(estimate(grid, todo))} for the {len(todo)} runs to do "
+          f"({grid.seconds_per_round:g} s per round + {RUN_OVERHEAD_S} s start and stop each; warm-starts "
+          f"not included)")
+
+
+def run_point(grid_path: Path, key: str, out: Path) -> None:
+    """The child process: run one grid point and write its result file (atomically)."""
+    from runs import card_order, simulate, summarize
+
+    grid = load_grid(grid_path)
+    point = next((p for p in grid.points if p.key == key), None)
+    if point is None:
+        raise SystemExit(f"no grid point {key!r} in {grid_path}")
+    final = out / "results" / f"{key}.json"
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_suffix(".json.tmp")
+    tmp.write_text("")  # fails now, not after the run, when the result cannot be written
+    t0 = time.perf_counter()
+    run_dir = simulate(point.preset, dict(point.overrides, run_dir=str(out / "runs" / key)))
+    result = {"point": {"key": key, "setup": point.setup, "method": point.method, "mode": point.mode,
+                        "g": point.g, "seed": point.seed, "preset": point.preset},
+              "overrides": dict(point.overrides), "wall_s": time.perf_counter() - t0,
+              "summary": summarize(run_dir, card_order(point.preset, dict(point.overrides)))}
+    tmp.write_text(json.dumps(result, indent=1))
+    os.replace(tmp, final)
+
+
+def sweep(grid_path: Path, grid: Grid, out: Path, nice: int, retries: int = 1) -> list[tuple[str, Path]]:
+    """Run every unfinished point in its own process, trying a failed one ``retries`` more times
+    (Ray or a node can fail to start when the cores are overloaded); returns the failures
+    (key, log of the last attempt; earlier attempts' logs are kept as ``<key>.attempt<N>.log``)."""
+    todo = [p for p in grid.points if not (out / "results" / f"{p.key}.json").is_file()]
+    n = len(grid.points)
+    print(f"grid {grid.name}: {n} runs, {n - len(todo)} finished before, {len(todo)} to run", flush=True)
+    if todo:
+        warm_all(grid)
+    failed: list[tuple[str, Path]] = []
+    t0, walls = time.perf_counter(), []
+    for i, p in enumerate(todo):
+        k = grid.points.index(p) + 1
+        log = out / "logs" / f"{p.key}.log"
+        started, rc = time.perf_counter(), 0
+        for attempt in range(1, retries + 2):
+            if attempt > 1:
+                os.replace(log, log.with_suffix(f".attempt{attempt - 1}.log"))
+                print(f"run {k} of {n}: {p.key} failed (exit {rc}), trying again", flush=True)
+            rc = run_child([__file__, str(grid_path), "--out", str(out), "--one", p.key], log, nice=nice)
+            ok = rc == 0 and (out / "results" / f"{p.key}.json").is_file()
+            if ok:
+                break
+        walls.append(time.perf_counter() - started)
+        left = len(todo) - i - 1
+        eta = sum(walls) / len(walls) * left
+        status = "ok" if ok else f"FAILED (exit {rc}, {attempt} attempts), log {log}"
+        if not ok:
+            failed.append((p.key, log))
+        print(f"run {k} of {n}: {p.key} {status} in {_fmt_s(walls[-1])}; elapsed "
+              f"{_fmt_s(time.perf_counter() - t0)}, ETA {_fmt_s(eta)} ({left} left)", flush=True)
+    return failed
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("grid", help="grid YAML file (simulations/sweeps/*.yaml)")
+    ap.add_argument("--out", default="", help="output folder (default runs/sweep-<grid name>)")
+    ap.add_argument("--dry-run", action="store_true", help="list the grid and an estimate; run nothing")
+    ap.add_argument("--report-only", action="store_true", help="rebuild tables and figures only")
+    ap.add_argument("--retries", type=int, default=1, help="extra attempts of a failed run (default 1)")
+    ap.add_argument("--nice", type=int, default=None, help="niceness of the runs (default: the grid's, 15)")
+    ap.add_argument("--only", default="", help="run only the points whose key contains every one "
+                    "of these comma-separated strings (e.g. 'expertise__,seed-0')")
+    ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    grid_path = Path(a.grid).resolve()
+    try:
+        grid = load_grid(grid_path)
+    except GridError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if a.only and a.one is None:
+        wanted = [w for w in a.only.split(",") if w]
+        grid.points = [p for p in grid.points if all(w in p.key for w in wanted)]
+        if not grid.points:
+            print(f"error: --only {a.only!r} matches no point of {grid_path}", file=sys.stderr)
+            return 2
+    out = Path(a.out or REPO / "runs" / f"sweep-{grid.name}").resolve()
+    if a.one is not None:
+        run_point(grid_path, a.one, out)
+        return 0
+    if a.dry_run:
+        dry_run(grid, out)
+        return 0
+    out.mkdir(parents=True, exist_ok=True)
+    failed = [] if a.report_only else sweep(grid_path, grid, out, grid.nice if a.nice is None else a.nice,
+                                         max(0, a.retries))
+    from sweep_report import markdown, load_results, write_all
+
+    paths = write_all(out, grid.id_split, grid.ood_split, title=f"sweep {grid.name}")
+    print(markdown(load_results(out), grid.id_split, grid.ood_split, title=f"sweep {grid.name}"))
+    print("wrote " + ", ".join(str(p) for p in paths))
+    for key, log in failed:
+        print(f"failed: {key} (log {log})")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""The sweep (simulations/sweep.py): grid expansion and its errors, tables and CSV from
+hand-written results, and one real sweep through Flower that resumes and reports a failure."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO / "simulations")]
+
+from sweep_grid import GridError, load_grid  # noqa: E402
+from sweep_report import markdown, write_all  # noqa: E402
+
+
+def _grid(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "grid.yaml"
+    path.write_text(text)
+    return path
+
+
+GRID = """
+name: t
+rounds: 3
+overrides: {rounds.eval_size: 20}
+setups:
+  - {name: size, preset: cpu-pair}
+  - {name: params, preset: cpu-lora, overrides: {nodes.1.seed: 0}}
+methods: [f-tis, nois]
+modes: [vertical, alone]
+g: [1, {linear: [1, 50]}]
+seeds: 0-1
+"""
+
+
+def test_grid_expands_only_points_that_differ(tmp_path):
+    grid = load_grid(_grid(tmp_path, GRID))
+    keys = [p.key for p in grid.points]
+    # per setup and seed: f-tis x 2 g values, nois once (g unused), alone once (method, g unused)
+    assert len(keys) == len(set(keys)) == 2 * 2 * (2 + 1 + 1)
+    assert "size__f-tis__vertical__g-1__seed-0" in keys
+    assert "size__f-tis__vertical__g-lin1-50__seed-1" in keys
+    assert "params__nois__vertical__g--__seed-1" in keys
+    assert "params__alone__alone__g--__seed-0" in keys
+    assert not any("nois__vertical__g-1" in k or "alone__alone__g-1" in k for k in keys)
+    by_key = {p.key: dict(p.overrides) for p in grid.points}
+    lin = by_key["size__f-tis__vertical__g-lin1-50__seed-1"]
+    assert lin["rounds.seed"] == 1 and lin["rounds.num_rounds"] == 3 and lin["rounds.eval_size"] == 20
+    for k in (0, 1):  # the schedule is set on every node of the setup
+        assert (lin[f"nodes.{k}.g.kind"], lin[f"nodes.{k}.g.start"], lin[f"nodes.{k}.g.end"]) == ("linear", 1, 50)
+    assert "loss.kl_threshold" not in lin
+    assert by_key["size__f-tis__vertical__g-1__seed-0"]["loss.kl_threshold"] == 1.0
+    assert by_key["params__alone__alone__g--__seed-0"]["advantage.mode"] == "alone"
+    assert by_key["params__nois__vertical__g--__seed-0"]["nodes.1.seed"] == 0
+    assert [s["nodes"] for s in grid.setups] == [2, 2]
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("modes", ["vertical", "sideways"], "'sideways' is not a collaboration mode; allowed: vertical, horizontal, alone"),
+    ("methods", ["f-tis", "magic"], "'magic' is not a loss method; allowed: "),
+    ("g", [0], "g[0]=0: use a number > 0 or {linear: [start, end]}"),
+    ("g", [{"linear": [1]}], "g[0]={'linear': [1]}"),
+    ("seeds", ["a"], "seeds=['a']"),
+    ("colour", "red", "unknown key(s) colour; allowed: name (str), rounds (int)"),
+    ("setups", [{"name": "x", "preset": "cpu-pair", "flavour": 1}],
+     "setups[0] (x): unknown key(s) flavour; allowed: name, preset, overrides"),
+    ("setups", [{"name": "x", "preset": "no-such-preset"}], "setups[0] (x): "),
+    ("setups", [{"name": "x", "preset": "cpu-pair", "overrides": {"loss.method": "magic"}}], "loss.method"),
+    ("setups", [{"name": "a b", "preset": "cpu-pair"}], "setups[0].name='a b'"),
+    ("rounds", -1, "rounds=-1 must be an integer >= 1"),
+])
+def test_bad_grid_names_the_key_and_the_allowed_values(tmp_path, key, value, message):
+    data = yaml.safe_load(GRID)
+    data[key] = value
+    with pytest.raises(GridError) as err:
+        load_grid(_grid(tmp_path, yaml.safe_dump(data)))
+    assert message in str(err.value)
+
+
+def test_paper_grid_validates_without_downloading(tmp_path):
+    """The GPU presets go through the same sweep unchanged; --dry-run builds and fetches nothing."""
+    out = subprocess.run([sys.executable, "simulations/sweep.py", "simulations/sweeps/paper.yaml", "--dry-run",
+                          "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True,
+                         env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(Path.home())})
+    assert out.returncode == 0, out.stderr
+    assert "grid paper: 6 setups, 30 runs" in out.stdout
+    assert "Qwen/Qwen2.5-3B: hub id, fetched by its node at the first run" in out.stdout
+    assert "estimate:" in out.stdout
+    assert not list(tmp_path.iterdir())
+
+
+def _result(setup, method, mode, g, seed, small, large, filtered=None):
+    """A hand-written result file: (first, last) ID and OOD accuracy per node."""
+    def node(acc):
+        return {"accuracy": {"test": [[0, acc[0]], [4, acc[1]]], "ood": [[0, acc[2]], [4, acc[3]]]},
+                "filtered": [] if filtered is None else [[1, 0.5], [4, filtered]],
+                "truncated": [[1, 0.1], [4, 0.02]]}
+    key = f"{setup}__{method}__{mode}__g-{g}__seed-{seed}"
+    return key, {"point": {"key": key, "setup": setup, "method": method, "mode": mode, "g": g, "seed": seed,
+                           "preset": "cpu-pair"}, "overrides": {}, "wall_s": 12.5,
+                 "summary": {"run_dir": f"/x/{key}", "rounds": 4,
+                             "nodes": {"small": node(small), "large": node(large)}}}
+
+
+def test_tables_csv_and_figures_from_hand_written_results(tmp_path):
+    results = dict([
+        _result("size", "f-tis", "vertical", "50", 0, (0.5, 0.7, 0.4, 0.5), (0.6, 0.65, 0.2, 0.3), 0.25),
+        _result("size", "f-tis", "vertical", "50", 1, (0.5, 0.6, 0.4, 0.4), (0.6, 0.70, 0.2, 0.2), 0.75),
+        _result("size", "alone", "alone", "-", 0, (0.5, 0.55, 0.4, 0.45), (0.6, 0.62, 0.2, 0.25)),
+    ])
+    (tmp_path / "results").mkdir()
+    for key, r in results.items():
+        (tmp_path / "results" / f"{key}.json").write_text(json.dumps(r))
+    paths = write_all(tmp_path, "test", "ood", title="t")
+    assert {p.name for p in paths} >= {"results.csv", "results.md", "accuracy-size.png",
+                                       "diagnostics-size.png", "final.png"}
+    assert all(p.stat().st_size > 1000 for p in paths if p.suffix == ".png")
+    rows = list(csv.DictReader(open(tmp_path / "results.csv")))
+    assert len(rows) == 3
+    row = next(r for r in rows if r["key"] == "size__f-tis__vertical__g-50__seed-1")
+    assert (row["node0_name"], row["node0_id_first"], row["node0_id_last"], row["node0_ood_last"]) == \
+        ("small", "0.5000", "0.6000", "0.4000")
+    assert (row["node1_name"], row["node1_filtered_last"], row["wall_s"]) == ("large", "0.7500", "12.5")
+    md = markdown(list(results.values()), "test", "ood")
+    # mean over the two seeds (min..max), change in points, filtered share
+    assert "| f-tis vertical g=50 | 0,1 | small | 0.500 (0.500..0.500) | 0.650 (0.600..0.700) | " \
+           "+15.0 (+10.0..+20.0) | 0.400 (0.400..0.400) | 0.450 (0.400..0.500) | +5.0 (+0.0..+10.0) | " \
+           "0.50 (0.25..0.75) | 0.020 (0.020..0.020) |" in md
+    assert "| alone | 0 | large | 0.600 | 0.620 | +2.0 | 0.200 | 0.250 | +5.0 | – | 0.020 |" in md
+
+
+SMOKE = """
+name: smoke
+rounds: 2
+overrides: {task.name: arithmetic-heldout, rounds.eval_every: 1, rounds.eval_size: 30,
+            rounds.prompts_per_node: 8, rollout.group_size: 4}
+setups:
+  - {name: size, preset: cpu-pair}
+methods: [f-tis, nois]
+modes: [vertical, alone]
+g: [50, 1]
+seeds: [0]
+"""
+
+
+def test_real_sweep_resumes_and_reports_a_failure(tmp_path):
+    """Four points: one finished before (kept, not rerun), two that run through Flower (f-tis at
+    g=50 and g=1), one whose result cannot be written (a directory is in the way: the run stops
+    before starting Flower): tried twice, reported with its log, and the sweep goes on and
+    writes its tables."""
+    grid = _grid(tmp_path, SMOKE)
+    out = tmp_path / "out"
+    (out / "results").mkdir(parents=True)
+    kept_key, kept = _result("size", "nois", "vertical", "-", 0, (0.1, 0.2, 0.0, 0.0), (0.1, 0.2, 0.0, 0.0))
+    (out / "results" / f"{kept_key}.json").write_text(json.dumps(kept))
+    blocked = "size__alone__alone__g--__seed-0"
+    (out / "results" / f"{blocked}.json.tmp").mkdir()
+    proc = subprocess.run([sys.executable, "simulations/sweep.py", str(grid), "--out", str(out), "--nice", "0"],
+                          cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "grid smoke: 4 runs, 1 finished before, 3 to run" in proc.stdout
+    assert f"{blocked} FAILED (exit 1, 2 attempts), log {out / 'logs' / (blocked + '.log')}" in proc.stdout
+    assert "IsADirectoryError" in (out / "logs" / f"{blocked}.attempt1.log").read_text()
+    assert f"failed: {blocked}" in proc.stdout
+    assert not (out / "logs" / f"{kept_key}.log").exists()  # the finished run was not redone
+    assert json.loads((out / "results" / f"{kept_key}.json").read_text()) == kept
+    ran = ["size__f-tis__vertical__g-50__seed-0", "size__f-tis__vertical__g-1__seed-0"]
+    for key, g in zip(ran, (50.0, 1.0)):
+        done = json.loads((out / "results" / f"{key}.json").read_text())
+        nodes = done["summary"]["nodes"]
+        assert list(nodes) == ["small", "large"]  # card order
+        for data in nodes.values():
+            assert [r for r, _ in data["accuracy"]["test"]] == [0, 1, 2]
+            assert [r for r, _ in data["accuracy"]["ood"]] == [0, 1, 2]
+            assert len(data["truncated"]) == 2 and len(data["filtered"]) == 2
+        assert done["overrides"]["task.name"] == "arithmetic-heldout"
+        assert done["overrides"]["loss.kl_threshold"] == g
+        events = (Path(done["summary"]["run_dir"]) / "metrics.jsonl").read_text()
+        assert events.count('"round"') >= 3
+    # g reaches the filter: round 1 is the same in both runs (same models, prompts and sampling
+    # seeds), so the smaller threshold filters at least as many received samples, and more overall
+    first = [json.loads((out / "results" / f"{k}.json").read_text())["summary"]["nodes"] for k in ran]
+    f50, f1 = ([n["filtered"][0][1] for n in nodes.values()] for nodes in first)
+    assert all(b >= a for a, b in zip(f50, f1)) and sum(f1) > sum(f50)
+    rows = list(csv.DictReader(open(out / "results.csv")))
+    assert sorted(r["key"] for r in rows) == sorted([kept_key, *ran])
+    assert (out / "final.png").is_file() and (out / "accuracy-size.png").is_file()
