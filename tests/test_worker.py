@@ -281,3 +281,32 @@ def test_an_exiting_worker_kills_what_is_left_in_its_group():
                 os.kill(child, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_only_the_workers_of_runs_started_since_are_stopped(tmp_path):
+    """A simulation sharing a cache with other runs stops only its own runs' workers (the sweep and
+    the tests once killed every worker under the cache, a concurrent run's too)."""
+    from ftis_flwr.worker import kill_workers_of_new_runs, worker_runs
+
+    cache = tmp_path / "cache"
+    procs = {}
+    for run in ("older-run", "new-run"):
+        proc, child = _tree(120, "ftis_flwr.worker")
+        procs[run] = (proc, child)
+        d = worker_dir(cache, run, "a")
+        d.mkdir(parents=True)
+        if run == "older-run":
+            before = worker_runs(cache)
+        (d / "address.json").write_text(json.dumps({"pid": proc.pid}))
+    try:
+        assert before == {"older-run"}
+        assert kill_workers_of_new_runs(cache, before) == 1
+        assert procs["new-run"][0].wait(timeout=15) == -signal.SIGKILL and _wait_dead(procs["new-run"][1])
+        assert procs["older-run"][0].poll() is None
+    finally:
+        for proc, _ in procs.values():
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(timeout=15)
