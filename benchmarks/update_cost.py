@@ -14,7 +14,13 @@ Builds node A and node B of the preset, lets each generate one round of groups, 
   (``-A * lp``, sequence mean) and no loss machinery, no metrics, no reward recomputation.
 
 Each ``Node.train`` takes an optimiser step, so the policy drifts a little between repeats; the
-variants are interleaved (order rotated every repeat) so each sees the same drift. Prints the ratios to ``nois-own``.
+variants are interleaved (order rotated every repeat) so each sees the same drift. Times are this
+process's CPU seconds (torch runs one thread here), so other load on the machine matters less;
+wall seconds are printed too. Prints the ratios to ``nois-own``.
+
+Then the loss side alone on the f-tis batch (no forward/backward): the micro-batch losses with
+the metrics computed once from their stats (what ``Node.train`` does), next to the former path
+that also built metrics per micro-batch and ran ``compute_loss`` again over the padded whole batch.
 """
 
 from __future__ import annotations
@@ -32,7 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ftis_flwr.config import load_experiment  # noqa: E402
 from ftis_flwr.logprobs import completion_logprobs, pack_batch  # noqa: E402
-from ftis_flwr.node import Node, StepRequest  # noqa: E402
+from ftis_flwr.loss import LossInputs, compute_loss  # noqa: E402
+from ftis_flwr.loss_metrics import LossStats, loss_metrics, own_gap  # noqa: E402
+from ftis_flwr.node import Node  # noqa: E402
 
 
 def bare_update(node: Node, groups) -> None:
@@ -91,23 +99,70 @@ def main(argv: list[str] | None = None) -> None:
         "nois-count": (with_method("nois"), own + more_own),
     }
     times: dict[str, list[float]] = {k: [] for k in [*variants, "bare"]}
+    walls: dict[str, list[float]] = {k: [] for k in times}
     order = list(times)
     for rep in range(args.repeats + 1):  # the first pass warms up and is not counted
         for name in order[rep % len(order):] + order[:rep % len(order)]:  # rotated each repeat
-            t0 = time.perf_counter()
+            t0, w0 = time.process_time(), time.perf_counter()
             if name == "bare":
                 bare_update(a, own + foreign)
             else:
                 a.cfg, groups = variants[name]
                 a.train(groups, 1, 2)
             if rep:
-                times[name].append(time.perf_counter() - t0)
+                times[name].append(time.process_time() - t0)
+                walls[name].append(time.perf_counter() - w0)
     ref = statistics.median(times["nois-own"])
-    print("| update | median (s) | min (s) | / nois-own |")
-    print("|---|---|---|---|")
+    print("| update | median CPU (s) | min CPU (s) | median wall (s) | CPU / nois-own |")
+    print("|---|---|---|---|---|")
     for name, ts in times.items():
         med = statistics.median(ts)
-        print(f"| {name} | {med:.4f} | {min(ts):.4f} | {med / ref:.3f} |")
+        print(f"| {name} | {med:.4f} | {min(ts):.4f} | {statistics.median(walls[name]):.4f} | {med / ref:.3f} |")
+    loss_side(a, variants["f-tis"][0], own + foreign, args.repeats, statistics.median(times["f-tis"]))
+
+
+def loss_side(node: Node, cfg, groups, repeats: int, update_s: float) -> None:
+    """CPU seconds of the loss, filter and metrics alone, now and as the former double pass."""
+    node.cfg = cfg
+    samples = node._samples(groups, [node._rewards(g) for g in groups])
+    mb = cfg.train.micro_batch_size
+    with torch.no_grad():
+        chunks = [node._loss_inputs(samples[s:s + mb]) for s in range(0, len(samples), mb)]
+
+    def now():
+        stats = [compute_loss(dataclasses.replace(x, logprobs=x.logprobs.clone().requires_grad_()),
+                              cfg.loss, metrics=False).stats for x in chunks]
+        whole = LossStats.concat(stats)
+        return {**loss_metrics(whole, cfg.loss.trunc_c), **own_gap(whole)}
+
+    def former():
+        for x in chunks:
+            compute_loss(dataclasses.replace(x, logprobs=x.logprobs.clone().requires_grad_()), cfg.loss)
+        return compute_loss(_concat(chunks), cfg.loss).metrics
+
+    t = {"now": [], "former": []}
+    for rep in range(repeats + 1):
+        for name, fn in (("now", now), ("former", former)) if rep % 2 else (("former", former), ("now", now)):
+            t0 = time.process_time()
+            fn()
+            if rep:
+                t[name].append(time.process_time() - t0)
+    med = {k: statistics.median(v) for k, v in t.items()}
+    print(f"loss side of the f-tis update ({len(chunks)} micro-batches): now {med['now'] * 1e3:.1f} ms, "
+          f"former double pass {med['former'] * 1e3:.1f} ms (CPU medians); "
+          f"{med['now'] / update_s:.1%} vs {med['former'] / update_s:.1%} of the f-tis update")
+
+
+def _concat(parts: list[LossInputs]) -> LossInputs:
+    """The former metrics pass's input: micro-batches right-padded to one width."""
+    width = max(p.logprobs.shape[1] for p in parts)
+
+    def pad(t, value=0):
+        return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value)
+
+    return LossInputs(torch.cat([pad(p.logprobs) for p in parts]), torch.cat([pad(p.gen_logprobs) for p in parts]),
+                      torch.cat([p.advantages for p in parts]), torch.cat([pad(p.mask, False) for p in parts]),
+                      torch.cat([p.foreign for p in parts]), [s for p in parts for s in p.sources])
 
 
 if __name__ == "__main__":
