@@ -16,8 +16,9 @@ current ``lp.detach()``, so ``ratio`` has value 1 and the gradient of log pi_the
 ``num_iterations``): the Node passes the first update's detached log-probs as ``old_logprobs`` to
 every later update on the same batch, so ``ratio = pi_theta / pi_old`` and the tis clip binds once
 the policy has moved, while ``w``, the KL and the filter's decisions stay those of the round
-start. vis needs no pi_old: its ratio ``rho = pi_theta / pi_gen`` already has a fixed anchor, the
-generator (PPO with pi_old := pi_gen), so its clip binds against pi_gen at every update.
+start (nois has no clip: its later steps follow ``pi_theta / pi_old * A`` unclipped). vis needs
+no pi_old: its ratio ``rho = pi_theta / pi_gen`` already has a fixed anchor, the generator (PPO
+with pi_old := pi_gen), so its clip binds against pi_gen at every update.
 
 **Why ``loss_sum`` and ``denominator``.** The Node accumulates gradients over micro-batches by
 calling ``backward()`` on each micro-batch's ``loss_sum`` and dividing the summed gradients by the
@@ -47,12 +48,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-import numpy as np
 import torch
 
 from ftis_flwr.advantages import FILTER_RULES, FILTER_SCOPES, filter_mask
 from ftis_flwr.config import LossConfig
-from ftis_flwr.loss_metrics import KL_METRIC_CAP, LossStats, loss_metrics  # noqa: F401 (re-export)
+from ftis_flwr.loss_metrics import LossStats, loss_metrics
 
 KL_MAX_LOG_RATIO = 600.0
 """k3 uses ``exp(min(d, 600))`` in float64: finite for any finite input (e^600 ~ 3.8e260)."""
