@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--prompts", type=int, default=0, help="prompts per node (default: preset's)")
     parser.add_argument("--updates-per-round", type=int, default=1)
+    parser.add_argument("--verbose", action="store_true", help="print every timed update")
     parser.add_argument("--cache-dir", default="", help="default: FTIS_CACHE or ~/.cache/ftis-flwr")
     args = parser.parse_args(argv)
     over = {"train.updates_per_round": args.updates_per_round}
@@ -112,6 +113,8 @@ def main(argv: list[str] | None = None) -> None:
             if rep:
                 times[name].append(time.process_time() - t0)
                 walls[name].append(time.perf_counter() - w0)
+            if args.verbose:  # slow presets: a killed run still leaves its figures
+                print(f"  repeat {rep} {name}: {time.process_time() - t0:.3f} CPU s", flush=True)
     ref = statistics.median(times["nois-own"])
     print("| update | median CPU (s) | min CPU (s) | median wall (s) | CPU / nois-own |")
     print("|---|---|---|---|---|")
