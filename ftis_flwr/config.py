@@ -133,7 +133,9 @@ class TrainConfig:
     """Linear lr warm-up over this many rounds. Default 0 (SPEC §11: Adam dips without one on
     tiny models; the CPU presets set it)."""
     updates_per_round: int = 1
-    """Optimiser steps per round over the same batch. Default 1 (paper)."""
+    """Optimiser steps per round over the same batch. Default 1 (paper). Above 1, as PPO / TRL's
+    ``num_iterations``: every step takes its ratio against the round-start policy pi_old (the
+    first step's log-probs), so the tis clip binds; w, the KL and the filter stay pi_old's."""
     micro_batch_size: int = 16
     """Sequences per forward/backward; gradients are accumulated. Default 16."""
     grad_clip: float = 1.0

@@ -27,6 +27,7 @@ from .config import ExperimentConfig, ModelCard
 from .engines import make_engine
 from .logprobs import completion_logprobs, pack_batch
 from .loss import LossInputs, compute_loss
+from .loss_metrics import LossStats, clip_frac, loss_metrics, own_gap
 from .models import compute_context, load_policy, save_policy, stop_token_ids
 from .groups import Group, PayloadError, tokenizer_fingerprint
 from .tasks import make_task
@@ -218,7 +219,12 @@ class Node:
 
     # ------------------------------------------------------------------ train
     def train(self, groups: list[Group], round_idx: int, num_rounds: int) -> dict[str, float]:
-        """One F-TIS update (``updates_per_round`` optimiser steps) on own + received groups."""
+        """One F-TIS update (``updates_per_round`` optimiser steps) on own + received groups.
+
+        Every step after the first takes its ratio against the first step's log-probs (pi_old,
+        kept on the CPU per micro-batch), and keeps the weights and filter decisions of the
+        round start (:mod:`ftis_flwr.loss`). Metrics describe the first step; ``*_last`` the last.
+        """
         cfg = self.cfg
         rewards = [self._rewards(g) for g in groups]
         metrics: dict[str, float] = {}
@@ -227,14 +233,8 @@ class Node:
             if wrong and g.node != self.card.name:
                 key = f"{g.node}/rewards_corrected"
                 metrics[key] = metrics.get(key, 0.0) + wrong
-        horizontal = cfg.advantage.mode == "horizontal"
-        keys = [g.prompt_id if horizontal else f"{g.node}|{g.prompt_id}|{i}" for i, g in enumerate(groups)]
-        advs = pooled_advantages(rewards, keys, scale=cfg.advantage.scale_rewards, eps=cfg.advantage.eps)
-        samples = []  # (prompt, completion, gen_lp, advantage, foreign, source)
-        for g, adv in zip(groups, advs):
-            foreign = g.node != self.card.name
-            for c, lp, a in zip(g.completions, g.logprobs, adv):
-                samples.append((g.prompt_tokens, c, lp, float(a), foreign, g.node))
+        keys = self._group_keys(groups)
+        samples = self._samples(groups, rewards)
         g_now = g_for_round(self.card.g, cfg.loss.kl_threshold, round_idx, num_rounds)
         loss_cfg = dataclasses.replace(cfg.loss, kl_threshold=g_now)
         for pg in self.optimizer.param_groups:
@@ -242,18 +242,21 @@ class Node:
 
         self.model.train()
         mb = cfg.train.micro_batch_size
-        for update in range(cfg.train.updates_per_round):
+        n_updates = cfg.train.updates_per_round
+        old: list[torch.Tensor] = []  # per micro-batch pi_old log-probs (CPU), for updates >= 1
+        for update in range(n_updates):
             self.optimizer.zero_grad(set_to_none=True)
             denominator = 0.0
-            detached: list[LossInputs] = []
-            for start in range(0, len(samples), mb):
-                inputs = self._loss_inputs(samples[start:start + mb])
-                out = compute_loss(inputs, loss_cfg)
+            stats: list[LossStats] = []
+            for k, start in enumerate(range(0, len(samples), mb)):
+                inputs = self._loss_inputs(samples[start:start + mb], old[k] if update else None)
+                out = compute_loss(inputs, loss_cfg, metrics=False)
                 if out.denominator > 0:
                     out.loss_sum.backward()
                 denominator += out.denominator
-                if update == 0:
-                    detached.append(dataclasses.replace(inputs, logprobs=inputs.logprobs.detach()))
+                stats.append(out.stats)
+                if update == 0 and n_updates > 1:  # the forward the first update trains on
+                    old.append(inputs.logprobs.detach().to("cpu", copy=True))
             if denominator > 0:
                 for p in self.params:
                     if p.grad is not None:
@@ -264,11 +267,18 @@ class Node:
             elif not math.isfinite(grad_norm):
                 log.warning("node %s: non-finite grad norm, step skipped", self.card.name)
                 metrics["steps_skipped_nonfinite"] = metrics.get("steps_skipped_nonfinite", 0.0) + 1
-            if update == 0:
-                whole = _concat_inputs(detached)
-                metrics.update(compute_loss(whole, loss_cfg).metrics)
-                metrics.update(_own_gap(whole))
+            if update == 0:  # the round-start policy: what the filter and the weights saw
+                whole = LossStats.concat(stats)
+                metrics.update(loss_metrics(whole, loss_cfg.trunc_c))
+                metrics.update(own_gap(whole))
                 metrics["grad_norm"] = grad_norm
+            elif update == n_updates - 1:  # how far the policy moved within the round
+                whole = LossStats.concat(stats)
+                metrics["loss_last"] = whole.loss_sum / denominator if denominator > 0 else 0.0
+                metrics["grad_norm_last"] = grad_norm
+                frac = clip_frac(whole)
+                if frac is not None:
+                    metrics["clip_frac_last"] = frac
         self.optimizer.zero_grad(set_to_none=True)
         self.updates += 1
         sync = getattr(self.engine, "sync_weights", None)  # an engine with its own copy (vLLM)
@@ -286,7 +296,25 @@ class Node:
         })
         return metrics
 
-    def _loss_inputs(self, chunk) -> LossInputs:
+    def _group_keys(self, groups: list[Group]) -> list[str]:
+        """Groups sharing a key share advantage statistics (only horizontal mode pools)."""
+        horizontal = self.cfg.advantage.mode == "horizontal"
+        return [g.prompt_id if horizontal else f"{g.node}|{g.prompt_id}|{i}" for i, g in enumerate(groups)]
+
+    def _samples(self, groups: list[Group], rewards: list[np.ndarray]) -> list[tuple]:
+        """(prompt, completion, gen_lp, advantage, foreign, source) per sample, in group order."""
+        adv_cfg = self.cfg.advantage
+        advs = pooled_advantages(rewards, self._group_keys(groups), scale=adv_cfg.scale_rewards,
+                                 eps=adv_cfg.eps)
+        samples = []
+        for g, adv in zip(groups, advs):
+            foreign = g.node != self.card.name
+            for c, lp, a in zip(g.completions, g.logprobs, adv):
+                samples.append((g.prompt_tokens, c, lp, float(a), foreign, g.node))
+        return samples
+
+    def _loss_inputs(self, chunk, old: torch.Tensor | None = None) -> LossInputs:
+        """One micro-batch's forward; ``old``: its pi_old log-probs from the round's first update."""
         prompts, comps, gens, advs, foreign, sources = zip(*chunk)
         batch = pack_batch(list(prompts), list(comps), pad_id=self.tokenizer.pad_token_id)
         device = self.model.device
@@ -303,6 +331,7 @@ class Node:
             mask=batch.completion_mask.to(device).bool(),
             foreign=torch.tensor(foreign, dtype=torch.bool, device=device),
             sources=list(sources),
+            old_logprobs=None if old is None else old.to(device),
         )
 
     # --------------------------------------------------------------- generate
@@ -355,29 +384,3 @@ class Node:
     def save(self, out_dir: Path) -> Path:
         return save_policy(self.policy, Path(out_dir))
 
-
-def _own_gap(x: LossInputs) -> dict[str, float]:
-    """|learner - generator| log-prob of own samples before the update: 0 up to rounding when
-    the learner scores exactly the distribution the engine sampled from (the on-policy check)."""
-    own = ~x.foreign
-    if not bool(own.any()):
-        return {}
-    gap = (x.logprobs[own] - x.gen_logprobs[own]).abs()[x.mask[own].bool()]
-    return {"own_logprob_gap_max": float(gap.max()), "own_logprob_gap_mean": float(gap.mean())}
-
-
-def _concat_inputs(parts: list[LossInputs]) -> LossInputs:
-    """Right-pad micro-batches to one width so metrics are computed once over the whole update."""
-    width = max(p.logprobs.shape[1] for p in parts)
-
-    def pad(t: torch.Tensor, value=0) -> torch.Tensor:
-        return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value)
-
-    return LossInputs(
-        logprobs=torch.cat([pad(p.logprobs) for p in parts]),
-        gen_logprobs=torch.cat([pad(p.gen_logprobs) for p in parts]),
-        advantages=torch.cat([p.advantages for p in parts]),
-        mask=torch.cat([pad(p.mask, False) for p in parts]),
-        foreign=torch.cat([p.foreign for p in parts]),
-        sources=[s for p in parts for s in (p.sources or [])],
-    )

@@ -96,7 +96,7 @@ def test_vis_gradient_inside_and_outside_clip():
     cfg = LossConfig(method="vis", clip_eps=0.2)
     grad, out = _grad(lp, gen, mask, adv, foreign, cfg)
     torch.testing.assert_close(grad, _vis_expected(lp, gen, mask, adv, 0.2, lp.shape[0]))
-    assert 0 < out.metrics["vis_clip_frac"] < 1
+    assert 0 < out.metrics["clip_frac"] < 1
     assert (grad[mask] == 0).any() and (grad[mask] != 0).any()
 
 
@@ -117,7 +117,7 @@ def test_vis_clip_activates_exactly_outside_interval(a):
         expected = torch.stack([unclipped[0, 0], unclipped[0, 1], unclipped[0, 2],
                                 torch.tensor(0.0, dtype=D)])
     torch.testing.assert_close(grad[0], expected)
-    assert out.metrics["vis_clip_frac"] == 0.25
+    assert out.metrics["clip_frac"] == 0.25
 
 
 @pytest.mark.parametrize("reduction", ["sequence", "token"])
@@ -414,3 +414,159 @@ def test_validation_of_rows_and_real_tokens():
 def test_config_validation(field, value, message):
     with pytest.raises(ValueError, match=message):
         compute_loss(LossInputs(**_valid()), replace(LossConfig(), **{field: value}))
+
+
+# --- Several updates per round: pi_old fixed at the round start (SPEC §5, PPO num_iterations) --
+
+def _previous_token_loss(method, lp, gen, adv_used, cfg):
+    """The per-token losses as written before pi_old existed (ratio and w from lp.detach())."""
+    ratio = torch.exp(lp - lp.detach())
+    w = torch.exp((lp.detach() - gen).clamp(max=math.log(cfg.trunc_c) + 1.0)).clamp(max=cfg.trunc_c)
+    a = adv_used[:, None]
+    if method.endswith("nois"):
+        return -ratio * a
+    if method.endswith("tis"):
+        return -w * torch.minimum(ratio * a, ratio.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps) * a)
+    log_rho = lp - gen
+    rho = torch.exp(log_rho - (log_rho - log_rho.clamp(max=20.0)).detach())
+    return -torch.minimum(rho * a, rho.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps) * a)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("reduction", ["sequence", "token"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_first_update_is_bit_for_bit_the_single_update_loss(method, reduction, dtype):
+    """One update per round is unchanged: with old_logprobs absent or equal to lp.detach(), the
+    loss and gradient are bit-identical to the formulas before pi_old existed."""
+    lp, gen, mask, adv, foreign = _filter_batch(T=5)
+    lp, gen, adv = lp.to(dtype), (gen + torch.linspace(-0.4, 0.4, 5, dtype=D)).to(dtype), adv.to(dtype)
+    cfg = LossConfig(method=method, reduction=reduction, filter_rule="or")
+    x = lp.clone().requires_grad_()
+    out = compute_loss(LossInputs(x, gen, adv, mask, foreign), cfg)
+    out.loss_sum.backward()
+    y = lp.clone().requires_grad_()
+    with_old = compute_loss(LossInputs(y, gen, adv, mask, foreign, old_logprobs=lp.clone()), cfg)
+    with_old.loss_sum.backward()
+    z = lp.clone().requires_grad_()
+    lp_m = torch.where(mask, z, 0.0)
+    tok = _previous_token_loss(method, lp_m, torch.where(mask, gen, 0.0),
+                               out.advantages_used.to(dtype), cfg)
+    tok = torch.where(mask, tok, 0.0)
+    n = mask.sum(1).to(dtype)
+    per_seq = tok.sum(1) / n if reduction == "sequence" else tok.sum(1)
+    ref = torch.where(out.counted, per_seq, 0.0).sum()
+    ref.backward()
+    assert torch.equal(out.loss_sum.detach(), ref.detach())
+    assert torch.equal(x.grad, z.grad) and torch.equal(y.grad, z.grad)
+    assert with_old.metrics == out.metrics
+
+
+def _moved(seed=11, B=6, T=5):
+    """pi_old, and a policy that moved after one update: row r's tokens moved by DELTAS[r]."""
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(B, T, generator=g, dtype=D) - 0.2
+    gen = old + (torch.rand(B, T, generator=g, dtype=D) - 0.5)
+    deltas = torch.tensor([0.5, -0.5, 0.05, -0.05, 0.5, -0.5], dtype=D)  # log(1.2) = 0.18
+    adv = torch.tensor([1.0, -1.0, 1.0, -1.0, -1.0, 1.0], dtype=D)
+    mask = torch.ones(B, T, dtype=torch.bool)
+    mask[1, -2:] = False
+    return old, old + deltas[:, None], gen, adv, mask, torch.ones(B, dtype=torch.bool)
+
+
+def test_tis_clip_binds_against_pi_old_on_a_later_update():
+    """A > 0 and lp - lp_old > log(1+eps) (row 0), or A < 0 and below log(1-eps) (row 1): zero
+    gradient. Inside the interval or on the helpful side: -w_old * ratio * A."""
+    old, lp, gen, adv, mask, foreign = _moved()
+    C, eps = 2.0, 0.2
+    cfg = LossConfig(method="tis", trunc_c=C, clip_eps=eps)
+    x = lp.clone().requires_grad_()
+    out = compute_loss(LossInputs(x, gen, adv, mask, foreign, old_logprobs=old), cfg)
+    out.loss.backward()
+    w_old = torch.clamp(torch.exp(old - gen), max=C)
+    ratio = torch.exp(lp - old)
+    binds = torch.tensor([True, True, False, False, False, False])[:, None].expand_as(lp)
+    B = lp.shape[0]
+    expected = torch.where(binds, 0.0, -w_old * ratio * adv[:, None]) / (_n(mask) * B) * mask
+    torch.testing.assert_close(x.grad, expected)
+    assert (x.grad[0] == 0).all() and (x.grad[1][mask[1]] == 0).all()
+    n_real = mask.sum().item()
+    assert out.metrics["clip_frac"] == pytest.approx((mask[0].sum() + mask[1].sum()).item() / n_real)
+
+
+def test_weight_kl_and_filter_stay_at_the_round_start():
+    """A later update keeps w = min(pi_old/pi_gen, C), the KL and the filter's decisions even when
+    the current policy is far from where it started."""
+    B, T = 2, 4
+    gen = torch.full((B, T), -1.0, dtype=D)
+    old = gen.clone()                       # on-policy at the round start: KL 0, w 1
+    lp = gen - torch.tensor([[6.0], [0.3]], dtype=D)  # row 0 moved far: KL(lp) = e^6 - 7 > 50
+    adv = torch.tensor([-1.0, 1.0], dtype=D)
+    mask = torch.ones(B, T, dtype=torch.bool)
+    foreign = torch.ones(B, dtype=torch.bool)
+    cfg = LossConfig(method="f-tis")
+    x = lp.clone().requires_grad_()
+    out = compute_loss(LossInputs(x, gen, adv, mask, foreign, old_logprobs=old), cfg)
+    out.loss.backward()
+    assert not out.filtered.any()           # decided on pi_old: not far
+    torch.testing.assert_close(out.sample_kl, torch.zeros(B, dtype=D))
+    assert out.metrics["w_mean"] == 1.0 and out.metrics["w_min"] == 1.0
+    # row 0: A < 0 and ratio e^-6 < 1 - eps: clipped; row 1: A > 0, ratio e^-0.3 < 1: -w*ratio*A
+    torch.testing.assert_close(x.grad[0], torch.zeros(T, dtype=D))
+    torch.testing.assert_close(x.grad[1], -torch.exp(torch.tensor(-0.3, dtype=D)).expand(T) / (T * B))
+    # Without pi_old the same call would filter row 0 and weigh row 1 by e^-0.3 (the drift fixed).
+    drift = compute_loss(LossInputs(lp, gen, adv, mask, foreign), cfg)
+    assert drift.filtered.tolist() == [True, False] and drift.metrics["w_min"] < 1.0
+
+
+def test_vis_ratio_is_anchored_at_the_generator_not_pi_old():
+    """vis's rho = pi_theta/pi_gen already has a fixed anchor: old_logprobs changes only the
+    filter's KL (f-vis), never the vis gradient."""
+    old, lp, gen, adv, mask, foreign = _moved()
+    for method in ("vis", "f-vis"):
+        cfg = LossConfig(method=method, kl_threshold=1e9)
+        g_old, o_old = _grad(lp, gen, mask, adv, foreign, cfg)
+        x = lp.clone().requires_grad_()
+        out = compute_loss(LossInputs(x, gen, adv, mask, foreign, old_logprobs=old), cfg)
+        out.loss.backward()
+        torch.testing.assert_close(x.grad, g_old)
+        assert out.metrics["clip_frac"] == o_old.metrics["clip_frac"]
+
+
+def test_old_logprobs_validation():
+    v = _valid()
+    with pytest.raises(ValueError, match="old_logprobs has shape"):
+        LossInputs(**v, old_logprobs=torch.zeros(3, 5, dtype=D))
+    with pytest.raises(ValueError, match="old_logprobs must be detached"):
+        LossInputs(**v, old_logprobs=v["logprobs"].clone().requires_grad_())
+    bad = v["logprobs"].clone()
+    bad[0, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"old_logprobs is not finite on real token .*\(0, 0\)"):
+        LossInputs(**v, old_logprobs=bad)
+    with pytest.raises(ValueError, match="old_logprobs must be a torch.Tensor"):
+        LossInputs(**v, old_logprobs=[[0.0]])
+
+
+@pytest.mark.parametrize("method", ["f-tis", "vis", "nois"])
+def test_metrics_from_micro_batch_stats_equal_the_whole_batch(method):
+    """A Node computes the metrics once from its micro-batches' stats (each trimmed to its own
+    width): the same numbers as one compute_loss over the whole batch."""
+    from ftis_flwr.loss_metrics import LossStats, loss_metrics
+
+    lp, gen, mask, adv, foreign = _filter_batch(T=5)
+    mask[2:4, 3:] = False  # rows 2-3 are shorter: their micro-batch is narrower
+    gen = gen + torch.linspace(-0.3, 0.3, 5, dtype=D)
+    sources = ["me", "a", "a", "b", "b", "a", "b"]
+    cfg = LossConfig(method=method, filter_rule="or")
+    whole = compute_loss(LossInputs(lp, gen, adv, mask, foreign, sources), cfg).metrics
+    parts = []
+    for sl in (slice(0, 2), slice(2, 4), slice(4, 7)):
+        width = int(mask[sl].sum(1).max())
+        x = LossInputs(lp[sl, :width], gen[sl, :width], adv[sl], mask[sl, :width], foreign[sl],
+                       sources[sl])
+        out = compute_loss(x, cfg, metrics=False)
+        assert out.metrics == {}
+        parts.append(out.stats)
+    got = loss_metrics(LossStats.concat(parts), cfg.trunc_c)
+    assert got.keys() == whole.keys()
+    assert got == pytest.approx(whole, rel=1e-12, abs=0)
+    assert ("clip_frac" in got) == (method != "nois")

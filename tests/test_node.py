@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 import torch
 
+from ftis_flwr.advantages import g_for_round
 from ftis_flwr.config import load_experiment
+from ftis_flwr.loss import LossInputs, compute_loss
 from ftis_flwr.node import Node, Received, StepRequest
 
 YAML = """
@@ -157,3 +159,71 @@ def test_the_filter_drops_a_far_off_policy_foreign_group(cache):
     assert m["negative_advantage"] == 3 and m["kl_mean_foreign"] > a.cfg.loss.kl_threshold
     assert m["filtered_kl"] == 3 and m["filtered"] == 3 and m["b/filtered_kl"] == 3
     assert m["samples_effective"] == 1  # only the right answer still pushes the update
+
+
+def _own_and_foreign(a, b):
+    """a's own groups (pending, sampled) and b's, one of them right and wrong in turn."""
+    a.step(StepRequest(0, 3, [0, 1], 4, False))
+    gb = b.step(StepRequest(0, 3, [2, 3], 4, False)).groups
+    gold = a.task.train_problem(2).gold
+    gb[0] = _crafted(a, 2, [gold, "x", gold, "y"], "b")
+    return list(a.pending) + gb
+
+
+def test_several_updates_take_the_ratio_against_the_round_start(cache):
+    """updates_per_round=2: the first step has ratio 1 (tis never clips there); the second takes
+    its ratio against the first step's log-probs, so a large step makes the clip bind."""
+    _, a, b = _nodes(cache, **{"train.updates_per_round": 2, "train.lr": 3e-2, "loss.method": "tis"})
+    m = a.train(_own_and_foreign(a, b), 1, 3)
+    assert m["clip_frac"] == 0.0  # pi_theta == pi_old on the first step
+    assert m["clip_frac_last"] > 0.0, m
+    assert m["kl_mean_own"] < 1e-4 and m["own_logprob_gap_max"] < 1e-5  # first-step metrics
+    assert m["updates"] == 1 and "loss_last" in m and "grad_norm_last" in m
+
+
+def test_one_update_per_round_is_the_plain_micro_batched_step(cache):
+    """updates_per_round=1 (the default) is unchanged: no pi_old is passed, and the node's step is
+    bit-for-bit a plain loop of compute_loss + backward over micro-batches. Its metrics are those
+    of one compute_loss over the whole batch (computed once, from the micro-batches' stats)."""
+    exp, a, b = _nodes(cache, **{"train.micro_batch_size": 5})
+    ref = Node(exp.nodes[0], exp, cache_dir=cache)
+    groups = _own_and_foreign(a, b)
+    m = a.train(groups, 1, 3)
+    assert "clip_frac_last" not in m and "loss_last" not in m
+
+    samples = ref._samples(groups, [ref._rewards(g) for g in groups])
+    cfg = dataclasses.replace(exp.loss, kl_threshold=g_for_round(ref.card.g, exp.loss.kl_threshold, 1, 3))
+    ref.model.train()
+    ref.optimizer.zero_grad(set_to_none=True)
+    denominator, parts = 0.0, []
+    for start in range(0, len(samples), 5):  # several micro-batches of different widths
+        inputs = ref._loss_inputs(samples[start:start + 5])
+        out = compute_loss(inputs, cfg)
+        out.loss_sum.backward()
+        denominator += out.denominator
+        parts.append(dataclasses.replace(inputs, logprobs=inputs.logprobs.detach()))
+    for p in ref.params:
+        p.grad.div_(denominator)
+    torch.nn.utils.clip_grad_norm_(ref.params, exp.train.grad_clip)
+    ref.optimizer.step()
+    assert all(torch.equal(p, q) for p, q in zip(a.params, ref.params))
+    whole = compute_loss(_concat(parts), cfg).metrics
+    assert len(parts) > 1 and m["samples"] == len(samples) == 16
+    assert {k: m[k] for k in whole} == pytest.approx(whole, rel=1e-6, abs=0)
+    rest = {k: v for k, v in whole.items() if k != "loss"}  # loss: float32 sums in another order
+    assert {k: m[k] for k in rest} == pytest.approx(rest, rel=1e-12, abs=0)
+
+
+def _concat(parts):
+    """One LossInputs of the micro-batches, right-padded to one width."""
+    width = max(p.logprobs.shape[1] for p in parts)
+
+    def pad(t, value=0):
+        return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value)
+
+    return LossInputs(torch.cat([pad(p.logprobs) for p in parts]),
+                      torch.cat([pad(p.gen_logprobs) for p in parts]),
+                      torch.cat([p.advantages for p in parts]),
+                      torch.cat([pad(p.mask, False) for p in parts]),
+                      torch.cat([p.foreign for p in parts]),
+                      [s for p in parts for s in p.sources])
