@@ -2,6 +2,7 @@
 
     python benchmarks/flower_tax.py sim --rounds 10 --poll 0.2 0.02     # side by side, one run
     python benchmarks/flower_tax.py deploy --rounds 6                    # SuperLink + 2 SuperNodes
+    python benchmarks/flower_tax.py breakdown --rounds 3                 # a node's step, no Flower
 
 Per round: tax = (round wall time - the slowest node's in-worker compute) / round wall time,
 where in-worker compute is the timings a node's reply carries (train, generate, evaluate, state
@@ -196,10 +197,48 @@ def deploy(a) -> None:
           f"round {m['round_seconds']:.2f} s, slowest compute {m['compute']:.2f} s")
 
 
+def breakdown(a) -> None:
+    """Without Flower: a real node's whole step (decode + checks + compute + encode) against the
+    compute it reports, on payloads of the preset's size. What is left of the tax after this is
+    Flower's and the ClientApp's (message pick-up, record conversion, the worker socket)."""
+    import time
+
+    from ftis_flwr.budget import compute_seconds
+    from ftis_flwr.config import load_experiment
+    from ftis_flwr.node import Node
+    from ftis_flwr.rollouts import encode_groups
+    from ftis_flwr.worker import step_from_payloads
+
+    exp = load_experiment(a.preset, dict(kv.split("=", 1) for kv in a.set))
+    b = exp.rounds.prompts_per_node
+    nodes = [Node(card, exp) for card in exp.nodes]
+    pending = {n.card.name: n.generate(list(range(i * b, (i + 1) * b)), exp.rollout.group_size, 0)
+               for i, n in enumerate(nodes)}
+    for n in nodes:
+        n.pending = pending[n.card.name]
+    print(f"{a.preset}: per node per round, seconds (best of {a.rounds})")
+    for i, node in enumerate(nodes):
+        best = None
+        for r in range(a.rounds):
+            others = {o.card.name: (*encode_groups(pending[o.card.name], vocab_size=o.vocab_size),
+                                    list(range(j * b, (j + 1) * b))) for j, o in enumerate(nodes) if o is not node}
+            t0 = time.perf_counter()
+            out = step_from_payloads(node, {"round": 1, "num_rounds": 2, "prompt_indices":
+                                             list(range(9000, 9000 + b)), "group_size": exp.rollout.group_size,
+                                             "evaluate": False, "foreign_payloads": others})
+            total = time.perf_counter() - t0
+            busy = compute_seconds(out["metrics"])
+            if best is None or total < best[0]:
+                best = (total, busy)
+        total, busy = best
+        print(f"  {node.card.name}: whole step {total:.3f}, reported compute {busy:.3f}, "
+              f"decode/checks/encode {total - busy:.3f} ({(total - busy) / total:.1%} of the step)")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="mode", required=True)
-    for name in ("sim", "deploy", "sim-one"):
+    for name in ("sim", "deploy", "sim-one", "breakdown"):
         s = sub.add_parser(name)
         s.add_argument("--preset", default="cpu-pair")
         s.add_argument("--rounds", type=int, default=10)
@@ -213,6 +252,8 @@ def main(argv: list[str] | None = None) -> None:
         sim_one(a.preset, _overrides(a.set), a.poll, Path(a.out))
     elif a.mode == "sim":
         sim(a)
+    elif a.mode == "breakdown":
+        breakdown(a)
     else:
         deploy(a)
 

@@ -9,6 +9,12 @@ F-TIS needs one message per node per round (train on last round's groups, then g
     strategy = FTISStrategy(load_experiment("cpu-pair"), on_round=my_callback)
     result = strategy.start(grid)          # inside @app.main()
 
+With ``exchange.max_foreign_groups`` > 0 each node gets at most that many of the others' groups
+per round, chosen by ``exchange.select`` (:mod:`ftis_flwr.budget`), so its bytes received and
+update time stay flat as nodes join. Per node per round the strategy records what it forwarded
+(``foreign_groups_received``, ``foreign_bytes_received``) and how much of the round the node
+computed (``compute_seconds``) or waited (``idle_fraction``).
+
 Rounds: round 0 only generates (and evaluates the starting models); rounds 1..R each take one
 update per node on the groups of the round before, then generate again (not after the last).
 
