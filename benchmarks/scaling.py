@@ -78,6 +78,7 @@ def per_node(run_dir: Path) -> dict[str, float]:
                     vals[k].append(m[k])
     out = {k: sum(v) / len(v) for k, v in vals.items() if v}
     out["round_seconds"] = sum(r["server"]["round_seconds"] for r in rounds) / len(rounds)
+    out["failures"] = sum(r["server"].get("nodes_failed", 0) for r in rounds)
     return out
 
 
@@ -112,7 +113,11 @@ def main(argv: list[str] | None = None) -> None:
             if rc != 0:
                 print(f"  failed (exit {rc}), see {out / 'log.txt'}", flush=True)
                 continue
-            table[label, m] = row = per_node(Path(json.loads((out / "result.json").read_text())["run_dir"]))
+            row = per_node(Path(json.loads((out / "result.json").read_text())["run_dir"]))
+            if row["failures"]:  # e.g. Ray killing a ClientApp actor when the machine runs low on memory
+                print(f"  {row['failures']:.0f} node failures (see {out / 'log.txt'}): not used", flush=True)
+                continue
+            table[label, m] = row
             print(f"  per node per round: {row['foreign_bytes_received'] / 1e3:.1f} kB received "
                   f"({row['foreign_groups_received']:.0f} groups), update {row['seconds_train']:.2f} s; "
                   f"round {row['round_seconds']:.1f} s", flush=True)
