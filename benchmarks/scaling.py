@@ -90,6 +90,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--select", default="random")
     p.add_argument("--budget", type=int, default=0, help="groups per node per round (0: prompts_per_node)")
     p.add_argument("--set", nargs="*", default=[], help="extra overrides, key=value")
+    p.add_argument("--skip", nargs="*", default=[], help="runs to skip, e.g. 2:on (the budget is m=2's volume: "
+                   "at m=2 it forwards everything, as off does)")
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", default="")
     a = p.parse_args(argv)
@@ -104,6 +106,8 @@ def main(argv: list[str] | None = None) -> None:
     table: dict[tuple[str, int], dict[str, float]] = {}
     for m in a.m:
         for label, extra in budgets.items():
+            if f"{m}:{label}" in a.skip:
+                continue
             out = Path(tempfile.mkdtemp(prefix=f"scaling-m{m}-{label}-"))
             cmd = [sys.executable, __file__, "--one", "--m", str(m), "--preset", a.preset, "--out", str(out),
                    "--set", *base, *extra]
@@ -125,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     print("| m | budget | groups received | kB received | x m=2 | update s | x m=2 | round s |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for label in budgets:
-        ref = table.get((label, min(a.m)))
+        ref = table.get((label, min(a.m))) or table.get(("off", min(a.m)))
         for m in a.m:
             r = table.get((label, m))
             if r is None or ref is None:
