@@ -2,6 +2,7 @@
 
     python benchmarks/scaling.py --m 2 4 8 --rounds 4            # budget off, then on, per m
     python benchmarks/scaling.py --m 2 4 8 --rounds 4 --select reward_variance
+    python benchmarks/scaling.py --m 2 4 8 --direct --repeats 3   # one receiver Node, no Flower
 
 m tiny nodes in one ``flwr.simulation.run_simulation`` (each in its own process): the offline
 default's recipe (preset cpu-pair) with its two shipped models repeated under new card names
@@ -64,6 +65,64 @@ def one(a) -> None:
     (Path(a.out) / "result.json").write_text(json.dumps(result))
 
 
+def direct(a) -> None:
+    """Without Flower (one process, two model instances): one real receiver Node's update on its
+    own groups plus what m - 1 real sources send, cut by the strategy's own ForeignBudget;
+    configurations interleaved ``--repeats`` times, so machine load hits them alike."""
+    import copy
+    import statistics
+    import time
+
+    from ftis_flwr.budget import ForeignBudget
+    from ftis_flwr.config import ExchangeConfig, load_experiment
+    from ftis_flwr.node import Node
+    from ftis_flwr.rollouts import encode_groups, payload_bytes
+    from ftis_flwr.worker import step_from_payloads
+
+    m_max = max(a.m)
+    exp = load_experiment(a.preset, dict(kv.split("=", 1) for kv in a.set), yaml_text=nodes_yaml(m_max))
+    b, g = exp.rounds.prompts_per_node, exp.rollout.group_size
+    n = a.budget or b
+    receiver = Node(exp.nodes[0], exp)
+    makers = [Node(copy.deepcopy(c), exp) for c in exp.nodes[:2]]  # small, large: relabelled per source
+    payloads = {}
+    for j, card in enumerate(exp.nodes[1:], start=1):
+        maker = makers[j % 2]
+        maker.card.name = card.name  # the groups carry the source's card name, as its own node would
+        idx = list(range(j * b, (j + 1) * b))
+        payloads[card.name] = (*encode_groups(maker.generate(idx, g, 0), vocab_size=maker.vocab_size), idx)
+    budgets = {"off": ForeignBudget(ExchangeConfig()),
+               "on": ForeignBudget(ExchangeConfig(max_foreign_groups=n, select=a.select), exp.rounds.seed)}
+    times: dict[tuple[str, int], list[float]] = {}
+    sent: dict[tuple[str, int], tuple[int, int]] = {}
+    for rep in range(a.repeats):
+        for m in a.m:
+            offer = {src: payloads[src] for src in [c.name for c in exp.nodes[1:m]]}
+            for label, budget in budgets.items():
+                chosen = budget.select(receiver.card.name, rep + 1, offer)
+                sent[label, m] = (sum(len(meta["prompt_id"]) for _, meta, _ in chosen.values()),
+                                  sum(payload_bytes(arr, meta) for arr, meta, _ in chosen.values()))
+                receiver.pending = receiver.generate(list(range(10_000, 10_000 + b)), g, rep)
+                t0 = time.perf_counter()
+                out = step_from_payloads(receiver, {"round": 1, "num_rounds": 2, "prompt_indices": [],
+                                                    "group_size": g, "evaluate": False, "foreign_payloads": chosen})
+                step = time.perf_counter() - t0
+                times.setdefault((label, m), []).append(out["metrics"]["seconds_train"])
+                print(f"rep {rep} m={m} {label}: {sent[label, m][0]} groups, train "
+                      f"{out['metrics']['seconds_train']:.2f} s (whole step {step:.2f} s)", flush=True)
+    print(f"\none receiver ({receiver.card.name}), medians over {a.repeats} interleaved repeats "
+          f"(budget: {n} groups, select={a.select}):")
+    print("| m | budget | groups received | kB received | x m=2 | update s | x m=2 |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for label in budgets:
+        ref_groups, ref_bytes = sent[label, min(a.m)]
+        ref_t = statistics.median(times[label, min(a.m)])
+        for m in a.m:
+            t = statistics.median(times[label, m])
+            print(f"| {m} | {label} | {sent[label, m][0]} | {sent[label, m][1] / 1e3:.1f} | "
+                  f"{sent[label, m][1] / ref_bytes:.2f} | {t:.2f} | {t / ref_t:.2f} |")
+
+
 def per_node(run_dir: Path) -> dict[str, float]:
     """Means over rounds >= 1 and nodes of the per-node cost figures."""
     from ftis_flwr.reporting import load_metrics
@@ -92,11 +151,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--set", nargs="*", default=[], help="extra overrides, key=value")
     p.add_argument("--skip", nargs="*", default=[], help="runs to skip, e.g. 2:on (the budget is m=2's volume: "
                    "at m=2 it forwards everything, as off does)")
+    p.add_argument("--direct", action="store_true", help="one receiver Node without Flower (see direct())")
+    p.add_argument("--repeats", type=int, default=3, help="--direct: interleaved repeats")
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", default="")
     a = p.parse_args(argv)
     if a.one:
         one(a)
+        return
+    if a.direct:
+        direct(a)
         return
     from ftis_flwr.config import load_experiment
 
