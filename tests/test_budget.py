@@ -7,7 +7,6 @@ real tiny Node checks that a cut payload passes every receiver check.
 
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pytest
