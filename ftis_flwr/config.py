@@ -174,6 +174,24 @@ class RoundConfig:
 
 
 @dataclass
+class ExchangeConfig:
+    """How many foreign groups each node gets per round (DESIGN: Growth), read by the strategy.
+
+    With m nodes a node otherwise receives (and trains on) the groups of all m - 1 others: its
+    bytes received and update time grow with m. A budget keeps them flat."""
+
+    max_foreign_groups: int = 0
+    """At most this many foreign groups forwarded to each node per round, across all sources.
+    0 (default) = all of them (no budget). Needs ``select`` other than "all"."""
+    select: str = "all"
+    """Which foreign groups fill the budget: "all" (default; no budget), "random" (seeded by run
+    seed, round and receiver), "reward_variance" (highest variance of the source's claimed
+    rewards first: groups that carry a learning signal), "low_kl" (groups of the sources with the
+    lowest KL to the receiver, from its own report of the round before, first; sources it has not
+    measured yet come first). See ftis_flwr.budget."""
+
+
+@dataclass
 class GSchedule:
     """Per-node filter threshold g over rounds (SPEC §6, beyond the paper)."""
 
@@ -298,6 +316,7 @@ class ExperimentConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     rounds: RoundConfig = field(default_factory=RoundConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
+    exchange: ExchangeConfig = field(default_factory=ExchangeConfig)
     nodes: list[ModelCard] = field(default_factory=lambda: [ModelCard(name="a"), ModelCard(name="b")])
     """The federation's model cards; in simulation node k gets nodes[partition_id]."""
     run_dir: str = "runs"

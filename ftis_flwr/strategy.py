@@ -9,6 +9,12 @@ F-TIS needs one message per node per round (train on last round's groups, then g
     strategy = FTISStrategy(load_experiment("cpu-pair"), on_round=my_callback)
     result = strategy.start(grid)          # inside @app.main()
 
+With ``exchange.max_foreign_groups`` > 0 each node gets at most that many of the others' groups
+per round, chosen by ``exchange.select`` (:mod:`ftis_flwr.budget`), so its bytes received and
+update time stay flat as nodes join. Per node per round the strategy records what it forwarded
+(``foreign_groups_received``, ``foreign_bytes_received``) and how much of the round the node
+computed (``compute_seconds``) or waited (``idle_fraction``).
+
 Rounds: round 0 only generates (and evaluates the starting models); rounds 1..R each take one
 update per node on the groups of the round before, then generate again (not after the last).
 
@@ -34,11 +40,14 @@ from flwr.serverapp.strategy import Strategy
 from flwr.serverapp.strategy.result import Result
 
 from . import protocol
+from .budget import ForeignBudget, add_idle
 from .config import ExperimentConfig, to_dict
 from .grid_io import exchange, wait_for_nodes
 from .replies import BadReply, RoundOutcome, TrainReply, flatten, read_train_reply, record
+from .rollouts import payload_bytes
 from .roster import FederationError, Roster, read_hello
 from .server_state import ServerState, save_server_state
+from .wire_select import group_count
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +86,9 @@ class FTISStrategy(Strategy):
         self._groups: dict[str, tuple[ArrayRecord, ConfigRecord, list[int]]] = {}
         self._assigned: dict[int, list[int]] = {}   # node id -> train indices, round in flight
         self._forwarded: dict[int, list[str]] = {}  # node id -> sources sent to it, round in flight
+        self._received: dict[int, dict[str, float]] = {}  # node id -> foreign groups/bytes sent to it
+        self.budget = ForeignBudget(experiment.exchange, experiment.rounds.seed)
+        """Which foreign groups each node gets (``exchange.*``); all of them by default."""
         self._streaks: dict[str, int] = {}        # source -> consecutive rounds it was rejected
         self._sent: dict[str, int] = {}           # message id -> destination node id
         self._lost: dict[int, str] = {}           # node id -> why no reply came, round in flight
@@ -131,18 +143,23 @@ class FTISStrategy(Strategy):
         node_ids = sorted((nid for nid in grid.get_node_ids() if nid in self.roster.names),
                           key=lambda nid: order.get(self.roster.names[nid], len(order)))
         prompts = self._prompts(node_ids, server_round)
-        self._assigned, self._forwarded = prompts, {}
+        self._assigned, self._forwarded, self._received = prompts, {}, {}
         messages = []
         for nid in node_ids:
-            content, foreign = RecordDict(), {}
+            content, foreign, groups, nbytes = RecordDict(), {}, 0, 0
             if self.cfg.advantage.mode != "alone":
                 me = {self.roster.names.get(nid), self.roster.claimed.get(nid)}  # an impostor gets no copy either
-                for src, (arr, meta, indices) in self._groups.items():
-                    if src not in me:
-                        arrays_key, meta_key = protocol.foreign_keys(src)
-                        content[arrays_key], content[meta_key] = arr, meta
-                        foreign[src] = indices
+                others = {src: p for src, p in self._groups.items() if src not in me}
+                for src, (arr, meta, indices) in self.budget.select(self.roster.name(nid), server_round,
+                                                                    others).items():
+                    arrays_key, meta_key = protocol.foreign_keys(src)
+                    content[arrays_key], content[meta_key] = arr, meta
+                    foreign[src] = indices
+                    groups += group_count(meta)
+                    nbytes += payload_bytes(arr, meta)
             self._forwarded[nid] = list(foreign)
+            self._received[nid] = {"foreign_groups_received": float(groups),
+                                   "foreign_bytes_received": float(nbytes)}
             content[protocol.ROUND] = ConfigRecord({
                 "round": server_round, "num_rounds": self.cfg.rounds.num_rounds,
                 "prompt_indices": json.dumps(prompts[nid]), "group_size": self._group_size(),
@@ -188,7 +205,9 @@ class FTISStrategy(Strategy):
             groups[r.name] = (r.arrays, r.meta, list(self._assigned.get(nid, [])))
             total_bytes += r.nbytes
             total_tokens += r.ntokens
-            outcome.node_metrics[r.name] = {**r.metrics, "payload_bytes": float(r.nbytes)}
+            outcome.node_metrics[r.name] = {**r.metrics, "payload_bytes": float(r.nbytes),
+                                            **self._received.get(nid, {})}
+            self.budget.note(r.name, r.metrics)
             rejected |= self._note_rejections(server_round, nid, r)
         for nid, reason in outcome.failures.items():
             name = self.roster.name(nid)
@@ -380,6 +399,7 @@ class FTISStrategy(Strategy):
             self.aggregate_train(rnd, replies)
             outcome = self.history[-1]
             outcome.server_metrics["round_seconds"] = time.perf_counter() - t0
+            add_idle(outcome.node_metrics, outcome.server_metrics["round_seconds"])
             train, evals = flatten(outcome)
             result.train_metrics_clientapp[rnd] = MetricRecord(train)
             if evals:

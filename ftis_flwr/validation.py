@@ -38,6 +38,7 @@ CHOICE_OWNERS: dict[str, tuple[str, str]] = {
     "wire.format": ("ftis_flwr.rollouts", "FORMATS"),
     "wire.compress": ("ftis_flwr.wire_compact", "COMPRESSORS"),
     "task.name": ("ftis_flwr.tasks", "TASK_NAMES"),
+    "exchange.select": ("ftis_flwr.budget", "SELECT_RULES"),
 }
 """Experiment key -> (owner module, attribute holding the allowed values)."""
 
@@ -189,6 +190,7 @@ def experiment_errors(cfg: ExperimentConfig, *, import_registries: bool = True) 
         errors.append(f"advantage.mode=horizontal splits each group across nodes: "
                       f"rollout.group_size={r.group_size} must be divisible by the "
                       f"{len(cfg.nodes)} nodes")
+    errors += exchange_errors(cfg)
     for card in cfg.nodes:
         errors.extend(card_errors(card, import_registries=import_registries))
     if not cfg.task.name.startswith("arithmetic") and any(c.source == "tiny" for c in cfg.nodes):
@@ -196,6 +198,23 @@ def experiment_errors(cfg: ExperimentConfig, *, import_registries: bool = True) 
                       "models only know the arithmetic task")
     return errors
 
+
+def exchange_errors(cfg: ExperimentConfig) -> list[str]:
+    """The foreign-group budget (``exchange.*``): a budget needs a rule and a rule a budget
+    (the rule's name itself is checked against ``ftis_flwr.budget.SELECT_RULES``)."""
+    ex, errors = cfg.exchange, []
+    if ex.max_foreign_groups < 0:
+        errors.append(f"exchange.max_foreign_groups={ex.max_foreign_groups} must be >= 0 (0 = all)")
+    elif ex.max_foreign_groups > 0 and ex.select == "all":
+        errors.append(f"exchange.max_foreign_groups={ex.max_foreign_groups} needs exchange.select to "
+                      "name a rule (random, reward_variance, low_kl), not 'all'")
+    elif ex.max_foreign_groups == 0 and ex.select != "all":
+        errors.append(f"exchange.select={ex.select!r} chooses within a budget: set "
+                      "exchange.max_foreign_groups > 0 (0 = all groups, nothing to choose)")
+    if ex.max_foreign_groups > 0 and cfg.advantage.mode == "horizontal":
+        errors.append("exchange.max_foreign_groups > 0 with advantage.mode=horizontal: horizontal "
+                      "pools every node's share of a prompt into one group, so no share may be left out")
+    return errors
 
 def card_errors(card: ModelCard, *, import_registries: bool = True) -> list[str]:
     """Every problem of one model card, each named ``nodes[<name>].<field>``."""

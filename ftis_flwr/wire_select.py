@@ -1,0 +1,109 @@
+"""Cut a payload down to some of its groups without decoding it: the server's side of a budget.
+
+Why apart from :mod:`ftis_flwr.rollouts`: the strategy forwards groups it cannot score (no
+model, no tokenizer), so it needs only the payload's structure: which bytes belong to which
+group. This module reads that structure for each wire format it knows (``format_version`` in the
+meta) and refuses any other loudly (:class:`WireSelectError`), so a new codec cannot be cut
+wrongly by an old reader. Nothing here checks token ids or log-probs: the receiver still
+validates everything it gets (:func:`ftis_flwr.rollouts.decode_groups`).
+
+Format 1 (see :mod:`ftis_flwr.rollouts`): flat arrays ``prompt_ids`` / ``completion_ids`` /
+``logprobs`` / ``rewards`` with ``prompt_offsets`` [n+1], ``group_offsets`` [n+1] (completion
+ranges) and ``completion_offsets`` [c+1] (token ranges); per-group lists of str in the meta.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord
+
+FORMATS = (1,)
+"""The ``format_version`` values this module can cut."""
+_V1_ARRAYS = ("prompt_ids", "prompt_offsets", "completion_ids", "completion_offsets",
+              "group_offsets", "logprobs", "rewards")
+
+
+class WireSelectError(ValueError):
+    """A payload this module cannot cut: unknown format, or a structure that does not add up."""
+
+
+def _v1(arrays: ArrayRecord, meta: ConfigRecord) -> tuple[dict[str, np.ndarray], int]:
+    """Format 1's arrays (as numpy) and group count, with the offsets' structure checked."""
+    version = meta.get("format_version")
+    if version not in FORMATS:
+        raise WireSelectError(f"format_version {version!r} cannot be cut by ftis_flwr.wire_select, which "
+                              f"reads format(s) {', '.join(map(str, FORMATS))}")
+    missing = [k for k in _V1_ARRAYS if k not in arrays]
+    if missing:
+        raise WireSelectError(f"format 1 payload lacks arrays {missing}")
+    try:
+        a = {k: arrays[k].numpy() for k in _V1_ARRAYS}
+    except Exception as exc:  # a corrupt buffer is the sender's fault, named as such
+        raise WireSelectError(f"format 1 payload cannot be read: {exc}") from None
+    ids = meta.get("prompt_id")
+    if not isinstance(ids, list):
+        raise WireSelectError("format 1 meta 'prompt_id' is not a list")
+    n = len(ids)
+    g_off, c_off, p_off = a["group_offsets"], a["completion_offsets"], a["prompt_offsets"]
+    for key, off, count, total in (("prompt_offsets", p_off, n, len(a["prompt_ids"])),
+                                   ("group_offsets", g_off, n, len(c_off) - 1),
+                                   ("completion_offsets", c_off, len(c_off) - 1, len(a["completion_ids"]))):
+        if (off.ndim != 1 or len(off) != count + 1 or off[0] != 0 or off[-1] != total
+                or (count and np.diff(off).min() < 0)):
+            raise WireSelectError(f"format 1 {key} does not describe {count} ranges of {total} elements")
+    if len(a["logprobs"]) != len(a["completion_ids"]) or len(a["rewards"]) != len(c_off) - 1:
+        raise WireSelectError("format 1 logprobs/rewards lengths disagree with the completions")
+    return a, n
+
+
+def group_count(meta: ConfigRecord) -> int:
+    """Groups a payload claims (its meta's ``prompt_id`` list); 0 when unreadable."""
+    ids = meta.get("prompt_id") if isinstance(meta, ConfigRecord) else None
+    return len(ids) if isinstance(ids, list) else 0
+
+
+def group_rewards(arrays: ArrayRecord, meta: ConfigRecord) -> list[np.ndarray]:
+    """Each group's rewards *as the sender claims them* (receivers recompute their own)."""
+    a, n = _v1(arrays, meta)
+    g_off = a["group_offsets"]
+    return [a["rewards"][g_off[g]:g_off[g + 1]].astype(np.float32) for g in range(n)]
+
+
+def subset_payload(arrays: ArrayRecord, meta: ConfigRecord, keep: list[int]
+                   ) -> tuple[ArrayRecord, ConfigRecord]:
+    """The same payload with only groups ``keep`` (positions, kept in payload order).
+
+    Dtypes are unchanged and every per-group meta list (a list as long as the groups) is cut
+    alike; other meta entries are copied. ``keep`` out of range or repeated is a ValueError.
+    """
+    a, n = _v1(arrays, meta)
+    keep = sorted(int(k) for k in keep)
+    if len(set(keep)) != len(keep) or (keep and not 0 <= keep[0] <= keep[-1] < n):
+        raise ValueError(f"keep must be distinct group positions in [0, {n}), got {keep}")
+    p_off, g_off, c_off = a["prompt_offsets"], a["group_offsets"], a["completion_offsets"]
+    comps = [c for g in keep for c in range(g_off[g], g_off[g + 1])]
+
+    def cut(flat: np.ndarray, ranges) -> np.ndarray:
+        parts = [flat[lo:hi] for lo, hi in ranges]
+        return np.concatenate(parts).astype(flat.dtype, copy=False) if parts else flat[:0].copy()
+
+    def offsets(lengths) -> np.ndarray:
+        out = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(np.asarray(lengths, dtype=np.int64), out=out[1:])
+        return out.astype(p_off.dtype, copy=False)
+
+    tokens = [(c_off[c], c_off[c + 1]) for c in comps]
+    out = {
+        "prompt_ids": cut(a["prompt_ids"], [(p_off[g], p_off[g + 1]) for g in keep]),
+        "prompt_offsets": offsets([p_off[g + 1] - p_off[g] for g in keep]),
+        "completion_ids": cut(a["completion_ids"], tokens),
+        "completion_offsets": offsets([hi - lo for lo, hi in tokens]),
+        "group_offsets": offsets([g_off[g + 1] - g_off[g] for g in keep]),
+        "logprobs": cut(a["logprobs"], tokens),
+        "rewards": a["rewards"][np.asarray(comps, dtype=np.int64)],
+    }
+    new_meta = {}
+    for key, value in meta.items():
+        new_meta[key] = [value[g] for g in keep] if isinstance(value, list) and len(value) == n else value
+    return (ArrayRecord({k: Array.from_numpy_ndarray(v) for k, v in out.items()}),
+            ConfigRecord(new_meta))
