@@ -29,7 +29,7 @@ from collections.abc import Mapping
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord
 
-from .config import ExchangeConfig
+from .config import ExchangeConfig, WireConfig
 from .wire_select import WireSelectError, group_count, group_rewards, subset_payload
 
 log = logging.getLogger("ftis_flwr.strategy")
@@ -50,8 +50,10 @@ def _seed(*parts: object) -> int:
 class ForeignBudget:
     """Chooses each receiver's foreign groups per round; remembers receivers' KL reports."""
 
-    def __init__(self, cfg: ExchangeConfig, run_seed: int = 0):
+    def __init__(self, cfg: ExchangeConfig, run_seed: int = 0, wire: WireConfig | None = None):
         self.cfg, self.run_seed = cfg, run_seed
+        self.wire = wire or WireConfig()
+        """The caps a compact payload is unpacked under before it is cut (the server's own)."""
         self.kl: dict[str, dict[str, float]] = {}
         """receiver -> source -> the receiver's last reported ``<source>/kl_mean``"""
 
@@ -83,7 +85,7 @@ class ForeignBudget:
         for src in sorted(payloads):
             arrays, meta, _ = payloads[src]
             try:
-                spread[src] = [float(np.var(r)) if len(r) else 0.0 for r in group_rewards(arrays, meta)]
+                spread[src] = [float(np.var(r)) if len(r) else 0.0 for r in group_rewards(arrays, meta, self.wire)]
             except WireSelectError as exc:
                 log.warning("round %d: groups of %s not forwarded to %s: %s", rnd, src, receiver, exc)
         candidates = [(src, g) for src in sorted(spread) for g in range(len(spread[src]))]
@@ -102,11 +104,11 @@ class ForeignBudget:
         for src, keep in chosen.items():
             arrays, meta, indices = payloads[src]
             keep.sort()
-            n = group_count(meta)
+            n = group_count(arrays, meta)
             if len(keep) == n:  # all of it: forwarded as received
                 out[src] = payloads[src]
                 continue
-            sub_arrays, sub_meta = subset_payload(arrays, meta, keep)
+            sub_arrays, sub_meta = subset_payload(arrays, meta, keep, self.wire)
             out[src] = (sub_arrays, sub_meta, [indices[g] for g in keep] if n == len(indices) else list(indices))
         return out
 

@@ -87,7 +87,7 @@ class FTISStrategy(Strategy):
         self._assigned: dict[int, list[int]] = {}   # node id -> train indices, round in flight
         self._forwarded: dict[int, list[str]] = {}  # node id -> sources sent to it, round in flight
         self._received: dict[int, dict[str, float]] = {}  # node id -> foreign groups/bytes sent to it
-        self.budget = ForeignBudget(experiment.exchange, experiment.rounds.seed)
+        self.budget = ForeignBudget(experiment.exchange, experiment.rounds.seed, experiment.wire)
         """Which foreign groups each node gets (``exchange.*``); all of them by default."""
         self._streaks: dict[str, int] = {}        # source -> consecutive rounds it was rejected
         self._sent: dict[str, int] = {}           # message id -> destination node id
@@ -155,7 +155,7 @@ class FTISStrategy(Strategy):
                     arrays_key, meta_key = protocol.foreign_keys(src)
                     content[arrays_key], content[meta_key] = arr, meta
                     foreign[src] = indices
-                    groups += group_count(meta)
+                    groups += group_count(arr, meta)
                     nbytes += payload_bytes(arr, meta)
             self._forwarded[nid] = list(foreign)
             self._received[nid] = {"foreign_groups_received": float(groups),

@@ -7,9 +7,14 @@ meta) and refuses any other loudly (:class:`WireSelectError`), so a new codec ca
 wrongly by an old reader. Nothing here checks token ids or log-probs: the receiver still
 validates everything it gets (:func:`ftis_flwr.rollouts.decode_groups`).
 
-Format 1 (see :mod:`ftis_flwr.rollouts`): flat arrays ``prompt_ids`` / ``completion_ids`` /
+Format 1 (see :mod:`ftis_flwr.wire_arrays`): flat arrays ``prompt_ids`` / ``completion_ids`` /
 ``logprobs`` / ``rewards`` with ``prompt_offsets`` [n+1], ``group_offsets`` [n+1] (completion
 ranges) and ``completion_offsets`` [c+1] (token ranges); per-group lists of str in the meta.
+
+Format 2 (compact, :mod:`ftis_flwr.wire_compact`): one container, unpacked structurally (caps
+from the server's ``wire`` config checked first), cut, and packed again with the sender's own id
+width, log-prob codec and compression, so the receiver gets exactly the bytes of those groups
+(a 16-bit log-prob decodes to float32 and packs back to the same 16 bits).
 """
 
 from __future__ import annotations
@@ -17,7 +22,12 @@ from __future__ import annotations
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord
 
-FORMATS = (1,)
+from . import wire_compact as wc
+from .config import WireConfig
+from .groups import PayloadError
+from .rollouts import WIRE_KEY, _compact_bytes, payload_size
+
+FORMATS = (1, 2)
 """The ``format_version`` values this module can cut."""
 _V1_ARRAYS = ("prompt_ids", "prompt_offsets", "completion_ids", "completion_offsets",
               "group_offsets", "logprobs", "rewards")
@@ -56,27 +66,52 @@ def _v1(arrays: ArrayRecord, meta: ConfigRecord) -> tuple[dict[str, np.ndarray],
     return a, n
 
 
-def group_count(meta: ConfigRecord) -> int:
-    """Groups a payload claims (its meta's ``prompt_id`` list); 0 when unreadable."""
-    ids = meta.get("prompt_id") if isinstance(meta, ConfigRecord) else None
-    return len(ids) if isinstance(ids, list) else 0
+def _v2(arrays: ArrayRecord, meta: ConfigRecord, wire: WireConfig
+        ) -> tuple[dict[str, np.ndarray], int, dict, wc.Fields]:
+    """A compact payload's sections as format 1's arrays, its group count, header and fields."""
+    try:
+        blob = _compact_bytes(arrays, meta, wire)
+        header = wc.read_header(blob)
+        f = wc.unpack(blob, wire)
+    except PayloadError as exc:
+        raise WireSelectError(f"compact payload cannot be read: {exc}") from None
+    a = {k: getattr(f, k) for k in _V1_ARRAYS}
+    return a, len(f.group_offsets) - 1, header, f
 
 
-def group_rewards(arrays: ArrayRecord, meta: ConfigRecord) -> list[np.ndarray]:
-    """Each group's rewards *as the sender claims them* (receivers recompute their own)."""
+def _read(arrays: ArrayRecord, meta: ConfigRecord, wire: WireConfig | None):
+    if WIRE_KEY in arrays.keys():
+        a, n, header, f = _v2(arrays, meta, wire or WireConfig())
+        return a, n, (header, f)
     a, n = _v1(arrays, meta)
+    return a, n, None
+
+
+def group_count(arrays: ArrayRecord, meta: ConfigRecord) -> int:
+    """Groups a payload claims, read without decoding (either format); 0 when unreadable."""
+    try:
+        return payload_size(arrays, meta)[0]
+    except Exception:  # whatever a node sent: it is counted as nothing, never a crash
+        return 0
+
+
+def group_rewards(arrays: ArrayRecord, meta: ConfigRecord, wire: WireConfig | None = None
+                  ) -> list[np.ndarray]:
+    """Each group's rewards *as the sender claims them* (receivers recompute their own)."""
+    a, n, _ = _read(arrays, meta, wire)
     g_off = a["group_offsets"]
     return [a["rewards"][g_off[g]:g_off[g + 1]].astype(np.float32) for g in range(n)]
 
 
-def subset_payload(arrays: ArrayRecord, meta: ConfigRecord, keep: list[int]
-                   ) -> tuple[ArrayRecord, ConfigRecord]:
+def subset_payload(arrays: ArrayRecord, meta: ConfigRecord, keep: list[int],
+                   wire: WireConfig | None = None) -> tuple[ArrayRecord, ConfigRecord]:
     """The same payload with only groups ``keep`` (positions, kept in payload order).
 
-    Dtypes are unchanged and every per-group meta list (a list as long as the groups) is cut
-    alike; other meta entries are copied. ``keep`` out of range or repeated is a ValueError.
+    Format 1: dtypes are unchanged and every per-group meta list (a list as long as the groups)
+    is cut alike; other meta entries are copied. Format 2: packed again as the sender packed it.
+    ``keep`` out of range or repeated is a ValueError.
     """
-    a, n = _v1(arrays, meta)
+    a, n, compact = _read(arrays, meta, wire)
     keep = sorted(int(k) for k in keep)
     if len(set(keep)) != len(keep) or (keep and not 0 <= keep[0] <= keep[-1] < n):
         raise ValueError(f"keep must be distinct group positions in [0, {n}), got {keep}")
@@ -102,6 +137,14 @@ def subset_payload(arrays: ArrayRecord, meta: ConfigRecord, keep: list[int]
         "logprobs": cut(a["logprobs"], tokens),
         "rewards": a["rewards"][np.asarray(comps, dtype=np.int64)],
     }
+    if compact is not None:
+        header, f = compact
+        cut_fields = wc.Fields(strings={k: [v[g] for g in keep] for k, v in f.strings.items()},
+                               **{k: np.asarray(v) for k, v in out.items()})
+        blob = wc.pack(cut_fields, id_bits=header["id_bits"], codec=header["codec"],
+                       compress="zlib" if header["zlib"] else "none")
+        return (ArrayRecord({WIRE_KEY: Array.from_numpy_ndarray(np.frombuffer(blob, np.uint8))}),
+                ConfigRecord(dict(meta.items())))
     new_meta = {}
     for key, value in meta.items():
         new_meta[key] = [value[g] for g in keep] if isinstance(value, list) and len(value) == n else value

@@ -71,13 +71,18 @@ def worker_dir(cache_dir: Path, run_key: str, node: str) -> Path:
 
 
 def _pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs; a zombie (dead, not yet reaped by the ClientApp process that started
+    it) does not, and its empty command line must not make it look like some other program."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def _is_worker(pid: int) -> bool:

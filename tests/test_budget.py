@@ -45,8 +45,14 @@ def varied_groups(name: str, idx: list[int], size: int) -> list:
 
 
 def ids_of(msg, src) -> list[int]:
-    """The train indices of the groups actually carried for ``src`` (hand-built ids are train:<i>)."""
-    return [int(p.split(":")[1]) for p in msg.content[protocol.foreign_keys(src)[1]]["prompt_id"]]
+    """The train indices of the groups actually carried for ``src`` (hand-built ids are
+    train:<i>), decoded as a receiver would (any wire format)."""
+    from ftis_flwr.config import WireConfig
+
+    arrays_key, meta_key = protocol.foreign_keys(src)
+    groups = decode_groups(msg.content[arrays_key], msg.content[meta_key], expected_fp=FP,
+                           vocab_size=VOCAB, wire=WireConfig())
+    return [int(g.prompt_id.split(":")[1]) for g in groups]
 
 
 def forwarded(msg) -> dict[str, list[int]]:
@@ -56,12 +62,14 @@ def forwarded(msg) -> dict[str, list[int]]:
 # ------------------------------------------------------------------------- the cutter
 
 
+@pytest.mark.parametrize("fmt", ["arrays", "compact"])
 @pytest.mark.parametrize("lp", ["fp32", "fp16", "bf16"])
-def test_a_cut_payload_decodes_to_exactly_the_kept_groups(lp):
+def test_a_cut_payload_decodes_to_exactly_the_kept_groups(lp, fmt):
     from ftis_flwr.config import WireConfig
 
     groups = varied_groups("b", [0, 1, 2, 3, 4], 4)
-    arrays, meta = encode_groups(groups, logprob_dtype=lp, vocab_size=VOCAB)
+    arrays, meta = encode_groups(groups, logprob_dtype=lp, vocab_size=VOCAB, format=fmt,
+                                 compress="zlib")
     whole = decode_groups(arrays, meta, expected_fp=FP, vocab_size=VOCAB, wire=WireConfig())
     sub_arrays, sub_meta = subset_payload(arrays, meta, [3, 0, 4])
     got = decode_groups(sub_arrays, sub_meta, expected_fp=FP, vocab_size=VOCAB, wire=WireConfig())
@@ -78,20 +86,30 @@ def test_a_cut_payload_decodes_to_exactly_the_kept_groups(lp):
     assert payload_bytes(sub_arrays, sub_meta) < payload_bytes(arrays, meta)
 
 
-def test_group_rewards_are_the_claimed_ones_per_group():
+@pytest.mark.parametrize("fmt", ["arrays", "compact"])
+def test_group_rewards_are_the_claimed_ones_per_group(fmt):
+    from ftis_flwr.wire_select import group_count
+
     groups = varied_groups("b", [0, 1, 2], 4)
-    arrays, meta = encode_groups(groups, vocab_size=VOCAB)
+    arrays, meta = encode_groups(groups, vocab_size=VOCAB, format=fmt)
     got = group_rewards(arrays, meta)
     assert [r.tolist() for r in got] == [g.rewards.tolist() for g in groups]
+    assert group_count(arrays, meta) == 3
 
 
 def test_the_cutter_refuses_other_formats_and_bad_input():
-    arrays, meta = encode_groups(groups_for("b", [0, 1], 2), vocab_size=VOCAB)
-    v2 = ConfigRecord({**dict(meta.items()), "format_version": 2})
-    with pytest.raises(WireSelectError, match="format_version 2 cannot be cut"):
-        subset_payload(arrays, v2, [0])
-    with pytest.raises(WireSelectError, match="format_version 2"):
-        group_rewards(arrays, v2)
+    arrays, meta = encode_groups(groups_for("b", [0, 1], 2), vocab_size=VOCAB, format="arrays")
+    v3 = ConfigRecord({**dict(meta.items()), "format_version": 3})
+    with pytest.raises(WireSelectError, match="format_version 3 cannot be cut"):
+        subset_payload(arrays, v3, [0])
+    with pytest.raises(WireSelectError, match="format_version 3"):
+        group_rewards(arrays, v3)
+    compact, cmeta = encode_groups(groups_for("b", [0, 1], 2), vocab_size=VOCAB, format="compact")
+    blob = compact["wire"].numpy().copy()
+    blob[-3:] = 255  # the container's last bytes: a body that no longer adds up
+    broken = ArrayRecord({"wire": Array.from_numpy_ndarray(blob[:-1])})
+    with pytest.raises(WireSelectError, match="compact payload cannot be read"):
+        subset_payload(broken, cmeta, [0])
     with pytest.raises(ValueError, match=r"distinct group positions in \[0, 2\)"):
         subset_payload(arrays, meta, [2])
     with pytest.raises(ValueError, match="distinct"):

@@ -310,3 +310,30 @@ def test_only_the_workers_of_runs_started_since_are_stopped(tmp_path):
             except ProcessLookupError:
                 pass
             proc.wait(timeout=15)
+
+
+def test_a_crashed_worker_not_yet_reaped_still_has_its_group_killed():
+    """The ClientApp that started a worker is its parent and does not reap it, so a crashed worker
+    stays a zombie, with an empty command line; its orphans (a vLLM engine core) must still go."""
+    from ftis_flwr.worker import _pid_alive, kill_worker_group
+
+    code = ("import subprocess, sys, time; "
+            "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
+            "print(c.pid, flush=True); time.sleep(120)")
+    leader = subprocess.Popen([sys.executable, "-c", code, "ftis_flwr.worker"], stdout=subprocess.PIPE,
+                              start_new_session=True)
+    child = int(leader.stdout.readline())
+    os.kill(leader.pid, signal.SIGKILL)  # the crash; not reaped: a zombie
+    deadline = time.monotonic() + 15
+    while not _zombie(leader.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        assert _zombie(leader.pid) and not _pid_alive(leader.pid)
+        kill_worker_group(leader.pid)
+        assert _wait_dead(child)
+    finally:
+        try:
+            os.kill(child, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        leader.wait(timeout=15)
