@@ -32,6 +32,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from ftis_flwr.worker import kill_workers_of_new_runs, worker_runs  # noqa: E402
 
 
 def taxes(run_dir: Path) -> list[dict]:
@@ -72,39 +73,11 @@ def _overrides(pairs: list[str]) -> dict[str, str]:
 def sim_one(preset: str, sets: dict[str, str], poll: float, out: Path) -> None:
     """One simulation in this process with grid_io.POLL_INTERVAL = poll; writes out/result.json."""
     import ftis_flwr.grid_io as grid_io
-    from flwr.serverapp import ServerApp
-    from flwr.simulation import run_simulation
-
-    from clients.client_app import app as client_app
-    from ftis_flwr.config import load_experiment
-    from server_app.server_app import run
+    from simulations.runs import simulate
 
     grid_io.POLL_INTERVAL = poll
-    exp = load_experiment(preset, dict(sets, run_dir=str(out / "runs")))
-    result: dict = {}
-    server = ServerApp()
-
-    @server.main()
-    def main(grid, context):
-        result["run_dir"] = str(run(grid, exp))
-
-    try:
-        run_simulation(server, client_app, num_supernodes=len(exp.nodes),
-                       backend_config={"client_resources": {"num_cpus": 1}})
-    finally:
-        _kill_workers(exp.cache_dir, result.get("run_dir", ""))
-    (out / "result.json").write_text(json.dumps(result))
-
-
-def _kill_workers(cache_dir: str, run_dir: str) -> None:
-    from ftis_flwr.config import default_cache_dir
-
-    for address in default_cache_dir(cache_dir).glob("workers/*/*/address.json"):
-        try:  # a worker this run left behind, stopped by its pid
-            if not run_dir or Path(run_dir).name in str(address):
-                os.kill(json.loads(address.read_text())["pid"], signal.SIGKILL)
-        except (ProcessLookupError, ValueError, KeyError, OSError):
-            pass
+    run_dir = simulate(preset, dict(sets, run_dir=str(out / "runs")))
+    (out / "result.json").write_text(json.dumps({"run_dir": run_dir}))
 
 
 def sim(a) -> None:
@@ -161,6 +134,7 @@ def deploy(a) -> None:
                                       f'address = "127.0.0.1:{port}"\ninsecure = true\n')
     env = dict(os.environ, FLWR_HOME=str(home), FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_UPDATE_CHECK="1")
     cache, runs = Path(a.cache) if a.cache else tmp / "cache", tmp / "runs"
+    before = worker_runs(cache)  # a shared --cache: only this run's workers are stopped after it
     cards = [c.name for c in load_experiment(a.preset).nodes]
     sets = " ".join(f"{k}={v}" for k, v in _overrides([f"rounds.num-rounds={a.rounds}", *a.set]).items())
     procs = [_start([str(bin_dir / "flower-superlink"), "--insecure", "--isolation", "subprocess", "--host",
@@ -185,7 +159,7 @@ def deploy(a) -> None:
                               f"preset='{a.preset}' cache-dir='{cache}' run-dir='{runs}' {sets}"],
                              cwd=REPO, env=env, capture_output=True, text=True, timeout=3600)
     finally:
-        _kill_workers(str(cache), "")
+        kill_workers_of_new_runs(cache, before)
         for proc in reversed(procs):
             _stop(proc)
     dirs = list(runs.glob("*"))

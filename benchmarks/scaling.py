@@ -39,29 +39,12 @@ def nodes_yaml(m: int) -> str:
 
 def one(a) -> None:
     """One simulation in this process; writes result.json with its run folder."""
-    from flwr.serverapp import ServerApp
-    from flwr.simulation import run_simulation
-
-    from clients.client_app import app as client_app
     from ftis_flwr.config import load_experiment
-    from server_app.server_app import run
+    from simulations.runs import simulate
 
     sets = dict(kv.split("=", 1) for kv in a.set)
     exp = load_experiment(a.preset, dict(sets, run_dir=str(Path(a.out) / "runs")), yaml_text=nodes_yaml(a.m[0]))
-    result: dict = {}
-    server = ServerApp()
-
-    @server.main()
-    def main(grid, context):
-        result["run_dir"] = str(run(grid, exp))
-
-    try:
-        run_simulation(server, client_app, num_supernodes=len(exp.nodes),
-                       backend_config={"client_resources": {"num_cpus": 1}})
-    finally:
-        from benchmarks.flower_tax import _kill_workers
-
-        _kill_workers(exp.cache_dir, result.get("run_dir", ""))
+    result = {"run_dir": simulate(a.preset, {}, experiment=exp)}
     (Path(a.out) / "result.json").write_text(json.dumps(result))
 
 

@@ -26,8 +26,9 @@ def card_order(preset: str, overrides: Mapping[str, Any]) -> list[str]:
     return [c.name for c in load_experiment(preset, dict(overrides), import_registries=False).nodes]
 
 
-def simulate(preset: str, overrides: Mapping[str, Any]) -> str:
-    """Run ``preset`` with ``overrides`` through Flower in this process; returns the run folder.
+def simulate(preset: str, overrides: Mapping[str, Any], *, experiment: Any = None) -> str:
+    """Run ``preset`` with ``overrides`` (or a loaded ``experiment``) through Flower in this
+    process; returns the run folder. The benchmarks use it too.
 
     SystemExit when the ServerApp did not finish (its error is in the log above).
     """
@@ -39,7 +40,7 @@ def simulate(preset: str, overrides: Mapping[str, Any]) -> str:
     from ftis_flwr.config import default_cache_dir, load_experiment
     from server_app.server_app import run
 
-    exp = load_experiment(preset, dict(overrides))
+    exp = experiment if experiment is not None else load_experiment(preset, dict(overrides))
     result: dict = {}
     server = ServerApp()
 
