@@ -144,16 +144,17 @@ setups:
   - {name: size, preset: cpu-pair}
 methods: [f-tis, nois]
 modes: [vertical, alone]
-g: [50, 1]
+g: [50]
 seeds: [0]
 """
 
 
 def test_real_sweep_resumes_and_reports_a_failure(tmp_path):
-    """Four points: one finished before (kept, not rerun), two that run through Flower (f-tis at
-    g=50 and g=1), one whose result cannot be written (a directory is in the way: the run stops
-    before starting Flower): tried twice, reported with its log, and the sweep goes on and
-    writes its tables."""
+    """Three points: one finished before (kept, not rerun), one that runs through Flower (f-tis,
+    g=50), one whose result cannot be written (a directory is in the way: the run stops before
+    starting Flower): tried twice, reported with its log, and the sweep goes on and writes its
+    tables. (One real run only, for the suite's time: that g reaches the run is checked on the
+    grid's overrides above and in the loss and node tests.)"""
     grid = _grid(tmp_path, SMOKE)
     out = tmp_path / "out"
     (out / "results").mkdir(parents=True)
@@ -164,14 +165,14 @@ def test_real_sweep_resumes_and_reports_a_failure(tmp_path):
     proc = subprocess.run([sys.executable, "simulations/sweep.py", str(grid), "--out", str(out), "--nice", "0"],
                           cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "grid smoke: 4 runs, 1 finished before, 3 to run" in proc.stdout
+    assert "grid smoke: 3 runs, 1 finished before, 2 to run" in proc.stdout
     assert f"{blocked} FAILED (exit 1, 2 attempts), log {out / 'logs' / (blocked + '.log')}" in proc.stdout
     assert "IsADirectoryError" in (out / "logs" / f"{blocked}.attempt1.log").read_text()
     assert f"failed: {blocked}" in proc.stdout
     assert not (out / "logs" / f"{kept_key}.log").exists()  # the finished run was not redone
     assert json.loads((out / "results" / f"{kept_key}.json").read_text()) == kept
-    ran = ["size__f-tis__vertical__g-50__seed-0", "size__f-tis__vertical__g-1__seed-0"]
-    for key, g in zip(ran, (50.0, 1.0)):
+    ran = ["size__f-tis__vertical__g-50__seed-0"]
+    for key in ran:
         done = json.loads((out / "results" / f"{key}.json").read_text())
         nodes = done["summary"]["nodes"]
         assert list(nodes) == ["small", "large"]  # card order
@@ -180,14 +181,9 @@ def test_real_sweep_resumes_and_reports_a_failure(tmp_path):
             assert [r for r, _ in data["accuracy"]["ood"]] == [0, 1, 2]
             assert len(data["truncated"]) == 2 and len(data["filtered"]) == 2
         assert done["overrides"]["task.name"] == "arithmetic-heldout"
-        assert done["overrides"]["loss.kl_threshold"] == g
+        assert done["overrides"]["loss.kl_threshold"] == 50.0
         events = (Path(done["summary"]["run_dir"]) / "metrics.jsonl").read_text()
         assert events.count('"round"') >= 3
-    # g reaches the filter: round 1 is the same in both runs (same models, prompts and sampling
-    # seeds), so the smaller threshold filters at least as many received samples, and more overall
-    first = [json.loads((out / "results" / f"{k}.json").read_text())["summary"]["nodes"] for k in ran]
-    f50, f1 = ([n["filtered"][0][1] for n in nodes.values()] for nodes in first)
-    assert all(b >= a for a, b in zip(f50, f1)) and sum(f1) > sum(f50)
     rows = list(csv.DictReader(open(out / "results.csv")))
     assert sorted(r["key"] for r in rows) == sorted([kept_key, *ran])
     assert (out / "final.png").is_file() and (out / "accuracy-size.png").is_file()
