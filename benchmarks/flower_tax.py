@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> None:
         s = sub.add_parser(name)
         s.add_argument("--preset", default="cpu-pair")
         s.add_argument("--rounds", type=int, default=10)
-        s.add_argument("--set", nargs="*", default=[], help="extra overrides, key=value")
+        s.add_argument("--set", nargs="*", action="extend", default=[], help="extra overrides, key=value")
     sub.choices["sim"].add_argument("--poll", type=float, nargs="+", default=[0.2, 0.02])
     sub.choices["sim-one"].add_argument("--poll", type=float, required=True)
     sub.choices["sim-one"].add_argument("--out", required=True)

@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--preset", default="")
     p.add_argument("--yaml", default="", help="a YAML experiment file (merged on the preset)")
     p.add_argument("--pairs", nargs="+", default=["0,1"], help="model seeds per run: a,b ...")
-    p.add_argument("--set", nargs="*", default=[], help="overrides key=value")
+    p.add_argument("--set", nargs="*", action="extend", default=[], help="overrides key=value")
     p.add_argument("--eval-every", type=int, default=4)
     p.add_argument("--out", default="runs/study")
     a = p.parse_args(argv)

@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--preset", default="cpu-pair")
     p.add_argument("--select", default="random")
     p.add_argument("--budget", type=int, default=0, help="groups per node per round (0: prompts_per_node)")
-    p.add_argument("--set", nargs="*", default=[], help="extra overrides, key=value")
+    p.add_argument("--set", nargs="*", action="extend", default=[], help="extra overrides, key=value")
     p.add_argument("--skip", nargs="*", default=[], help="runs to skip, e.g. 2:on (the budget is m=2's volume: "
                    "at m=2 it forwards everything, as off does)")
     p.add_argument("--direct", action="store_true", help="one receiver Node without Flower (see direct())")

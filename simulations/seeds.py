@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="cpu-pair")
     p.add_argument("--seeds", default="0-4", help="e.g. 0-11 or 0,3,5")
-    p.add_argument("--set", nargs="*", default=[], help="extra overrides, key=value")
+    p.add_argument("--set", nargs="*", action="extend", default=[], help="extra overrides, key=value")
     p.add_argument("--out", default="runs/seeds")
     p.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
