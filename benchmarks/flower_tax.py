@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -32,6 +31,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from deploy.secure_local import BIN, free_port, start, stop  # noqa: E402
 from ftis_flwr.worker import kill_workers_of_new_runs, worker_runs  # noqa: E402
 
 
@@ -99,35 +99,11 @@ def sim(a) -> None:
               f"round {m['round_seconds']:.2f} s, slowest compute {m['compute']:.2f} s")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start(cmd, env, log):
-    return subprocess.Popen(cmd, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
-
-
-def _stop(proc) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=20)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
-
-
 def deploy(a) -> None:
     from ftis_flwr.config import load_experiment
 
-    bin_dir = Path(sys.executable).parent
     tmp = Path(tempfile.mkdtemp(prefix="tax-deploy-"))
-    port = _free_port()
+    port = free_port()
     home = tmp / "flwr-home"
     home.mkdir()
     (home / "config.toml").write_text(f'[superlink]\ndefault = "dep"\n\n[superlink.dep]\n'
@@ -137,7 +113,7 @@ def deploy(a) -> None:
     before = worker_runs(cache)  # a shared --cache: only this run's workers are stopped after it
     cards = [c.name for c in load_experiment(a.preset).nodes]
     sets = " ".join(f"{k}={v}" for k, v in _overrides([f"rounds.num-rounds={a.rounds}", *a.set]).items())
-    procs = [_start([str(bin_dir / "flower-superlink"), "--insecure", "--isolation", "subprocess", "--host",
+    procs = [start([str(BIN / "flower-superlink"), "--insecure", "--isolation", "subprocess", "--host",
                      "127.0.0.1", "--port", str(port), "--disable-runtime-dependency-installation"],
                     env, tmp / "superlink.log")]
     print(f"deployment in {tmp}: SuperLink pid {procs[0].pid} on port {port}", flush=True)
@@ -152,16 +128,16 @@ def deploy(a) -> None:
                     raise SystemExit("flower-superlink did not start listening")
                 time.sleep(0.3)
         for card in cards:
-            procs.append(_start([str(bin_dir / "flower-supernode"), "--insecure", "--superlink",
-                                 f"127.0.0.1:{port}", "--port", str(_free_port()), "--node-config",
+            procs.append(start([str(BIN / "flower-supernode"), "--insecure", "--superlink",
+                                 f"127.0.0.1:{port}", "--port", str(free_port()), "--node-config",
                                  f'card="{card}"'], env, tmp / f"supernode-{card}.log"))
-        run = subprocess.run([str(bin_dir / "flwr"), "run", ".", "dep", "--stream", "--run-config",
+        run = subprocess.run([str(BIN / "flwr"), "run", ".", "dep", "--stream", "--run-config",
                               f"preset='{a.preset}' cache-dir='{cache}' run-dir='{runs}' {sets}"],
                              cwd=REPO, env=env, capture_output=True, text=True, timeout=3600)
     finally:
         kill_workers_of_new_runs(cache, before)
         for proc in reversed(procs):
-            _stop(proc)
+            stop(proc)
     dirs = list(runs.glob("*"))
     if run.returncode != 0 or len(dirs) != 1:
         raise SystemExit(f"the deployment run failed:\n{(run.stdout + run.stderr)[-3000:]}")

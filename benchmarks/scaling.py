@@ -57,6 +57,7 @@ def direct(a) -> None:
     import time
 
     from ftis_flwr.budget import ForeignBudget
+    from ftis_flwr.wire_select import group_count
     from ftis_flwr.config import ExchangeConfig, load_experiment
     from ftis_flwr.node import Node
     from ftis_flwr.rollouts import encode_groups, payload_bytes
@@ -83,7 +84,7 @@ def direct(a) -> None:
             offer = {src: payloads[src] for src in [c.name for c in exp.nodes[1:m]]}
             for label, budget in budgets.items():
                 chosen = budget.select(receiver.card.name, rep + 1, offer)
-                sent[label, m] = (sum(len(meta["prompt_id"]) for _, meta, _ in chosen.values()),
+                sent[label, m] = (sum(group_count(arr, meta) for arr, meta, _ in chosen.values()),
                                   sum(payload_bytes(arr, meta) for arr, meta, _ in chosen.values()))
                 receiver.pending = receiver.generate(list(range(10_000, 10_000 + b)), g, rep)
                 t0 = time.perf_counter()

@@ -149,11 +149,14 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def kill_workers(cache: Path) -> None:
-    """SIGKILL, by pid, the node workers the federation left under its cache directory."""
+    """SIGKILL, by pid, the node workers the federation left under its (private) cache directory,
+    with whatever they started (their process groups)."""
+    from ftis_flwr.worker import kill_worker_group
+
     for address in Path(cache).glob("workers/*/*/address.json"):
         try:
-            os.kill(json.loads(address.read_text())["pid"], signal.SIGKILL)
-        except (ProcessLookupError, ValueError, KeyError, OSError):
+            kill_worker_group(int(json.loads(address.read_text())["pid"]))
+        except (ValueError, KeyError, OSError):
             pass
 
 

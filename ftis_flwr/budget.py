@@ -15,7 +15,7 @@ each receiver gets at N groups per round across all sources; ``exchange.select``
   is tried once before the rule exploits; within a source, groups in the seeded order.
 
 Cheap on the server: no model, no tokenizer; a source's payload is cut with
-:func:`ftis_flwr.wire_select.subset_payload`, and the provenance map then lists only the train
+:meth:`ftis_flwr.wire_select.Cuttable.subset`, and the provenance map then lists only the train
 indices of the groups forwarded (see :meth:`ForeignBudget.select`).
 """
 
@@ -30,7 +30,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord
 
 from .config import ExchangeConfig, WireConfig
-from .wire_select import WireSelectError, group_count, group_rewards, subset_payload
+from .wire_select import Cuttable, WireSelectError
 
 log = logging.getLogger("ftis_flwr.strategy")
 
@@ -56,6 +56,9 @@ class ForeignBudget:
         """The caps a compact payload is unpacked under before it is cut (the server's own)."""
         self.kl: dict[str, dict[str, float]] = {}
         """receiver -> source -> the receiver's last reported ``<source>/kl_mean``"""
+        self._read: tuple[int, dict[str, tuple[ArrayRecord, Cuttable | WireSelectError]]] = (-1, {})
+        """(round, source -> (its arrays, their read or why they cannot be read)): every receiver
+        of a round is served from one read per source (unpacking is the server's main cost)."""
 
     @property
     def active(self) -> bool:
@@ -81,16 +84,18 @@ class ForeignBudget:
         if not self.active:
             return dict(payloads)
         rng = np.random.default_rng(_seed(self.run_seed, rnd, receiver))
-        spread: dict[str, list[float]] = {}  # source -> per-group claimed-reward variance
+        readable: dict[str, Cuttable] = {}
         for src in sorted(payloads):
-            arrays, meta, _ = payloads[src]
-            try:
-                spread[src] = [float(np.var(r)) if len(r) else 0.0 for r in group_rewards(arrays, meta, self.wire)]
-            except WireSelectError as exc:
-                log.warning("round %d: groups of %s not forwarded to %s: %s", rnd, src, receiver, exc)
-        candidates = [(src, g) for src in sorted(spread) for g in range(len(spread[src]))]
+            read = self._payload(rnd, src, payloads[src])
+            if isinstance(read, WireSelectError):
+                log.warning("round %d: groups of %s not forwarded to %s: %s", rnd, src, receiver, read)
+            else:
+                readable[src] = read
+        candidates = [(src, g) for src in sorted(readable) for g in range(readable[src].n)]
         ranked = [candidates[i] for i in rng.permutation(len(candidates))]  # also every tie-break
-        if self.cfg.select == "reward_variance":
+        if self.cfg.select == "reward_variance":  # source -> per-group claimed-reward variance
+            spread = {src: [float(np.var(r)) if len(r) else 0.0 for r in read.rewards()]
+                      for src, read in readable.items()}
             ranked.sort(key=lambda c: -spread[c[0]][c[1]])  # stable: ties keep the seeded order
         elif self.cfg.select == "low_kl":
             known = self.kl.get(receiver, {})
@@ -102,15 +107,26 @@ class ForeignBudget:
             chosen.setdefault(src, []).append(g)
         out = {}
         for src, keep in chosen.items():
-            arrays, meta, indices = payloads[src]
+            indices, n = payloads[src][2], readable[src].n
             keep.sort()
-            n = group_count(arrays, meta)
             if len(keep) == n:  # all of it: forwarded as received
                 out[src] = payloads[src]
                 continue
-            sub_arrays, sub_meta = subset_payload(arrays, meta, keep, self.wire)
+            sub_arrays, sub_meta = readable[src].subset(keep)
             out[src] = (sub_arrays, sub_meta, [indices[g] for g in keep] if n == len(indices) else list(indices))
         return out
+
+    def _payload(self, rnd: int, src: str, payload: Payload) -> Cuttable | WireSelectError:
+        """``src``'s payload of round ``rnd``, read on its first receiver and kept for the rest."""
+        if self._read[0] != rnd:
+            self._read = (rnd, {})
+        reads = self._read[1]
+        if src not in reads or reads[src][0] is not payload[0]:
+            try:
+                reads[src] = (payload[0], Cuttable(payload[0], payload[1], self.wire))
+            except WireSelectError as exc:
+                reads[src] = (payload[0], exc)
+        return reads[src][1]
 
 
 def compute_seconds(metrics: Mapping[str, float]) -> float:

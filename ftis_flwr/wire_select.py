@@ -95,58 +95,71 @@ def group_count(arrays: ArrayRecord, meta: ConfigRecord) -> int:
         return 0
 
 
+class Cuttable:
+    """A payload read once (either format): its group count, its claimed rewards, and cuts of it.
+    The strategy reads each source's payload once per round and cuts it for every receiver."""
+
+    def __init__(self, arrays: ArrayRecord, meta: ConfigRecord, wire: WireConfig | None = None):
+        self.arrays, self.meta = arrays, meta
+        self._a, self.n, self._compact = _read(arrays, meta, wire)
+
+    def rewards(self) -> list[np.ndarray]:
+        """Each group's rewards *as the sender claims them* (receivers recompute their own)."""
+        g_off = self._a["group_offsets"]
+        return [self._a["rewards"][g_off[g]:g_off[g + 1]].astype(np.float32) for g in range(self.n)]
+
+    def subset(self, keep: list[int]) -> tuple[ArrayRecord, ConfigRecord]:
+        """The same payload with only groups ``keep`` (positions, kept in payload order).
+
+        Format 1: dtypes are unchanged and every per-group meta list (a list as long as the
+        groups) is cut alike; other meta entries are copied. Format 2: packed again as the sender
+        packed it. ``keep`` out of range or repeated is a ValueError.
+        """
+        a, n, meta = self._a, self.n, self.meta
+        keep = sorted(int(k) for k in keep)
+        if len(set(keep)) != len(keep) or (keep and not 0 <= keep[0] <= keep[-1] < n):
+            raise ValueError(f"keep must be distinct group positions in [0, {n}), got {keep}")
+        p_off, g_off, c_off = a["prompt_offsets"], a["group_offsets"], a["completion_offsets"]
+        comps = [c for g in keep for c in range(g_off[g], g_off[g + 1])]
+
+        def cut(flat: np.ndarray, ranges) -> np.ndarray:
+            return wc.flat([flat[lo:hi] for lo, hi in ranges], flat.dtype)
+
+        def offsets(lengths) -> np.ndarray:
+            return wc.offsets(np.asarray(lengths, dtype=np.int64)).astype(p_off.dtype, copy=False)
+
+        tokens = [(c_off[c], c_off[c + 1]) for c in comps]
+        out = {
+            "prompt_ids": cut(a["prompt_ids"], [(p_off[g], p_off[g + 1]) for g in keep]),
+            "prompt_offsets": offsets([p_off[g + 1] - p_off[g] for g in keep]),
+            "completion_ids": cut(a["completion_ids"], tokens),
+            "completion_offsets": offsets([hi - lo for lo, hi in tokens]),
+            "group_offsets": offsets([g_off[g + 1] - g_off[g] for g in keep]),
+            "logprobs": cut(a["logprobs"], tokens),
+            "rewards": a["rewards"][np.asarray(comps, dtype=np.int64)],
+        }
+        if self._compact is not None:
+            header, f = self._compact
+            cut_fields = wc.Fields(strings={k: [v[g] for g in keep] for k, v in f.strings.items()},
+                                   **{k: np.asarray(v) for k, v in out.items()})
+            blob = wc.pack(cut_fields, id_bits=header["id_bits"], codec=header["codec"],
+                           compress="zlib" if header["zlib"] else "none")
+            return (ArrayRecord({WIRE_KEY: Array.from_numpy_ndarray(np.frombuffer(blob, np.uint8))}),
+                    ConfigRecord(dict(meta.items())))
+        new_meta = {}
+        for key, value in meta.items():
+            new_meta[key] = [value[g] for g in keep] if isinstance(value, list) and len(value) == n else value
+        return (ArrayRecord({k: Array.from_numpy_ndarray(v) for k, v in out.items()}),
+                ConfigRecord(new_meta))
+
+
 def group_rewards(arrays: ArrayRecord, meta: ConfigRecord, wire: WireConfig | None = None
                   ) -> list[np.ndarray]:
-    """Each group's rewards *as the sender claims them* (receivers recompute their own)."""
-    a, n, _ = _read(arrays, meta, wire)
-    g_off = a["group_offsets"]
-    return [a["rewards"][g_off[g]:g_off[g + 1]].astype(np.float32) for g in range(n)]
+    """Each group's rewards *as the sender claims them* (see :class:`Cuttable`)."""
+    return Cuttable(arrays, meta, wire).rewards()
 
 
 def subset_payload(arrays: ArrayRecord, meta: ConfigRecord, keep: list[int],
                    wire: WireConfig | None = None) -> tuple[ArrayRecord, ConfigRecord]:
-    """The same payload with only groups ``keep`` (positions, kept in payload order).
-
-    Format 1: dtypes are unchanged and every per-group meta list (a list as long as the groups)
-    is cut alike; other meta entries are copied. Format 2: packed again as the sender packed it.
-    ``keep`` out of range or repeated is a ValueError.
-    """
-    a, n, compact = _read(arrays, meta, wire)
-    keep = sorted(int(k) for k in keep)
-    if len(set(keep)) != len(keep) or (keep and not 0 <= keep[0] <= keep[-1] < n):
-        raise ValueError(f"keep must be distinct group positions in [0, {n}), got {keep}")
-    p_off, g_off, c_off = a["prompt_offsets"], a["group_offsets"], a["completion_offsets"]
-    comps = [c for g in keep for c in range(g_off[g], g_off[g + 1])]
-
-    def cut(flat: np.ndarray, ranges) -> np.ndarray:
-        parts = [flat[lo:hi] for lo, hi in ranges]
-        return np.concatenate(parts).astype(flat.dtype, copy=False) if parts else flat[:0].copy()
-
-    def offsets(lengths) -> np.ndarray:
-        out = np.zeros(len(lengths) + 1, dtype=np.int64)
-        np.cumsum(np.asarray(lengths, dtype=np.int64), out=out[1:])
-        return out.astype(p_off.dtype, copy=False)
-
-    tokens = [(c_off[c], c_off[c + 1]) for c in comps]
-    out = {
-        "prompt_ids": cut(a["prompt_ids"], [(p_off[g], p_off[g + 1]) for g in keep]),
-        "prompt_offsets": offsets([p_off[g + 1] - p_off[g] for g in keep]),
-        "completion_ids": cut(a["completion_ids"], tokens),
-        "completion_offsets": offsets([hi - lo for lo, hi in tokens]),
-        "group_offsets": offsets([g_off[g + 1] - g_off[g] for g in keep]),
-        "logprobs": cut(a["logprobs"], tokens),
-        "rewards": a["rewards"][np.asarray(comps, dtype=np.int64)],
-    }
-    if compact is not None:
-        header, f = compact
-        cut_fields = wc.Fields(strings={k: [v[g] for g in keep] for k, v in f.strings.items()},
-                               **{k: np.asarray(v) for k, v in out.items()})
-        blob = wc.pack(cut_fields, id_bits=header["id_bits"], codec=header["codec"],
-                       compress="zlib" if header["zlib"] else "none")
-        return (ArrayRecord({WIRE_KEY: Array.from_numpy_ndarray(np.frombuffer(blob, np.uint8))}),
-                ConfigRecord(dict(meta.items())))
-    new_meta = {}
-    for key, value in meta.items():
-        new_meta[key] = [value[g] for g in keep] if isinstance(value, list) and len(value) == n else value
-    return (ArrayRecord({k: Array.from_numpy_ndarray(v) for k, v in out.items()}),
-            ConfigRecord(new_meta))
+    """The same payload with only groups ``keep`` (see :meth:`Cuttable.subset`)."""
+    return Cuttable(arrays, meta, wire).subset(keep)

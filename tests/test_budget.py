@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord
 from test_strategy import (FP, VOCAB, FakeGrid, experiment, finish_reply, foreign, groups_for,  # noqa: F401
-                           hello_reply, honest, indices, run, serve, task_identity, tiny_nodes, train_reply)
+                           honest, indices, real_nodes, run, task_identity, tiny_nodes, train_reply)
 
 from ftis_flwr import protocol
 from ftis_flwr.budget import ForeignBudget, add_idle, compute_seconds
@@ -257,16 +257,7 @@ def test_a_real_node_accepts_a_cut_payload(tiny_nodes):
 
     exp = copy.deepcopy(exp)
     exp.exchange.max_foreign_groups, exp.exchange.select = 1, "random"
-
-    def respond(msg):
-        node = nodes[msg.metadata.dst_node_id]
-        if protocol.HELLO in msg.content:
-            return hello_reply(msg, node.card.name)
-        if msg.metadata.message_type != "train":
-            return finish_reply(msg, node.card.name)
-        return serve(node, msg)
-
-    grid = FakeGrid(respond)
+    grid = FakeGrid(real_nodes(nodes))
     strategy, events = run(exp, grid)
     m = strategy.history[1].node_metrics["a"]
     assert len(foreign(grid.train_messages(1)[1])["b"]) == 1

@@ -506,6 +506,20 @@ def serve(node, msg: Message, tamper=None) -> Message:
     }), reply_to=msg)
 
 
+def real_nodes(nodes, tamper=None):
+    """A Grid responder backed by real tiny Nodes (node id -> Node): HELLO, finish, and rounds
+    through :func:`serve`, with ``tamper`` applied to b's round-0 groups."""
+    def respond(msg):
+        node = nodes[msg.metadata.dst_node_id]
+        if protocol.HELLO in msg.content:
+            return hello_reply(msg, node.card.name)
+        if msg.metadata.message_type != "train":
+            return finish_reply(msg, node.card.name)
+        rnd = msg.content[protocol.ROUND]["round"]
+        return serve(node, msg, tamper if node.card.name == "b" and rnd == 0 else None)
+    return respond
+
+
 def _relabel(node, idx):
     return [dataclasses.replace(g, node="a") for g in node.pending]  # passes itself off as a's own
 
@@ -583,17 +597,7 @@ def _wrong_tokenizer(node, arrays, meta):
 def test_receivers_reject_by_the_servers_stamp_and_count_groups_and_samples(
         tiny_nodes, tamper, groups, samples, used, reason):
     exp, nodes = tiny_nodes
-
-    def respond(msg):
-        node = nodes[msg.metadata.dst_node_id]
-        if protocol.HELLO in msg.content:
-            return hello_reply(msg, node.card.name)
-        if msg.metadata.message_type != "train":
-            return finish_reply(msg, node.card.name)
-        rnd = msg.content[protocol.ROUND]["round"]
-        return serve(node, msg, tamper if node.card.name == "b" and rnd == 0 else None)
-
-    strategy, events = run(exp, FakeGrid(respond))
+    strategy, events = run(exp, FakeGrid(real_nodes(nodes, tamper)))
     m = strategy.history[1].node_metrics["a"]
     assert not any(h.failures for h in strategy.history)
     rejected = [f for k, f in events if k == "payload_rejected"]
