@@ -133,6 +133,8 @@ def sweep(grid_path: Path, grid: Grid, out: Path, nice: int, retries: int = 1) -
     (Ray or a node can fail to start when the cores are overloaded); returns the failures
     (key, log of the last attempt; earlier attempts' logs are kept as ``<key>.attempt<N>.log``)."""
     todo = [p for p in grid.points if not (out / "results" / f"{p.key}.json").is_file()]
+    # seed-major: a sweep stopped part way holds every configuration at its first seeds
+    todo.sort(key=lambda p: p.seed)
     n = len(grid.points)
     print(f"grid {grid.name}: {n} runs, {n - len(todo)} finished before, {len(todo)} to run", flush=True)
     if todo:
