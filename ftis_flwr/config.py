@@ -189,6 +189,16 @@ class ExchangeConfig:
     rewards first: groups that carry a learning signal), "low_kl" (groups of the sources with the
     lowest KL to the receiver, from its own report of the round before, first; sources it has not
     measured yet come first). See ftis_flwr.budget."""
+    schedule: str = "sync"
+    """"sync" (default): every round waits for every node, so a fast node idles while the slowest
+    generates. "async": bounded staleness (as in asynchronous RL, e.g. AReaL): a node gets its
+    next round as soon as it replies, with the other nodes' groups that arrived since its last
+    round; each node still takes ``rounds.num_rounds`` rounds. The importance weights already
+    correct for the older policy that sampled a group. See ftis_flwr.async_rounds."""
+    max_staleness: int = 2
+    """Async only: a foreign group is forwarded only while its source has taken at most this many
+    updates since generating it (0 = only a source's newest groups); older ones are dropped and
+    counted (``foreign_groups_stale_dropped``). Default 2."""
 
 
 @dataclass

@@ -246,6 +246,9 @@ class RunReporter:
         self._events = open(self.events_path, mode)
         self._closed = False
         self._tb = self._open_tensorboard() if tensorboard else None
+        self.steps = (self._config.get("exchange") or {}).get("schedule") == "async"
+        """Asynchronous schedule: a row is a step (the nodes that replied in it), not a round; a
+        node absent from a row is busy, not failed (failures are in events.jsonl)."""
         if self._tb is not None:
             self._tb.add_text("config", "```\n" + json.dumps(self._config, indent=2) + "\n```")
 
@@ -287,7 +290,7 @@ class RunReporter:
                      for k, v in m.items()} for n, m in node_metrics.items()}
         server = {str(k): _metric(v, f"round {round_idx} server metric {k!r}")
                   for k, v in server_metrics.items()}
-        failed = [n for n in self.node_names if n not in nodes]
+        failed = [] if self.steps else [n for n in self.node_names if n not in nodes]
         row = {"round": round_idx, "nodes": nodes, "server": server}
         self._rows.append(row)
         now = time.time()
@@ -307,13 +310,15 @@ class RunReporter:
         return self._progress_line(round_idx, nodes, server)
 
     def _progress_line(self, r: int, nodes: dict, server: dict) -> str:
-        parts = [f"round {r}" + (f"/{self.num_rounds}" if self.num_rounds is not None else "")]
+        parts = [f"step {r}" if self.steps else
+                 f"round {r}" + (f"/{self.num_rounds}" if self.num_rounds is not None else "")]
         for name in self.node_names:
             m = nodes.get(name)
             if m is None:
-                parts.append(f"{name}: FAILED")
+                if not self.steps:
+                    parts.append(f"{name}: FAILED")
                 continue
-            bits = []
+            bits = [f"round {_fmt(m.get('round'), '.0f')}"] if self.steps else []
             if "reward_mean" in m:
                 bits.append(f"reward {_fmt(m['reward_mean'], '.2f')}")
             accs = [(k[len(ACC_PREFIX):-len(ACC_SUFFIX)], v) for k, v in m.items()

@@ -64,6 +64,11 @@ def save_server_state(run_dir: Path, state: ServerState) -> Path:
 def load_server_state(run_dir: Path) -> ServerState:
     folder = Path(run_dir) / FOLDER
     path = folder / "state.json"
+    config = Path(run_dir) / "config.json"
+    if not path.is_file() and config.is_file() and \
+            (json.loads(config.read_text()).get("exchange") or {}).get("schedule") == "async":
+        raise ServerStateError(f"{run_dir} ran with exchange.schedule=async, which saves no server state: "
+                               "an asynchronous run cannot be resumed (yet); start it again")
     if not path.is_file():
         raise ServerStateError(f"{run_dir} has no {FOLDER}/state.json: the run ended before its first "
                                "round was complete (start it again), or it is not a run folder")

@@ -143,31 +143,37 @@ class FTISStrategy(Strategy):
         node_ids = sorted((nid for nid in grid.get_node_ids() if nid in self.roster.names),
                           key=lambda nid: order.get(self.roster.names[nid], len(order)))
         prompts = self._prompts(node_ids, server_round)
-        self._assigned, self._forwarded, self._received = prompts, {}, {}
+        self._assigned, self._forwarded, self._received = {}, {}, {}
         messages = []
         for nid in node_ids:
-            content, foreign, groups, nbytes = RecordDict(), {}, 0, 0
-            if self.cfg.advantage.mode != "alone":
-                me = {self.roster.names.get(nid), self.roster.claimed.get(nid)}  # an impostor gets no copy either
-                others = {src: p for src, p in self._groups.items() if src not in me}
-                for src, (arr, meta, indices) in self.budget.select(self.roster.name(nid), server_round,
-                                                                    others).items():
-                    arrays_key, meta_key = protocol.foreign_keys(src)
-                    content[arrays_key], content[meta_key] = arr, meta
-                    foreign[src] = indices
-                    groups += group_count(arr, meta)
-                    nbytes += payload_bytes(arr, meta)
-            self._forwarded[nid] = list(foreign)
-            self._received[nid] = {"foreign_groups_received": float(groups),
-                                   "foreign_bytes_received": float(nbytes)}
-            content[protocol.ROUND] = ConfigRecord({
-                "round": server_round, "num_rounds": self.cfg.rounds.num_rounds,
-                "prompt_indices": json.dumps(prompts[nid]), "group_size": self._group_size(),
-                "evaluate": self._evaluate_now(server_round), "experiment": self._experiment_json,
-                "run_name": self.run_name, "foreign": json.dumps(foreign),
-            })
-            messages.append(Message(content=content, dst_node_id=nid, message_type=MessageType.TRAIN))
+            me = {self.roster.names.get(nid), self.roster.claimed.get(nid)}  # an impostor gets no copy either
+            others = {src: p for src, p in self._groups.items() if src not in me}
+            messages.append(self.message(nid, server_round, prompts[nid], others))
         return messages
+
+    def message(self, nid: int, rnd: int, prompts: list[int], others: dict, **received: float) -> Message:
+        """Node ``nid``'s message of its round ``rnd``: its prompt indices and ``others`` (source
+        -> payload), cut to the budget; records what was forwarded (``_forwarded``, ``_received``
+        plus ``received``'s extra per-node figures)."""
+        content, foreign, groups, nbytes = RecordDict(), {}, 0, 0
+        if self.cfg.advantage.mode != "alone":
+            for src, (arr, meta, indices) in self.budget.select(self.roster.name(nid), rnd, others).items():
+                arrays_key, meta_key = protocol.foreign_keys(src)
+                content[arrays_key], content[meta_key] = arr, meta
+                foreign[src] = indices
+                groups += group_count(arr, meta)
+                nbytes += payload_bytes(arr, meta)
+        self._assigned[nid] = prompts
+        self._forwarded[nid] = list(foreign)
+        self._received[nid] = {"foreign_groups_received": float(groups),
+                               "foreign_bytes_received": float(nbytes), **received}
+        content[protocol.ROUND] = ConfigRecord({
+            "round": rnd, "num_rounds": self.cfg.rounds.num_rounds,
+            "prompt_indices": json.dumps(prompts), "group_size": self._group_size(),
+            "evaluate": self._evaluate_now(rnd), "experiment": self._experiment_json,
+            "run_name": self.run_name, "foreign": json.dumps(foreign),
+        })
+        return Message(content=content, dst_node_id=nid, message_type=MessageType.TRAIN)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -365,7 +371,11 @@ class FTISStrategy(Strategy):
         hello_timeout = min(timeout, HELLO_TIMEOUT)
         self.introduce(grid, hello_timeout, first=True)
         try:
-            self._rounds(grid, rounds, timeout, hello_timeout)
+            if self.cfg.exchange.schedule == "async":
+                from .async_rounds import AsyncRounds
+                AsyncRounds(self, grid, timeout).run()
+            else:
+                self._rounds(grid, rounds, timeout, hello_timeout)
         except BaseException:
             self._stop_workers(grid)
             raise

@@ -39,6 +39,7 @@ CHOICE_OWNERS: dict[str, tuple[str, str]] = {
     "wire.compress": ("ftis_flwr.wire_compact", "COMPRESSORS"),
     "task.name": ("ftis_flwr.tasks", "TASK_NAMES"),
     "exchange.select": ("ftis_flwr.budget", "SELECT_RULES"),
+    "exchange.schedule": ("ftis_flwr.async_rounds", "SCHEDULES"),
 }
 """Experiment key -> (owner module, attribute holding the allowed values)."""
 
@@ -214,6 +215,12 @@ def exchange_errors(cfg: ExperimentConfig) -> list[str]:
     if ex.max_foreign_groups > 0 and cfg.advantage.mode == "horizontal":
         errors.append("exchange.max_foreign_groups > 0 with advantage.mode=horizontal: horizontal "
                       "pools every node's share of a prompt into one group, so no share may be left out")
+    if ex.max_staleness < 0:
+        errors.append(f"exchange.max_staleness={ex.max_staleness} must be >= 0 (0 = newest groups only)")
+    if ex.schedule == "async" and cfg.advantage.mode == "horizontal":
+        errors.append("exchange.schedule=async with advantage.mode=horizontal: horizontal pools every "
+                      "node's share of one prompt into one group, so every round waits for every node; "
+                      "use vertical (or schedule=sync)")
     return errors
 
 def card_errors(card: ModelCard, *, import_registries: bool = True) -> list[str]:

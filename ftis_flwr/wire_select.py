@@ -138,19 +138,61 @@ class Cuttable:
             "logprobs": cut(a["logprobs"], tokens),
             "rewards": a["rewards"][np.asarray(comps, dtype=np.int64)],
         }
+        return _repack(self, out, [self._per_group(g) for g in keep])
+
+    def _per_group(self, g: int) -> dict[str, object]:
+        """Group ``g``'s per-group strings (format 2) or per-group meta entries (format 1)."""
         if self._compact is not None:
-            header, f = self._compact
-            cut_fields = wc.Fields(strings={k: [v[g] for g in keep] for k, v in f.strings.items()},
-                                   **{k: np.asarray(v) for k, v in out.items()})
-            blob = wc.pack(cut_fields, id_bits=header["id_bits"], codec=header["codec"],
-                           compress="zlib" if header["zlib"] else "none")
-            return (ArrayRecord({WIRE_KEY: Array.from_numpy_ndarray(np.frombuffer(blob, np.uint8))}),
-                    ConfigRecord(dict(meta.items())))
-        new_meta = {}
-        for key, value in meta.items():
-            new_meta[key] = [value[g] for g in keep] if isinstance(value, list) and len(value) == n else value
-        return (ArrayRecord({k: Array.from_numpy_ndarray(v) for k, v in out.items()}),
-                ConfigRecord(new_meta))
+            return {k: v[g] for k, v in self._compact[1].strings.items()}
+        return {k: v[g] for k, v in self.meta.items() if isinstance(v, list) and len(v) == self.n}
+
+
+def _repack(like: Cuttable, out: dict[str, np.ndarray], per_group: list[dict[str, object]]
+            ) -> tuple[ArrayRecord, ConfigRecord]:
+    """Arrays ``out`` (format 1's names) + per-group entries, packed as ``like`` was packed."""
+    if like._compact is not None:
+        header, f = like._compact
+        strings = {k: [str(pg[k]) for pg in per_group] for k in f.strings}
+        blob = wc.pack(wc.Fields(strings=strings, **{k: np.asarray(v) for k, v in out.items()}),
+                       id_bits=header["id_bits"], codec=header["codec"],
+                       compress="zlib" if header["zlib"] else "none")
+        return (ArrayRecord({WIRE_KEY: Array.from_numpy_ndarray(np.frombuffer(blob, np.uint8))}),
+                ConfigRecord(dict(like.meta.items())))
+    new_meta = {}
+    for key, value in like.meta.items():
+        per = isinstance(value, list) and len(value) == like.n
+        new_meta[key] = [pg[key] for pg in per_group] if per else value
+    return (ArrayRecord({k: Array.from_numpy_ndarray(v) for k, v in out.items()}), ConfigRecord(new_meta))
+
+
+def merge(reads: list[Cuttable]) -> tuple[ArrayRecord, ConfigRecord]:
+    """One payload holding every group of ``reads`` in order: several payloads of *one* source
+    (the asynchronous schedule forwards a fast source's rounds together), packed as the first
+    was. Payloads that differ in format, dtypes, per-group keys or (format 2) id width, codec or
+    compression cannot be joined: WireSelectError (the strategy then forwards the newest alone)."""
+    if not reads:
+        raise ValueError("merge needs at least one payload")
+    if len(reads) == 1:
+        return reads[0].arrays, reads[0].meta
+    first = reads[0]
+
+    def shape(r: Cuttable) -> tuple:
+        head = None if r._compact is None else tuple(r._compact[0][k] for k in ("id_bits", "codec", "zlib"))
+        keys = tuple(sorted(r._per_group(0))) if r.n else None
+        return head, tuple(r._a[k].dtype.str for k in _V1_ARRAYS), keys
+
+    shapes = {shape(r) for r in reads if r.n}
+    if len(shapes) > 1:
+        raise WireSelectError(f"payloads of one source cannot be joined: they were packed differently "
+                              f"({sorted(map(str, shapes))})")
+    out = {}
+    for key in ("prompt_ids", "completion_ids", "logprobs", "rewards"):
+        out[key] = np.concatenate([r._a[key] for r in reads]).astype(first._a[key].dtype, copy=False)
+    for key in ("prompt_offsets", "completion_offsets", "group_offsets"):
+        lengths = np.concatenate([np.diff(r._a[key]) for r in reads]).astype(np.int64)
+        out[key] = wc.offsets(lengths).astype(first._a[key].dtype, copy=False)
+    like = next((r for r in reads if r.n), first)
+    return _repack(like, out, [r._per_group(g) for r in reads for g in range(r.n)])
 
 
 def group_rewards(arrays: ArrayRecord, meta: ConfigRecord, wire: WireConfig | None = None

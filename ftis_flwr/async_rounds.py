@@ -1,0 +1,239 @@
+"""The asynchronous schedule (``exchange.schedule=async``): no node waits for the slowest one.
+
+Why: rounds are synchronous by default, so in a federation of a small and a large model the
+small one idles while the large one generates (the README measures half of each round). Here the
+strategy gives a node its next round as soon as its reply is in, with the other nodes' groups
+that arrived since its last round (bounded staleness, as in asynchronous RL trainers such as
+AReaL). The importance weights need no change: every group carries the log-probs of the policy
+that sampled it, whichever update of its source that was.
+
+Staleness of a group = updates its source has taken since it generated it (its newest groups: 0).
+A node's round k message carries, per other source, every payload it has not been sent yet
+whose staleness is at most ``exchange.max_staleness``, joined into one payload per source
+(:func:`ftis_flwr.wire_select.merge`); older ones are dropped and counted. The budget
+(``exchange.max_foreign_groups``) then applies as in synchronous rounds. Each node takes
+``rounds.num_rounds`` rounds of its own; a fast node finishes first.
+
+What a run logs: one row per *step* (the replies of one pull, usually one node's); each node's
+own round is its ``round`` metric, ``wall_seconds`` the time since the first round was sent,
+and per round ``foreign_staleness_mean`` / ``_max`` and ``foreign_groups_stale_dropped``.
+Not supported (yet): resuming an asynchronous run (no server state is saved; nodes still keep
+their own), and SuperNodes that join after the first round.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from flwr.app import MetricRecord
+from flwr.serverapp import Grid
+
+from .budget import Payload, add_idle
+from .grid_io import POLL_INTERVAL, PROGRESS_EVERY
+from .replies import flatten
+from .roster import FederationError
+from .wire_select import Cuttable, WireSelectError, merge
+
+log = logging.getLogger("ftis_flwr.strategy")
+
+SCHEDULES = ("sync", "async")
+"""``exchange.schedule`` values."""
+
+
+@dataclass
+class Sent:
+    """One round message in flight."""
+
+    nid: int
+    rnd: int
+    deadline: float
+    sent_at: float
+
+
+@dataclass
+class Store:
+    """Every source's payloads still young enough to forward, by the source's round (version)."""
+
+    max_staleness: int
+    payloads: dict[str, dict[int, Payload]] = field(default_factory=dict)
+    latest: dict[str, int] = field(default_factory=dict)
+    given: dict[tuple[str, str], int] = field(default_factory=dict)
+    """(receiver, source) -> newest version of the source already sent to (or dropped for) it"""
+    dropped: dict[str, int] = field(default_factory=dict)
+    """receiver -> groups too stale to forward to it, not yet reported"""
+
+    def add(self, source: str, version: int, payload: Payload, receivers: list[str]) -> None:
+        """Keep ``source``'s groups of its round ``version``; forget (and count as dropped for each
+        of ``receivers`` that never had them) versions now more than ``max_staleness`` old."""
+        self.payloads.setdefault(source, {})[version] = payload
+        self.latest[source] = max(version, self.latest.get(source, version))
+        for v in [v for v in self.payloads[source] if v < self.latest[source] - self.max_staleness]:
+            n = _groups(self.payloads[source].pop(v))
+            for r in receivers:
+                if r != source and self.given.get((r, source), -1) < v:
+                    self.dropped[r] = self.dropped.get(r, 0) + n
+
+    def take(self, receiver: str, exclude: set[str]) -> tuple[dict[str, list[tuple[int, Payload]]], int]:
+        """Per source (but ``exclude``), the (staleness, payload) pairs ``receiver`` has not had
+        yet, oldest first; and how many groups became too stale before it could have them."""
+        fresh: dict[str, list[tuple[int, Payload]]] = {}
+        for src, versions in self.payloads.items():
+            if src in exclude:
+                continue
+            seen = self.given.get((receiver, src), -1)
+            fresh_src = [(self.latest[src] - v, versions[v]) for v in sorted(versions) if v > seen]
+            if fresh_src:
+                fresh[src] = fresh_src
+            self.given[(receiver, src)] = self.latest[src]
+        return fresh, self.dropped.pop(receiver, 0)
+
+
+def _groups(payload: Payload) -> int:
+    try:
+        return Cuttable(payload[0], payload[1]).n
+    except Exception:  # an unreadable payload counts as nothing, as in the budget
+        return 0
+
+
+def join(parts: list[tuple[int, Payload]]) -> tuple[Payload, list[int]]:
+    """One payload (and per-group staleness) from one source's payloads, oldest first. When
+    they cannot be joined (packed differently), only the newest is kept and the rest logged."""
+    if len(parts) == 1:
+        stale, payload = parts[0]
+        return payload, [stale] * _groups(payload)
+    try:
+        reads = [Cuttable(p[0], p[1]) for _, p in parts]
+        arrays, meta = merge(reads)
+    except (WireSelectError, ValueError) as exc:
+        log.warning("async: %d payloads of one source could not be joined (%s); forwarding the newest", len(parts), exc)
+        return join(parts[-1:])
+    indices = [i for _, p in parts for i in p[2]]
+    staleness = [s for (s, _), r in zip(parts, reads) for _ in range(r.n)]
+    return (arrays, meta, indices), staleness
+
+
+class AsyncRounds:
+    """Runs an :class:`~ftis_flwr.strategy.FTISStrategy`'s rounds without a barrier between nodes.
+
+    It reuses the strategy's message building (:meth:`FTISStrategy.message`, the budget) and reply
+    handling (:meth:`FTISStrategy.aggregate_train`: binding, checks, rejections, metrics), so a
+    node sees the same messages and the server applies the same checks as in synchronous rounds.
+    """
+
+    def __init__(self, strategy, grid: Grid, timeout: float):
+        self.s, self.grid, self.timeout = strategy, grid, timeout
+        self.store = Store(strategy.cfg.exchange.max_staleness)
+        self.inflight: dict[str, Sent] = {}   # message id -> what it is
+        self.last_reply: dict[int, float] = {}  # node id -> when its last round ended
+        self.ok: dict[int, bool] = {}           # node id -> did its latest round succeed
+        self.t0 = time.monotonic()
+
+    # ---------------------------------------------------------------- sending
+    def _send(self, nid: int, rnd: int) -> None:
+        s = self.s
+        name = s.roster.name(nid)
+        prompts = s._prompts([nid], rnd)[nid]
+        fresh, dropped = ({}, 0) if s.cfg.advantage.mode == "alone" else self.store.take(
+            name, {s.roster.names.get(nid), s.roster.claimed.get(nid)})
+        others, staleness = {}, []
+        for src, parts in fresh.items():
+            others[src], st = join(parts)
+            staleness += st
+        extra = {"foreign_groups_stale_dropped": float(dropped)}
+        if staleness:
+            extra.update(foreign_staleness_mean=sum(staleness) / len(staleness),
+                         foreign_staleness_max=float(max(staleness)))
+        msg = s.message(nid, rnd, prompts, others, **extra)
+        limit = max(self.timeout, s.cfg.rounds.startup_timeout) if rnd == s._first_round else self.timeout
+        now = time.monotonic()
+        ids = list(self.grid.push_messages([msg]))
+        mid = msg.metadata.message_id or (ids[0] if ids else "")
+        if not mid or mid not in ids:
+            self._undelivered.append(nid)
+            self._undelivered_round[nid] = rnd
+            return
+        self.inflight[mid] = Sent(nid, rnd, now + limit, now)
+
+    # ---------------------------------------------------------------- loop
+    def run(self) -> None:
+        s, rounds = self.s, self.s.cfg.rounds.num_rounds
+        order = {c.name: i for i, c in enumerate(s.cfg.nodes)}
+        node_ids = sorted((nid for nid in self.grid.get_node_ids() if nid in s.roster.names),
+                          key=lambda nid: order.get(s.roster.names[nid], len(order)))
+        self._undelivered: list[int] = []
+        self._undelivered_round: dict[int, int] = {}
+        for nid in node_ids:
+            self.last_reply[nid] = time.monotonic()
+            self._send(nid, s._first_round)
+        step, next_note = 0, time.monotonic() + PROGRESS_EVERY
+        while self.inflight or self._undelivered:
+            replies = list(self.grid.pull_messages(list(self.inflight))) if self.inflight else []
+            now = time.monotonic()
+            answered = {r.metadata.reply_to_message_id for r in replies}
+            late = {mid: x for mid, x in self.inflight.items() if mid not in answered and now > x.deadline}
+            if not replies and not late and not self._undelivered:
+                if now >= next_note:
+                    waiting = ", ".join(f"{s.roster.name(x.nid)} (round {x.rnd})" for x in self.inflight.values())
+                    log.info("async: waiting for %s", waiting)
+                    next_note = now + PROGRESS_EVERY
+                time.sleep(POLL_INTERVAL)
+                continue
+            done = self._step(step, replies, late, now)
+            step += 1
+            for nid, rnd in done:
+                if rnd < rounds:
+                    self._send(nid, rnd + 1)
+            healthy = sum(self.ok.values())
+            if healthy < s.cfg.rounds.min_nodes:
+                failed = ", ".join(s.roster.name(n) for n, good in self.ok.items() if not good)
+                raise FederationError(f"async step {step - 1}: {healthy} node(s) healthy, fewer than "
+                                      f"rounds.min_nodes={s.cfg.rounds.min_nodes} (failed: {failed})")
+
+    def _step(self, step: int, replies: list, late: dict[str, Sent], now: float) -> list[tuple[int, int]]:
+        """Hand one pull's replies (and the late or undelivered messages) to the strategy; log
+        the step; returns (node id, round) of every round that ended."""
+        s = self.s
+        ended = {x.nid: x for x in late.values()}
+        s._sent = {mid: x.nid for mid, x in self.inflight.items()}
+        s._lost = {x.nid: f"no reply within the {x.deadline - x.sent_at:.0f} s round timeout" for x in late.values()}
+        for nid in self._undelivered:
+            s._lost[nid] = "the message could not be delivered (push_messages returned no id for it)"
+        rounds = {x.nid: x.rnd for x in self.inflight.values()}
+        rounds.update(self._undelivered_round)
+        for r in replies:
+            x = self.inflight.get(r.metadata.reply_to_message_id)
+            if x is not None:
+                ended[x.nid] = x
+        s.aggregate_train(step, replies)
+        outcome = s.history[-1]
+        for mid in list(self.inflight):
+            if self.inflight[mid].nid in ended:
+                del self.inflight[mid]
+        by_name = {s.roster.name(nid): nid for nid in rounds}
+        for name, payload in s._groups.items():  # the new groups of this step, by their source
+            nid = by_name.get(name)
+            if nid is not None and payload[2]:
+                self.store.add(name, rounds[nid], payload, [c.name for c in s.cfg.nodes])
+        spans = []
+        for name, metrics in outcome.node_metrics.items():
+            nid = by_name.get(name, -1)
+            span = now - self.last_reply.get(nid, self.t0)
+            spans.append(span)
+            add_idle({name: metrics}, span)
+            metrics["round_seconds"] = span
+            metrics["wall_seconds"] = now - self.t0
+        finished = [(nid, rounds[nid]) for nid in [*ended, *self._undelivered]]
+        for nid, _ in finished:
+            self.last_reply[nid] = now
+            self.ok[nid] = s.roster.name(nid) in outcome.node_metrics
+        self._undelivered, self._undelivered_round = [], {}
+        outcome.server_metrics["round_seconds"] = max(spans) if spans else 0.0
+        train, evals = flatten(outcome)
+        s._result.train_metrics_clientapp[step] = MetricRecord(train)
+        if evals:
+            s._result.evaluate_metrics_clientapp[step] = MetricRecord(evals)
+        if s.on_round is not None:
+            s.on_round(step, outcome.node_metrics, outcome.server_metrics)
+        return finished

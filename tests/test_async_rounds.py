@@ -1,0 +1,207 @@
+"""The asynchronous schedule (exchange.schedule=async): a node's next round goes out as soon as it
+replies, with the groups that arrived since, older than ``exchange.max_staleness`` dropped.
+
+The strategy tests use test_strategy's fake Grid (the seam) with node b made ``lag`` times slower
+than a by holding its replies; the last test runs two real tiny nodes through a Flower simulation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import simulate
+from test_strategy import (FP, VOCAB, FakeGrid, experiment, foreign, groups_for, honest, indices,  # noqa: F401
+                           labels, run, task_identity)
+
+from ftis_flwr import protocol
+from ftis_flwr.async_rounds import Store, join
+from ftis_flwr.config import ConfigError, WireConfig, load_experiment
+from ftis_flwr.reporting import load_metrics
+from ftis_flwr.rollouts import decode_groups, encode_groups
+from ftis_flwr.wire_select import Cuttable, WireSelectError, merge
+
+ASYNC = """
+rounds: {num_rounds: 4, prompts_per_node: 3, eval_every: 0, round_timeout: 5, startup_timeout: 5}
+rollout: {group_size: 4, max_new_tokens: 8}
+exchange: {schedule: async, max_staleness: 1}
+nodes: [{name: a}, {name: b}]
+"""
+
+
+class SlowB(FakeGrid):
+    """Node b (id 2) answers a round only once a (id 1) has been sent ``lag`` more rounds, or when
+    nothing else is left to answer: b is about ``lag`` times slower than a."""
+
+    def __init__(self, respond, lag: int):
+        super().__init__(respond)
+        self.lag, self.held = lag, []  # [a messages still to come, message id, reply]
+
+    def push_messages(self, messages):
+        ids = super().push_messages(messages)
+        for msg in messages:
+            if msg.metadata.message_type != "train":
+                continue
+            if msg.metadata.dst_node_id == 2:
+                mid = msg.metadata.message_id
+                self.held.append([self.lag, mid, self._replies.pop(mid)])
+            else:
+                for h in self.held:
+                    h[0] -= 1
+        return ids
+
+    def pull_messages(self, message_ids):
+        ready = [h for h in self.held if h[0] <= 0]
+        if not ready and self.held and not any(i in self._replies for i in message_ids):
+            ready = self.held[:1]  # a is done (or waits): b's round ends
+        for h in ready:
+            self.held.remove(h)
+            self._replies[h[1]] = h[2]
+        return super().pull_messages(message_ids)
+
+    def train_message(self, nid: int, rnd: int):
+        return next(m for m in self.pushed if m.metadata.dst_node_id == nid
+                    and m.metadata.message_type == "train" and m.content[protocol.ROUND]["round"] == rnd)
+
+
+def node_rounds(strategy) -> dict[str, list[tuple[int, int]]]:
+    """node -> [(step, its own round)] in the order logged."""
+    out: dict[str, list[tuple[int, int]]] = {}
+    for step, outcome in enumerate(strategy.history):
+        for name, m in outcome.node_metrics.items():
+            out.setdefault(name, []).append((step, int(m["round"])))
+    return out
+
+
+def test_the_fast_node_never_waits_and_the_slow_one_gets_what_arrived_meanwhile():
+    grid = SlowB(honest(), lag=3)
+    strategy, events = run(experiment(ASYNC), grid)
+    assert not [e for e in events if e[0] == "node_failed"]
+    seen = node_rounds(strategy)
+    assert [r for _, r in seen["a"]] == [0, 1, 2, 3, 4] and [r for _, r in seen["b"]] == [0, 1, 2, 3, 4]
+    step_of = {(n, r): s for n, rows in seen.items() for s, r in rows}
+    # no barrier: a took all its rounds before b finished its second
+    assert step_of[("a", 4)] < step_of[("b", 1)]
+    assert all(len(o.node_metrics) <= 2 for o in strategy.history)
+    # a's rounds 1-3 went out while b had sent nothing: no foreign groups, nothing waited for
+    for rnd in (1, 2, 3):
+        assert foreign(grid.train_message(1, rnd)) == {}
+    # b's round 1: a had finished rounds 0-3 by then; with max_staleness 1 only a's rounds 2 and 3
+    # are young enough (staleness 1 and 0), joined into one payload; rounds 0 and 1 are dropped
+    b1 = grid.train_message(2, 1)
+    a_indices = {r: indices(grid.train_message(1, r)) for r in range(4)}
+    assert foreign(b1) == {"a": a_indices[2] + a_indices[3]}
+    assert labels(b1, "a") == ["a"] * 6
+    m = strategy.history[step_of[("b", 1)]].node_metrics["b"]
+    assert m["foreign_groups_received"] == 6 and m["foreign_groups_stale_dropped"] == 6
+    assert m["foreign_staleness_mean"] == 0.5 and m["foreign_staleness_max"] == 1
+    # a's last round got b's round-0 groups, fresh (b had taken no update since)
+    a4 = grid.train_message(1, 4)
+    assert foreign(a4) == {"b": indices(grid.train_message(2, 0))}
+    m = strategy.history[step_of[("a", 4)]].node_metrics["a"]
+    assert m["foreign_staleness_max"] == 0 and m["foreign_groups_stale_dropped"] == 0
+    # nothing is forwarded twice: b's later rounds get no more of a (a generated nothing new)
+    for rnd in (2, 3, 4):
+        assert foreign(grid.train_message(2, rnd)) == {}
+    assert strategy.checkpoints == {"a": "/ckpt/a", "b": "/ckpt/b"}
+
+
+def test_a_node_that_fails_a_round_gets_its_next_one_and_min_nodes_still_holds():
+    def flaky(msg, name):
+        from test_strategy import finish_reply, train_reply
+        if msg.metadata.message_type != "train":
+            return finish_reply(msg, name)
+        if msg.content[protocol.ROUND]["round"] == 1:
+            from flwr.app import Error, Message
+            return Message(Error(code=7, reason="boom"), reply_to=msg)
+        return train_reply(msg, name)
+
+    strategy, events = run(experiment(ASYNC), SlowB(honest(special={2: flaky}), lag=1))
+    failed = [f for k, f in events if k == "node_failed"]
+    assert [(f["node"], "boom" in f["reason"]) for f in failed] == [("b", True)]
+    assert [r for _, r in node_rounds(strategy)["b"]] == [0, 2, 3, 4]
+    exp = experiment(ASYNC, **{"rounds.min_nodes": 2})
+    run(exp, SlowB(honest(special={2: flaky}), lag=1), raises=(Exception, "fewer than rounds.min_nodes=2"))
+
+
+def _payload(name, idx, fmt):
+    return encode_groups(groups_for(name, idx, 4), vocab_size=VOCAB, format=fmt)
+
+
+@pytest.mark.parametrize("fmt", ["arrays", "compact"])
+def test_payloads_of_one_source_join_into_one_that_decodes_to_all_their_groups(fmt):
+    parts = [_payload("a", [1, 2], fmt), _payload("a", [7], fmt), _payload("a", [], fmt)]
+    arrays, meta = merge([Cuttable(a, m) for a, m in parts])
+    got = decode_groups(arrays, meta, expected_fp=FP, vocab_size=VOCAB, wire=WireConfig())
+    assert [g.prompt_id for g in got] == ["train:1", "train:2", "train:7"]
+    want = [g for a, m in parts for g in decode_groups(a, m, expected_fp=FP, vocab_size=VOCAB, wire=WireConfig())]
+    for g, w in zip(got, want):
+        assert all(np.array_equal(x, y) for x, y in zip(g.completions, w.completions))
+        assert all(np.array_equal(x, y) for x, y in zip(g.logprobs, w.logprobs))
+    (_, _, idx), staleness = join([(2, (*parts[0], [1, 2])), (0, (*parts[1], [7]))])
+    assert idx == [1, 2, 7] and staleness == [2, 2, 0]
+
+
+def test_payloads_packed_differently_are_not_joined():
+    with pytest.raises(WireSelectError, match="packed differently"):
+        merge([Cuttable(*_payload("a", [1], "arrays")), Cuttable(*_payload("a", [2], "compact"))])
+
+
+def test_the_store_forwards_each_version_once_and_counts_what_went_stale():
+    store, names = Store(max_staleness=1), ["a", "b", "c"]
+    for v in range(3):  # a's rounds 0, 1, 2; round 0 is pruned when round 2 arrives
+        store.add("a", v, _payload("a", [v], "compact") + ([v],), names)
+    fresh, dropped = store.take("b", exclude={"b"})
+    assert [s for s, _ in fresh["a"]] == [1, 0] and dropped == 1
+    assert store.take("b", exclude={"b"}) == ({}, 0)  # nothing new since
+    assert store.take("a", exclude={"a"}) == ({}, 0)  # never its own
+    store.add("a", 3, _payload("a", [3], "compact") + ([3],), names)
+    fresh, dropped = store.take("b", exclude={"b"})
+    assert [s for s, _ in fresh["a"]] == [0] and dropped == 0
+    fresh, dropped = store.take("c", exclude={"c"})  # c never took: 0 and 1 went stale before it did
+    assert [s for s, _ in fresh["a"]] == [1, 0] and dropped == 2
+
+
+@pytest.mark.parametrize("bad,match", [
+    ({"exchange.schedule": "later"}, "exchange.schedule='later' is not one of sync, async"),
+    ({"exchange.max_staleness": -1}, "exchange.max_staleness=-1 must be >= 0"),
+    ({"exchange.schedule": "async", "advantage.mode": "horizontal"}, "every round waits for every node"),
+])
+def test_bad_async_settings_are_refused_with_the_key(bad, match):
+    with pytest.raises(ConfigError, match=match):
+        load_experiment("cpu-pair", bad)
+
+
+ASYNC_FEDERATION = """
+rounds: {num_rounds: 3, prompts_per_node: 8, eval_every: 0, eval_size: 16, round_timeout: 300}
+rollout: {group_size: 4, max_new_tokens: 6, batch_size: 64}
+train: {lr: 1e-3, micro_batch_size: 32}
+exchange: {schedule: async, max_staleness: 3}
+# the offline default's shipped models: nothing warm-starts
+nodes:
+  - {name: small, tiny_size: small, warmstart_target: 0.6, seed: 0}
+  - {name: large, tiny_size: large, warmstart_target: 0.6, seed: 1}
+"""
+
+
+@pytest.mark.slow
+def test_an_async_federation_runs_through_flower(tmp_path):
+    """Real tiny nodes in a Flower simulation: every node takes its rounds 0..3 once, trains on
+    the other's groups from round 1 on (each forwarded once, all used), and the metrics rows are
+    steps in which a node shows up only when its round ended."""
+    exp = load_experiment(yaml_text=ASYNC_FEDERATION,
+                          overrides={"cache_dir": str(tmp_path / "cache"), "run_dir": str(tmp_path / "runs")})
+    run_dir = simulate(exp)
+    rows = load_metrics(run_dir)
+    per_node: dict[str, list[dict]] = {}
+    for row in rows:
+        assert row["missing_nodes"] == []
+        for name, m in row["nodes"].items():
+            per_node.setdefault(name, []).append(m)
+    assert set(per_node) == {"small", "large"}
+    for name, ms in per_node.items():
+        assert [m["round"] for m in ms] == [0, 1, 2, 3]
+        assert all(0 <= m["idle_fraction"] <= 1 and m["wall_seconds"] > 0 for m in ms)
+        assert not [k for m in ms for k in m if k.endswith("_rejected")]
+        got = sum(m["foreign_groups_received"] for m in ms)
+        assert 0 < got <= 3 * 8, (name, got)  # the other generated 3 rounds of 8 groups
+        assert all(m.get("samples_foreign", 0) == 4 * m["foreign_groups_received"] for m in ms[1:])
