@@ -129,6 +129,7 @@ class AsyncRounds:
         self.last_reply: dict[int, float] = {}  # node id -> when its last round ended
         self.ok: dict[int, bool] = {}           # node id -> did its latest round succeed
         self.t0 = time.monotonic()
+        strategy.step_word = "step"
 
     # ---------------------------------------------------------------- sending
     def _send(self, nid: int, rnd: int) -> None:

@@ -30,8 +30,11 @@ def _panels(splits: list[str]) -> list[tuple[str, object, str, bool]]:
     return panels
 
 
-def plot_run(path: Path, title: str, nodes: list[str], splits: list[str], rows: list[dict]) -> None:
-    """Write the panels as one PNG; a panel without data says so."""
+def plot_run(path: Path, title: str, nodes: list[str], splits: list[str], rows: list[dict],
+             steps: bool = False) -> None:
+    """Write the panels as one PNG; a panel without data says so. ``steps``: the rows are an
+    asynchronous run's steps, so each node is drawn against its own round and a node absent
+    from a row is busy (synchronous rows: absent = failed, drawn as a gap)."""
     from matplotlib.figure import Figure  # no pyplot: no global backend, no display needed
     from matplotlib.ticker import MaxNLocator
 
@@ -47,9 +50,9 @@ def plot_run(path: Path, title: str, nodes: list[str], splits: list[str], rows: 
             for row in rows:
                 m = row["nodes"].get(node)
                 v = None if m is None else get(m)
-                if sparse and v is None:
+                if (sparse or steps) and v is None:
                     continue  # eval only every N rounds: connect the evaluated points
-                xs.append(row["round"])
+                xs.append(row["round"] if m is None else m.get("round", row["round"]))
                 ys.append(math.nan if v is None else v)
             if any(math.isfinite(y) for y in ys):
                 ax.plot(xs, ys, marker="o", markersize=3, color=colour, label=node)
@@ -59,7 +62,7 @@ def plot_run(path: Path, title: str, nodes: list[str], splits: list[str], rows: 
         if sparse or ylabel == "share":
             ax.set_ylim(-0.02, 1.02)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        if rows:
+        if rows and not steps:
             ax.set_xlim(rows[0]["round"] - 0.5, rows[-1]["round"] + 0.5)
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:

@@ -400,7 +400,7 @@ class RunReporter:
                 paths["tensorboard"] = self.run_dir / "tensorboard"
             summary.paths = paths
             title = f"{run_title(self._config) or self.run_dir.name} ({summary.rounds} rounds)"
-            plot_run(paths["plot"], title, self.node_names, summary.splits, self._rows)
+            plot_run(paths["plot"], title, self.node_names, summary.splits, self._rows, steps=self.steps)
             paths["summary_md"].write_text(f"# Run summary: {self.run_dir.name}\n\n"
                                            f"{run_title(self._config)}\n\n" + format_summary_table(summary))
             data = summary.to_dict()

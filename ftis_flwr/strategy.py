@@ -93,6 +93,8 @@ class FTISStrategy(Strategy):
         self._sent: dict[str, int] = {}           # message id -> destination node id
         self._lost: dict[int, str] = {}           # node id -> why no reply came, round in flight
         self.history: list[RoundOutcome] = []
+        self.step_word = "round"
+        """What a history entry is called in logs: "step" under the asynchronous schedule."""
         self.checkpoints: dict[str, str] = {}
 
     # ------------------------------------------------------------ resume
@@ -217,7 +219,7 @@ class FTISStrategy(Strategy):
             rejected |= self._note_rejections(server_round, nid, r)
         for nid, reason in outcome.failures.items():
             name = self.roster.name(nid)
-            log.warning("round %d: node %s failed: %s", server_round, name, reason)
+            log.warning("%s %d: node %s failed: %s", self.step_word, server_round, name, reason)
             self.on_event("node_failed", round=server_round, node=name, reason=reason)
         self._update_streaks(server_round, rejected)
         self._groups = groups  # a node that failed contributes nothing stale
@@ -273,9 +275,11 @@ class FTISStrategy(Strategy):
     def summary(self) -> None:
         c = self.cfg
         log.info("FTISStrategy: %s, loss %s (C=%s, g=%s, rule %s, scope %s), G=%d, %d prompts/node, "
-                 "%d rounds, nodes: %s", c.advantage.mode, c.loss.method, c.loss.trunc_c,
+                 "%d rounds (%s), nodes: %s", c.advantage.mode, c.loss.method, c.loss.trunc_c,
                  c.loss.kl_threshold, c.loss.filter_rule, c.loss.filter_scope, c.rollout.group_size,
-                 c.rounds.prompts_per_node, c.rounds.num_rounds, ", ".join(n.name for n in c.nodes))
+                 c.rounds.prompts_per_node, c.rounds.num_rounds,
+                 "synchronous" if c.exchange.schedule == "sync" else
+                 f"asynchronous, max staleness {c.exchange.max_staleness}", ", ".join(n.name for n in c.nodes))
 
     # --------------------------------------------------------------- loop
     def _wait_for_nodes(self, grid: Grid) -> list[int]:

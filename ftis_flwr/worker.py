@@ -118,12 +118,29 @@ def worker_runs(cache_dir: Path) -> set[str]:
 
 def kill_workers_of_new_runs(cache_dir: Path, before: set[str]) -> int:
     """SIGKILL (with their process groups) the workers of the runs started since ``before`` was
-    taken with :func:`worker_runs`: what a finished or failed simulation left, and nothing of
-    another run sharing the cache. Returns how many workers were signalled."""
+    taken with :func:`worker_runs`: for a run whose name is not known to the caller (a
+    deployment's ServerApp names it). A concurrent run that started after ``before`` is killed
+    too: when the run name is known, use :func:`kill_workers_of_run`. Returns how many workers
+    were signalled."""
     n = 0
     for address in sorted((Path(cache_dir) / "workers").glob("*/*/address.json")):
         if address.parent.parent.name in before:
             continue
+        try:
+            kill_worker_group(int(json.loads(address.read_text())["pid"]))
+            n += 1
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    return n
+
+
+def kill_workers_of_run(cache_dir: Path, run_name: str) -> int:
+    """SIGKILL (with their process groups) the workers of run ``run_name`` under ``cache_dir``:
+    what a finished or failed simulation left, nothing of any other run sharing the cache (a
+    concurrent run that started later included, which :func:`kill_workers_of_new_runs` cannot
+    tell apart). Returns how many workers were signalled."""
+    n = 0
+    for address in sorted((Path(cache_dir) / "workers" / run_name).glob("*/address.json")):
         try:
             kill_worker_group(int(json.loads(address.read_text())["pid"]))
             n += 1

@@ -44,8 +44,12 @@ def run_name(experiment) -> str:
 
 
 def run(grid: Grid, experiment, *, connect_timeout: float = 120.0,
-        after_round: Callable[[int, dict], None] | None = None, resume: str | Path = "") -> Path:
+        after_round: Callable[[int, dict], None] | None = None, resume: str | Path = "",
+        name: str = "") -> Path:
     """Run the federation described by ``experiment``; returns the run directory.
+
+    ``name``: the run's name (default :func:`run_name`); whoever starts a simulation names it
+    first to stop exactly its workers afterwards (``ftis_flwr.worker.kill_workers_of_run``).
 
     ``resume``: a run directory to continue after its last completed round, with the
     configuration saved in it (``experiment`` is then not used). ``after_round(round,
@@ -58,7 +62,7 @@ def run(grid: Grid, experiment, *, connect_timeout: float = 120.0,
         experiment = from_dict(json.loads((run_dir / "config.json").read_text()), import_registries=True)
         name = run_dir.name
     else:
-        name = run_name(experiment)
+        name = name or run_name(experiment)
         run_dir = Path(experiment.run_dir).expanduser().resolve() / name
     nodes = [c.name for c in experiment.nodes]
     with RunReporter(run_dir, config=to_dict(experiment), node_names=nodes,

@@ -38,25 +38,24 @@ def simulate(preset: str, overrides: Mapping[str, Any], *, experiment: Any = Non
     sys.path.insert(0, str(REPO))
     from clients.client_app import app as client_app
     from ftis_flwr.config import default_cache_dir, load_experiment
-    from server_app.server_app import run
+    from server_app.server_app import run, run_name
 
     exp = experiment if experiment is not None else load_experiment(preset, dict(overrides))
     result: dict = {}
     server = ServerApp()
+    name = run_name(exp)  # named here: only this run's workers are stopped after it
 
     @server.main()
     def main(grid, context):
-        result["run_dir"] = str(run(grid, exp))
+        result["run_dir"] = str(run(grid, exp, name=name))
 
-    from ftis_flwr.worker import kill_workers_of_new_runs, worker_runs
+    from ftis_flwr.worker import kill_workers_of_run
 
-    cache = default_cache_dir(exp.cache_dir)
-    before = worker_runs(cache)  # the cache is shared with other runs: only this one's are stopped
     try:
         run_simulation(server, client_app, num_supernodes=len(exp.nodes),
                        backend_config={"client_resources": {"num_cpus": 1}})
     finally:  # workers that outlived the run (it failed, or Ray left them): stopped by pid
-        kill_workers_of_new_runs(cache, before)
+        kill_workers_of_run(default_cache_dir(exp.cache_dir), name)
     if "run_dir" not in result:
         raise SystemExit(f"{preset}: the run did not finish (see the log above)")
     return result["run_dir"]

@@ -27,7 +27,7 @@ def flower_bin() -> Path:
 
 def kill_workers(cache) -> None:
     """Stop, by pid, every node worker a test's federation left under its cache directory (a
-    test's own, private cache: a shared one goes through ``kill_workers_of_new_runs``)."""
+    test's own, private cache: a shared one goes through ``kill_workers_of_run``)."""
     import json
     from pathlib import Path
 
@@ -50,25 +50,24 @@ def simulate(experiment, num_supernodes: int = 2, after_round=None):
     from flwr.simulation import run_simulation
 
     from clients.client_app import app as client_app
-    from server_app.server_app import run
+    from server_app.server_app import run, run_name
 
     out = {}
     server = ServerApp()
+    name = run_name(experiment)  # named here: only this run's workers are stopped after it
 
     @server.main()
     def main(grid, context):
-        out["run_dir"] = run(grid, experiment, connect_timeout=60, after_round=after_round)
+        out["run_dir"] = run(grid, experiment, connect_timeout=60, after_round=after_round, name=name)
 
     from ftis_flwr.config import default_cache_dir
-    from ftis_flwr.worker import kill_workers_of_new_runs, worker_runs
+    from ftis_flwr.worker import kill_workers_of_run
 
-    cache = default_cache_dir(experiment.cache_dir)
-    before = worker_runs(cache)  # the cache may be shared: only this run's workers are stopped
     try:
         run_simulation(server, client_app, num_supernodes=num_supernodes,
                        backend_config={"client_resources": {"num_cpus": 1}})
     finally:
-        kill_workers_of_new_runs(cache, before)
+        kill_workers_of_run(default_cache_dir(experiment.cache_dir), name)
     assert "run_dir" in out, "the ServerApp did not finish: see the simulation log above"
     return out["run_dir"]
 

@@ -187,3 +187,38 @@ def test_real_sweep_resumes_and_reports_a_failure(tmp_path):
     rows = list(csv.DictReader(open(out / "results.csv")))
     assert sorted(r["key"] for r in rows) == sorted([kept_key, *ran])
     assert (out / "final.png").is_file() and (out / "accuracy-size.png").is_file()
+
+
+def _result(setup: str, method: str, mode: str, seed: int, ood: dict, test: dict) -> dict:
+    """A hand-written result file: two nodes, accuracy at round 0 (0.5 / 0.6) and the final one."""
+    nodes = {n: {"accuracy": {"test": [[0, 0.5 if n == "weak" else 0.6], [10, test[n]]],
+                              "ood": [[0, 0.3], [10, ood[n]]]}} for n in ("weak", "strong")}
+    g = "50" if method.startswith("f-") else "-"
+    return {"point": {"key": f"{setup}__{method}__{mode}__g-{g}__seed-{seed}", "setup": setup,
+                      "method": method, "mode": mode, "g": g, "seed": seed},
+            "summary": {"nodes": nodes, "rounds": 10, "run_dir": ""}, "wall_s": 1.0}
+
+
+def test_verdicts_follow_the_fixed_rules_on_paired_seeds(tmp_path):
+    """(a) every seed's NoIS below alone: reproduced; (c) F-TIS within 2 points of alone with
+    seeds on both sides: level, reproduced; (d) F-TIS above alone OOD in 4 of 5 seeds:
+    inconclusive; with 4 seeds every verdict is inconclusive."""
+    from verdicts import claims
+
+    results = []
+    for seed in range(5):
+        results.append(_result("s", "alone", "alone", seed, {"weak": 0.40, "strong": 0.5},
+                               {"weak": 0.60, "strong": 0.70}))
+        results.append(_result("s", "nois", "vertical", seed, {"weak": 0.30, "strong": 0.5},
+                               {"weak": 0.50 - 0.01 * seed, "strong": 0.70}))
+        results.append(_result("s", "f-tis", "vertical", seed, {"weak": 0.41 if seed else 0.39, "strong": 0.5},
+                               {"weak": 0.60 + (0.01 if seed % 2 else -0.01), "strong": 0.70}))
+    rows = {(r.split(" | ")[1], r.split(" | ")[2].split(" ")[0]): r for r in claims(results)[2:]}
+    assert "reproduced (5/5 seeds, sign test p=0.031)" in rows[("(a) NoIS ends below alone (ID)", "weak")]
+    assert "+12.0 (+10.0..+14.0)" in rows[("(a) NoIS ends below alone (ID)", "weak")]
+    assert "inconclusive (above in 0/5 seeds)" in rows[("(a) NoIS ends below alone (ID)", "strong")]
+    assert "| reproduced (|mean| < 2 points; 2 above, 3 below)" in rows[("(c) F-TIS level with alone (ID)", "weak")]
+    assert "inconclusive (above in 4/5 seeds)" in rows[("(d) F-TIS above alone (OOD), weaker partner", "weak")]
+    assert "not run" in rows[("(b) F-NoIS recovers most of NoIS's loss", "-")]
+    four = [r for r in results if r["point"]["seed"] < 4]
+    assert all("inconclusive (4 seeds < 5)" in r for r in claims(four)[2:] if "not run" not in r)

@@ -284,13 +284,16 @@ def test_an_exiting_worker_kills_what_is_left_in_its_group():
 
 
 def test_only_the_workers_of_runs_started_since_are_stopped(tmp_path):
-    """A simulation sharing a cache with other runs stops only its own runs' workers (the sweep and
-    the tests once killed every worker under the cache, a concurrent run's too)."""
-    from ftis_flwr.worker import kill_workers_of_new_runs, worker_runs
+    """A simulation sharing a cache with other runs stops only its own run's workers: by name
+    (kill_workers_of_run), a concurrent run that started later survives; by snapshot
+    (kill_workers_of_new_runs, when the name is not known) an older run survives. The sweep and
+    the tests once killed every worker under the cache; then, by snapshot, a later concurrent
+    run's (a sweep and a benchmark sharing the cache lost runs to each other)."""
+    from ftis_flwr.worker import kill_workers_of_new_runs, kill_workers_of_run, worker_runs
 
     cache = tmp_path / "cache"
     procs = {}
-    for run in ("older-run", "new-run"):
+    for run in ("older-run", "this-run", "later-run"):
         proc, child = _tree(120, "ftis_flwr.worker")
         procs[run] = (proc, child)
         d = worker_dir(cache, run, "a")
@@ -300,8 +303,11 @@ def test_only_the_workers_of_runs_started_since_are_stopped(tmp_path):
         (d / "address.json").write_text(json.dumps({"pid": proc.pid}))
     try:
         assert before == {"older-run"}
-        assert kill_workers_of_new_runs(cache, before) == 1
-        assert procs["new-run"][0].wait(timeout=15) == -signal.SIGKILL and _wait_dead(procs["new-run"][1])
+        assert kill_workers_of_run(cache, "this-run") == 1
+        assert procs["this-run"][0].wait(timeout=15) == -signal.SIGKILL and _wait_dead(procs["this-run"][1])
+        assert procs["older-run"][0].poll() is None and procs["later-run"][0].poll() is None
+        assert kill_workers_of_new_runs(cache, before) == 2  # this-run's address is still there
+        assert procs["later-run"][0].wait(timeout=15) == -signal.SIGKILL and _wait_dead(procs["later-run"][1])
         assert procs["older-run"][0].poll() is None
     finally:
         for proc, _ in procs.values():
@@ -310,7 +316,6 @@ def test_only_the_workers_of_runs_started_since_are_stopped(tmp_path):
             except ProcessLookupError:
                 pass
             proc.wait(timeout=15)
-
 
 def test_a_crashed_worker_not_yet_reaped_still_has_its_group_killed():
     """The ClientApp that started a worker is its parent and does not reap it, so a crashed worker

@@ -1,0 +1,159 @@
+"""The paper's claims, tested on a finished sweep: paired over seeds, with the rule fixed first.
+
+    python simulations/verdicts.py runs/sweep-main            # markdown to stdout
+    python simulations/verdicts.py runs/sweep-main --out runs/sweep-main/verdicts.md
+
+Each claim compares two configurations of one setup on the same seeds (same models, prompts and
+sampling seed), one node at a time, on the final evaluation: d_s = 100 * (acc_A - acc_B) in
+points for seed s. The decision rules were written before any result was read:
+
+- a "better/worse" claim (A above B) is **reproduced** when every seed agrees (d_s > 0 for all
+  n >= 5 seeds: one-sided sign test p = 2^-n <= 0.031), **not reproduced** when every seed
+  disagrees, and **inconclusive** otherwise (or with fewer than 5 seeds);
+- a "level" claim (A ends level with B) is **reproduced** when |mean d| < 2 points and the seeds
+  do not all agree in sign, **not reproduced** when all seeds agree (A reliably above or below
+  B: which one is said), and inconclusive with fewer than 5 seeds.
+
+Claims checked here (SPEC §11, the paper's Table 2 and Figure 3), per setup:
+
+- (a) NoIS collapses: nois vertical ends below alone, in-distribution, for some node;
+- (c) F-TIS ends level with alone in-distribution, for every node;
+- (d) F-TIS beats alone out-of-distribution for the weaker partner (lower round-0 ID accuracy);
+- (a') F-TIS ends above NoIS in-distribution (the correction is what prevents (a)).
+
+Claims (b) F-NoIS, (e) vertical vs horizontal, (f) F-VIS and (g) the g schedule need the
+configurations of ``sweeps/cpu.yaml``; a claim whose configurations are not in the sweep is
+listed as "not run".
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sweep_report import config_label, load_results  # noqa: E402
+
+MIN_SEEDS = 5
+LEVEL_POINTS = 2.0
+
+
+def finals(results: list[dict], setup: str, label: str, split: str) -> dict[int, dict[str, float]]:
+    """seed -> node -> final accuracy of one configuration on ``split``."""
+    out: dict[int, dict[str, float]] = {}
+    for r in results:
+        p = r["point"]
+        if p["setup"] != setup or config_label(p) != label:
+            continue
+        for node, data in r["summary"]["nodes"].items():
+            series = data.get("accuracy", {}).get(split, [])
+            if series:
+                out.setdefault(p["seed"], {})[node] = series[-1][1]
+    return out
+
+
+def starts(results: list[dict], setup: str, split: str) -> dict[str, float]:
+    """node -> mean round-0 accuracy over every run of the setup (the models before training)."""
+    acc: dict[str, list[float]] = {}
+    for r in results:
+        if r["point"]["setup"] != setup:
+            continue
+        for node, data in r["summary"]["nodes"].items():
+            series = data.get("accuracy", {}).get(split, [])
+            if series and series[0][0] == 0:
+                acc.setdefault(node, []).append(series[0][1])
+    return {n: sum(v) / len(v) for n, v in acc.items()}
+
+
+def paired(a: dict[int, dict[str, float]], b: dict[int, dict[str, float]], node: str) -> list[float]:
+    seeds = sorted(s for s in set(a) & set(b) if node in a[s] and node in b[s])
+    return [100.0 * (a[s][node] - b[s][node]) for s in seeds]
+
+
+def verdict(d: list[float], kind: str) -> str:
+    if len(d) < MIN_SEEDS:
+        return f"inconclusive ({len(d)} seeds < {MIN_SEEDS})"
+    above, below = sum(x > 0 for x in d), sum(x < 0 for x in d)
+    mean = sum(d) / len(d)
+    if kind == "above":
+        if above == len(d):
+            return f"reproduced ({above}/{len(d)} seeds, sign test p={2.0 ** -len(d):.3f})"
+        if below == len(d):
+            return f"not reproduced (below in {below}/{len(d)} seeds)"
+        return f"inconclusive (above in {above}/{len(d)} seeds)"
+    if above == len(d) or below == len(d):
+        return f"not reproduced ({'above' if above else 'below'} in every seed: {mean:+.1f} points)"
+    if abs(mean) < LEVEL_POINTS:
+        return f"reproduced (|mean| < {LEVEL_POINTS:g} points; {above} above, {below} below)"
+    return f"inconclusive (mean {mean:+.1f} points, seeds split {above}/{below})"
+
+
+def _fmt(d: list[float]) -> str:
+    if not d:
+        return "-"
+    return f"{sum(d) / len(d):+.1f} ({min(d):+.1f}..{max(d):+.1f})"
+
+
+def claims(results: list[dict], id_split: str = "test", ood_split: str = "ood") -> list[str]:
+    """Markdown rows: setup, claim, node, paired difference mean (min..max), n, verdict."""
+    rows = ["| setup | claim | node | difference, points: mean (min..max) | seeds | verdict |",
+            "| --- | --- | --- | --- | --- | --- |"]
+    labels = {config_label(r["point"]) for r in results}
+    ftis = next((lab for lab in sorted(labels) if lab.startswith("f-tis vertical")), None)
+    for setup in dict.fromkeys(r["point"]["setup"] for r in results):
+        nodes = list(starts(results, setup, id_split))
+        alone_id, alone_ood = finals(results, setup, "alone", id_split), finals(results, setup, "alone", ood_split)
+        nois_id = finals(results, setup, "nois vertical", id_split)
+        if nois_id and alone_id:
+            for node in nodes:
+                d = paired(alone_id, nois_id, node)
+                rows.append(f"| {setup} | (a) NoIS ends below alone (ID) | {node} | {_fmt(d)} | {len(d)} | "
+                            f"{verdict(d, 'above')} |")
+        else:
+            rows.append(f"| {setup} | (a) NoIS ends below alone (ID) | - | - | 0 | not run |")
+        if ftis is None or not alone_id:
+            rows.append(f"| {setup} | (c), (d) | - | - | 0 | not run (no f-tis vertical or alone) |")
+            continue
+        ftis_id, ftis_ood = finals(results, setup, ftis, id_split), finals(results, setup, ftis, ood_split)
+        if nois_id:
+            for node in nodes:
+                d = paired(ftis_id, nois_id, node)
+                rows.append(f"| {setup} | (a') F-TIS ends above NoIS (ID) | {node} | {_fmt(d)} | {len(d)} | "
+                            f"{verdict(d, 'above')} |")
+        for node in nodes:
+            d = paired(ftis_id, alone_id, node)
+            rows.append(f"| {setup} | (c) F-TIS level with alone (ID) | {node} | {_fmt(d)} | {len(d)} | "
+                        f"{verdict(d, 'level')} |")
+        start = starts(results, setup, id_split)
+        weaker = min(start, key=start.get)
+        d = paired(ftis_ood, alone_ood, weaker)
+        rows.append(f"| {setup} | (d) F-TIS above alone (OOD), weaker partner | {weaker} "
+                    f"(ID {start[weaker]:.3f} at round 0) | {_fmt(d)} | {len(d)} | {verdict(d, 'above')} |")
+    for claim, needs in (("(b) F-NoIS recovers most of NoIS's loss", "f-nois"),
+                         ("(e) vertical beats horizontal", "horizontal"),
+                         ("(f) F-VIS faster early, falls late", "f-vis"),
+                         ("(g) small g early, large g late", "g=lin")):
+        if not any(needs in lab for lab in labels):
+            rows.append(f"| all | {claim} | - | - | 0 | not run (needs {needs} runs: sweeps/cpu.yaml) |")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("sweep", help="a sweep's output folder (holding results/)")
+    p.add_argument("--id-split", default="test")
+    p.add_argument("--ood-split", default="ood")
+    p.add_argument("--out", default="", help="also write the table to this file")
+    a = p.parse_args(argv)
+    results = load_results(Path(a.sweep))
+    if not results:
+        raise SystemExit(f"{a.sweep}: no finished run under results/")
+    text = "\n".join(claims(results, a.id_split, a.ood_split))
+    print(text)
+    if a.out:
+        Path(a.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
