@@ -12,7 +12,8 @@ A node's round k message carries, per other source, every payload it has not bee
 whose staleness is at most ``exchange.max_staleness``, joined into one payload per source
 (:func:`ftis_flwr.wire_select.merge`); older ones are dropped and counted. The budget
 (``exchange.max_foreign_groups``) then applies as in synchronous rounds. Each node takes
-``rounds.num_rounds`` rounds of its own; a fast node finishes first.
+``rounds.num_rounds`` rounds of its own, and a node that gets there while another has not keeps
+going (its idle time trains it and feeds the others), then takes one final round once all have.
 
 What a run logs: one row per *step* (the replies of one pull, usually one node's); each node's
 own round is its ``round`` metric, ``wall_seconds`` the time since the first round was sent,
@@ -128,14 +129,37 @@ class AsyncRounds:
         self.inflight: dict[str, Sent] = {}   # message id -> what it is
         self.last_reply: dict[int, float] = {}  # node id -> when its last round ended
         self.ok: dict[int, bool] = {}           # node id -> did its latest round succeed
+        self.done: dict[int, int] = {}          # node id -> the last round it ended (-1: none yet)
+        self.final_sent: set[int] = set()       # node ids sent their last (non-generating) round
         self.t0 = time.monotonic()
         strategy.step_word = "step"
 
     # ---------------------------------------------------------------- sending
-    def _send(self, nid: int, rnd: int) -> None:
+    def _next(self, nid: int, rnd: int) -> None:
+        """Node ``nid`` ended its round ``rnd``: send what comes next, or nothing when it is done.
+
+        Up to ``num_rounds`` every node follows the schedule. A node past it keeps taking rounds
+        (generating, evaluating every ``eval_every`` of its own rounds) while another node has
+        not ended its round ``num_rounds``: its time trains it and feeds the slower ones. Once all
+        have, it takes one final round (an update on what arrived, no generation, evaluation)."""
+        last = self.s.cfg.rounds.num_rounds
+        others_running = any(self.done.get(n, -1) < last for n in self.done if n != nid)
+        self.done[nid] = rnd
+        if rnd < last - 1 or (rnd < last and others_running):
+            self._send(nid, rnd + 1, generate=True)
+        elif rnd == last - 1:
+            self._send(nid, last, generate=False)  # the schedule's last round, as in sync
+        elif others_running:
+            self._send(nid, rnd + 1, generate=True)
+        elif nid not in self.final_sent:
+            self._send(nid, rnd + 1, generate=False, evaluate=True)
+
+    def _send(self, nid: int, rnd: int, *, generate: bool, evaluate: bool | None = None) -> None:
         s = self.s
         name = s.roster.name(nid)
-        prompts = s._prompts([nid], rnd)[nid]
+        prompts = s.next_prompts() if generate else []
+        if not generate:
+            self.final_sent.add(nid)
         fresh, dropped = ({}, 0) if s.cfg.advantage.mode == "alone" else self.store.take(
             name, {s.roster.names.get(nid), s.roster.claimed.get(nid)})
         others, staleness = {}, []
@@ -146,7 +170,7 @@ class AsyncRounds:
         if staleness:
             extra.update(foreign_staleness_mean=sum(staleness) / len(staleness),
                          foreign_staleness_max=float(max(staleness)))
-        msg = s.message(nid, rnd, prompts, others, **extra)
+        msg = s.message(nid, rnd, prompts, others, evaluate=evaluate, **extra)
         limit = max(self.timeout, s.cfg.rounds.startup_timeout) if rnd == s._first_round else self.timeout
         now = time.monotonic()
         ids = list(self.grid.push_messages([msg]))
@@ -167,7 +191,8 @@ class AsyncRounds:
         self._undelivered_round: dict[int, int] = {}
         for nid in node_ids:
             self.last_reply[nid] = time.monotonic()
-            self._send(nid, s._first_round)
+            self.done[nid] = -1
+            self._send(nid, s._first_round, generate=rounds > 0)
         step, next_note = 0, time.monotonic() + PROGRESS_EVERY
         while self.inflight or self._undelivered:
             replies = list(self.grid.pull_messages(list(self.inflight))) if self.inflight else []
@@ -184,8 +209,7 @@ class AsyncRounds:
             done = self._step(step, replies, late, now)
             step += 1
             for nid, rnd in done:
-                if rnd < rounds:
-                    self._send(nid, rnd + 1)
+                self._next(nid, rnd)
             healthy = sum(self.ok.values())
             if healthy < s.cfg.rounds.min_nodes:
                 failed = ", ".join(s.roster.name(n) for n, good in self.ok.items() if not good)

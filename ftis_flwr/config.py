@@ -195,10 +195,12 @@ class ExchangeConfig:
     next round as soon as it replies, with the other nodes' groups that arrived since its last
     round; each node still takes ``rounds.num_rounds`` rounds. The importance weights already
     correct for the older policy that sampled a group. See ftis_flwr.async_rounds."""
-    max_staleness: int = 2
+    max_staleness: int = 0
     """Async only: a foreign group is forwarded only while its source has taken at most this many
-    updates since generating it (0 = only a source's newest groups); older ones are dropped and
-    counted (``foreign_groups_stale_dropped``). Default 2."""
+    updates since generating it; older ones are dropped and counted
+    (``foreign_groups_stale_dropped``). Default 0: only each source's newest groups, so a slow
+    node trains on as many foreign groups per round as in synchronous rounds (k > 0 gives it up
+    to k + 1 rounds' worth of a faster source's groups, and a longer update)."""
 
 
 @dataclass

@@ -123,11 +123,13 @@ class FTISStrategy(Strategy):
             shared = list(range(self._next_prompt, self._next_prompt + b))
             self._next_prompt += b
             return {nid: shared for nid in node_ids}
-        out = {}
-        for nid in node_ids:
-            out[nid] = list(range(self._next_prompt, self._next_prompt + b))
-            self._next_prompt += b
-        return out
+        return {nid: self.next_prompts() for nid in node_ids}
+
+    def next_prompts(self) -> list[int]:
+        """The next ``rounds.prompts_per_node`` train indices of the schedule (vertical)."""
+        b = self.cfg.rounds.prompts_per_node
+        self._next_prompt += b
+        return list(range(self._next_prompt - b, self._next_prompt))
 
     def _group_size(self) -> int:
         g = self.cfg.rollout.group_size
@@ -153,10 +155,11 @@ class FTISStrategy(Strategy):
             messages.append(self.message(nid, server_round, prompts[nid], others))
         return messages
 
-    def message(self, nid: int, rnd: int, prompts: list[int], others: dict, **received: float) -> Message:
+    def message(self, nid: int, rnd: int, prompts: list[int], others: dict, evaluate: bool | None = None,
+                **received: float) -> Message:
         """Node ``nid``'s message of its round ``rnd``: its prompt indices and ``others`` (source
         -> payload), cut to the budget; records what was forwarded (``_forwarded``, ``_received``
-        plus ``received``'s extra per-node figures)."""
+        plus ``received``'s extra per-node figures). ``evaluate``: default, the schedule's."""
         content, foreign, groups, nbytes = RecordDict(), {}, 0, 0
         if self.cfg.advantage.mode != "alone":
             for src, (arr, meta, indices) in self.budget.select(self.roster.name(nid), rnd, others).items():
@@ -172,7 +175,8 @@ class FTISStrategy(Strategy):
         content[protocol.ROUND] = ConfigRecord({
             "round": rnd, "num_rounds": self.cfg.rounds.num_rounds,
             "prompt_indices": json.dumps(prompts), "group_size": self._group_size(),
-            "evaluate": self._evaluate_now(rnd), "experiment": self._experiment_json,
+            "evaluate": self._evaluate_now(rnd) if evaluate is None else evaluate,
+            "experiment": self._experiment_json,
             "run_name": self.run_name, "foreign": json.dumps(foreign),
         })
         return Message(content=content, dst_node_id=nid, message_type=MessageType.TRAIN)

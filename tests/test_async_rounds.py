@@ -7,6 +7,8 @@ than a by holding its replies; the last test runs two real tiny nodes through a 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from conftest import simulate
@@ -77,31 +79,38 @@ def test_the_fast_node_never_waits_and_the_slow_one_gets_what_arrived_meanwhile(
     strategy, events = run(experiment(ASYNC), grid)
     assert not [e for e in events if e[0] == "node_failed"]
     seen = node_rounds(strategy)
-    assert [r for _, r in seen["a"]] == [0, 1, 2, 3, 4] and [r for _, r in seen["b"]] == [0, 1, 2, 3, 4]
+    # b (slow) takes the schedule's rounds 0..4; a keeps going while b runs, then one final round
+    assert [r for _, r in seen["b"]] == [0, 1, 2, 3, 4]
+    assert [r for _, r in seen["a"]] == list(range(17))
     step_of = {(n, r): s for n, rows in seen.items() for s, r in rows}
-    # no barrier: a took all its rounds before b finished its second
-    assert step_of[("a", 4)] < step_of[("b", 1)]
-    assert all(len(o.node_metrics) <= 2 for o in strategy.history)
+    assert step_of[("a", 4)] < step_of[("b", 1)]  # no barrier: a was past round 4 before b's round 1 ended
+    assert step_of[("a", 16)] > step_of[("b", 4)]
+    sent = {(nid, r): grid.train_message(nid, r) for nid, last in ((1, 16), (2, 4)) for r in range(last + 1)}
+    cfg = {k: m.content[protocol.ROUND] for k, m in sent.items()}
+    # every round but each node's last generates for fresh prompts; the last ones evaluate
+    for (nid, r), c in cfg.items():
+        final = (nid, r) in ((1, 16), (2, 4))
+        assert len(indices(sent[(nid, r)])) == (0 if final else 3), (nid, r)
+        assert c["evaluate"] == (final or r in (0, 4)), (nid, r)  # eval_every 0: round 0 and num_rounds
+    every = [i for m in sent.values() for i in indices(m)]
+    assert len(every) == len(set(every)) == 3 * (16 + 4)
     # a's rounds 1-3 went out while b had sent nothing: no foreign groups, nothing waited for
     for rnd in (1, 2, 3):
-        assert foreign(grid.train_message(1, rnd)) == {}
-    # b's round 1: a had finished rounds 0-3 by then; with max_staleness 1 only a's rounds 2 and 3
-    # are young enough (staleness 1 and 0), joined into one payload; rounds 0 and 1 are dropped
-    b1 = grid.train_message(2, 1)
-    a_indices = {r: indices(grid.train_message(1, r)) for r in range(4)}
-    assert foreign(b1) == {"a": a_indices[2] + a_indices[3]}
-    assert labels(b1, "a") == ["a"] * 6
+        assert foreign(sent[(1, rnd)]) == {}
+    # b's round 1: a had ended rounds 0-3; with max_staleness 1 only a's rounds 2 and 3 are young
+    # enough (staleness 1 and 0), joined into one payload; rounds 0 and 1 are dropped and counted
+    assert foreign(sent[(2, 1)]) == {"a": indices(sent[(1, 2)]) + indices(sent[(1, 3)])}
+    assert labels(sent[(2, 1)], "a") == ["a"] * 6
     m = strategy.history[step_of[("b", 1)]].node_metrics["b"]
     assert m["foreign_groups_received"] == 6 and m["foreign_groups_stale_dropped"] == 6
     assert m["foreign_staleness_mean"] == 0.5 and m["foreign_staleness_max"] == 1
-    # a's last round got b's round-0 groups, fresh (b had taken no update since)
-    a4 = grid.train_message(1, 4)
-    assert foreign(a4) == {"b": indices(grid.train_message(2, 0))}
+    # a's next round after b's round 0 ended got b's round-0 groups, fresh (b had taken no update)
+    assert foreign(sent[(1, 4)]) == {"b": indices(sent[(2, 0)])}
     m = strategy.history[step_of[("a", 4)]].node_metrics["a"]
     assert m["foreign_staleness_max"] == 0 and m["foreign_groups_stale_dropped"] == 0
-    # nothing is forwarded twice: b's later rounds get no more of a (a generated nothing new)
-    for rnd in (2, 3, 4):
-        assert foreign(grid.train_message(2, rnd)) == {}
+    # each of b's groups reaches a once; b's last round generated none
+    got = [i for r in range(17) for i in foreign(sent[(1, r)]).get("b", [])]
+    assert sorted(got) == sorted(i for r in range(4) for i in indices(sent[(2, r)]))
     assert strategy.checkpoints == {"a": "/ckpt/a", "b": "/ckpt/b"}
 
 
@@ -118,7 +127,8 @@ def test_a_node_that_fails_a_round_gets_its_next_one_and_min_nodes_still_holds()
     strategy, events = run(experiment(ASYNC), SlowB(honest(special={2: flaky}), lag=1))
     failed = [f for k, f in events if k == "node_failed"]
     assert [(f["node"], "boom" in f["reason"]) for f in failed] == [("b", True)]
-    assert [r for _, r in node_rounds(strategy)["b"]] == [0, 2, 3, 4]
+    b_rounds = [r for _, r in node_rounds(strategy)["b"]]  # round 1 failed; the next one went out
+    assert b_rounds[:4] == [0, 2, 3, 4] and b_rounds == sorted(set(b_rounds)), b_rounds
     exp = experiment(ASYNC, **{"rounds.min_nodes": 2})
     run(exp, SlowB(honest(special={2: flaky}), lag=1), raises=(Exception, "fewer than rounds.min_nodes=2"))
 
@@ -185,23 +195,24 @@ nodes:
 
 @pytest.mark.slow
 def test_an_async_federation_runs_through_flower(tmp_path):
-    """Real tiny nodes in a Flower simulation: every node takes its rounds 0..3 once, trains on
-    the other's groups from round 1 on (each forwarded once, all used), and the metrics rows are
-    steps in which a node shows up only when its round ended."""
+    """Real tiny nodes in a Flower simulation: every node takes its rounds 0..3 (the faster one
+    more, until the other is done) and evaluates at its last, trains on the other's groups (each
+    forwarded at most once, all used), and a metrics row holds only the nodes whose round ended."""
     exp = load_experiment(yaml_text=ASYNC_FEDERATION,
                           overrides={"cache_dir": str(tmp_path / "cache"), "run_dir": str(tmp_path / "runs")})
-    run_dir = simulate(exp)
-    rows = load_metrics(run_dir)
+    rows = load_metrics(simulate(exp))
     per_node: dict[str, list[dict]] = {}
     for row in rows:
-        assert row["missing_nodes"] == []
+        assert row["missing_nodes"] == [] and row["nodes"]
         for name, m in row["nodes"].items():
             per_node.setdefault(name, []).append(m)
     assert set(per_node) == {"small", "large"}
     for name, ms in per_node.items():
-        assert [m["round"] for m in ms] == [0, 1, 2, 3]
+        other = per_node["large" if name == "small" else "small"]
+        assert [m["round"] for m in ms] == list(range(len(ms))) and len(ms) >= 4, (name, len(ms))
+        assert "eval/test/accuracy" in ms[0] and "eval/test/accuracy" in ms[-1]
         assert all(0 <= m["idle_fraction"] <= 1 and m["wall_seconds"] > 0 for m in ms)
         assert not [k for m in ms for k in m if k.endswith("_rejected")]
         got = sum(m["foreign_groups_received"] for m in ms)
-        assert 0 < got <= 3 * 8, (name, got)  # the other generated 3 rounds of 8 groups
+        assert 0 < got <= 8 * (len(other) - 1), (name, got)  # the other's last round generates nothing
         assert all(m.get("samples_foreign", 0) == 4 * m["foreign_groups_received"] for m in ms[1:])
