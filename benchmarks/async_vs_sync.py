@@ -28,6 +28,9 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "simulations"))
+from seeds import _seeds  # noqa: E402
+
 SPLIT = "test"
 
 
@@ -58,14 +61,6 @@ def figures(run_dir: str | Path) -> dict:
 
 def time_to(curve: list[tuple[float, float]], target: float) -> float | None:
     return next((t for t, acc in curve if acc >= target - 1e-9), None)
-
-
-def _seeds(spec: str) -> list[int]:
-    out: list[int] = []
-    for part in spec.split(","):
-        lo, _, hi = part.partition("-")
-        out += list(range(int(lo), int(hi or lo) + 1))
-    return out
 
 
 def _stat(xs: list[float | None], fmt: str) -> str:

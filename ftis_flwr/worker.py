@@ -122,16 +122,8 @@ def kill_workers_of_new_runs(cache_dir: Path, before: set[str]) -> int:
     deployment's ServerApp names it). A concurrent run that started after ``before`` is killed
     too: when the run name is known, use :func:`kill_workers_of_run`. Returns how many workers
     were signalled."""
-    n = 0
-    for address in sorted((Path(cache_dir) / "workers").glob("*/*/address.json")):
-        if address.parent.parent.name in before:
-            continue
-        try:
-            kill_worker_group(int(json.loads(address.read_text())["pid"]))
-            n += 1
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
-    return n
+    return _kill_listed([a for a in (Path(cache_dir) / "workers").glob("*/*/address.json")
+                         if a.parent.parent.name not in before])
 
 
 def kill_workers_of_run(cache_dir: Path, run_name: str) -> int:
@@ -139,8 +131,13 @@ def kill_workers_of_run(cache_dir: Path, run_name: str) -> int:
     what a finished or failed simulation left, nothing of any other run sharing the cache (a
     concurrent run that started later included, which :func:`kill_workers_of_new_runs` cannot
     tell apart). Returns how many workers were signalled."""
+    return _kill_listed(list((Path(cache_dir) / "workers" / run_name).glob("*/address.json")))
+
+
+def _kill_listed(addresses: list[Path]) -> int:
+    """Kill the worker group named by each ``address.json``; how many were signalled."""
     n = 0
-    for address in sorted((Path(cache_dir) / "workers" / run_name).glob("*/address.json")):
+    for address in sorted(addresses):
         try:
             kill_worker_group(int(json.loads(address.read_text())["pid"]))
             n += 1
