@@ -18,7 +18,8 @@ Claims checked here (SPEC §11, the paper's Table 2 and Figure 3), per setup:
 
 - (a) NoIS collapses: nois vertical ends below alone, in-distribution, for some node;
 - (c) F-TIS ends level with alone in-distribution, for every node;
-- (d) F-TIS beats alone out-of-distribution for the weaker partner (lower round-0 ID accuracy);
+- (d) F-TIS beats alone out-of-distribution for the weaker partner (lower round-0 ID accuracy;
+  on a tie within 1 point, the lower final ID accuracy alone);
 - (a') F-TIS ends above NoIS in-distribution (the correction is what prevents (a)).
 
 Claims (b) F-NoIS, (e) vertical vs horizontal, (f) F-VIS and (g) the g schedule need the
@@ -39,8 +40,10 @@ MIN_SEEDS = 5
 LEVEL_POINTS = 2.0
 
 
-def finals(results: list[dict], setup: str, label: str, split: str) -> dict[int, dict[str, float]]:
-    """seed -> node -> final accuracy of one configuration on ``split``."""
+def finals(results: list[dict], setup: str, label: str, split: str, at: int | None = None
+           ) -> dict[int, dict[str, float]]:
+    """seed -> node -> final accuracy of one configuration on ``split`` (``at``: the evaluation
+    of that round instead)."""
     out: dict[int, dict[str, float]] = {}
     for r in results:
         p = r["point"]
@@ -48,9 +51,18 @@ def finals(results: list[dict], setup: str, label: str, split: str) -> dict[int,
             continue
         for node, data in r["summary"]["nodes"].items():
             series = data.get("accuracy", {}).get(split, [])
+            if at is not None:
+                series = [x for x in series if x[0] == at]
             if series:
                 out.setdefault(p["seed"], {})[node] = series[-1][1]
     return out
+
+
+def first_eval_after_start(results: list[dict], setup: str, split: str) -> int | None:
+    """The first evaluated round after round 0 in the setup's runs (the "early" point)."""
+    rounds = sorted({x[0] for r in results if r["point"]["setup"] == setup
+                     for d in r["summary"]["nodes"].values() for x in d.get("accuracy", {}).get(split, [])})
+    return next((x for x in rounds if x > 0), None)
 
 
 def starts(results: list[dict], setup: str, split: str) -> dict[str, float]:
@@ -64,6 +76,18 @@ def starts(results: list[dict], setup: str, split: str) -> dict[str, float]:
             if series and series[0][0] == 0:
                 acc.setdefault(node, []).append(series[0][1])
     return {n: sum(v) / len(v) for n, v in acc.items()}
+
+
+def weaker_partner(start: dict[str, float], alone_final: dict[int, dict[str, float]]) -> str:
+    """The node with the lower round-0 ID accuracy; within 1 point (the same base model, as in
+    the trainable-parameter setup), the one that ends lower alone (the weaker learner)."""
+    lo = min(start.values())
+    tied = [n for n, v in start.items() if v - lo < 0.01]
+    if len(tied) == 1:
+        return tied[0]
+    mean = {n: sum(a[n] for a in alone_final.values() if n in a) / max(1, sum(n in a for a in alone_final.values()))
+            for n in tied}
+    return min(tied, key=mean.get)
 
 
 def paired(a: dict[int, dict[str, float]], b: dict[int, dict[str, float]], node: str) -> list[float]:
@@ -126,16 +150,50 @@ def claims(results: list[dict], id_split: str = "test", ood_split: str = "ood") 
             rows.append(f"| {setup} | (c) F-TIS level with alone (ID) | {node} | {_fmt(d)} | {len(d)} | "
                         f"{verdict(d, 'level')} |")
         start = starts(results, setup, id_split)
-        weaker = min(start, key=start.get)
+        weaker = weaker_partner(start, alone_id)
         d = paired(ftis_ood, alone_ood, weaker)
         rows.append(f"| {setup} | (d) F-TIS above alone (OOD), weaker partner | {weaker} "
                     f"(ID {start[weaker]:.3f} at round 0) | {_fmt(d)} | {len(d)} | {verdict(d, 'above')} |")
+        rows += _more(results, setup, nodes, labels, ftis, id_split)
     for claim, needs in (("(b) F-NoIS recovers most of NoIS's loss", "f-nois"),
                          ("(e) vertical beats horizontal", "horizontal"),
                          ("(f) F-VIS faster early, falls late", "f-vis"),
                          ("(g) small g early, large g late", "g=lin")):
         if not any(needs in lab for lab in labels):
             rows.append(f"| all | {claim} | - | - | 0 | not run (needs {needs} runs: sweeps/cpu.yaml) |")
+    return rows
+
+
+def _more(results: list[dict], setup: str, nodes: list[str], labels: set[str], ftis: str,
+          id_split: str) -> list[str]:
+    """Rows of (b) and (f) where their runs exist: F-NoIS above NoIS (with the share of NoIS's
+    loss against alone it recovers), F-VIS above F-TIS at the first evaluation after round 0 and
+    below it at the last."""
+    rows = []
+    nois = finals(results, setup, "nois vertical", id_split)
+    alone = finals(results, setup, "alone", id_split)
+    fnois_label = next((lab for lab in sorted(labels) if lab.startswith("f-nois vertical")), None)
+    fnois = finals(results, setup, fnois_label, id_split) if fnois_label else {}
+    if fnois and nois:
+        for node in nodes:
+            d = paired(fnois, nois, node)
+            lost = paired(alone, nois, node)
+            share = (f"; recovers {sum(d) / sum(lost):.0%} of NoIS's loss to alone"
+                     if lost and sum(lost) > 0 and len(lost) == len(d) else "")
+            rows.append(f"| {setup} | (b) F-NoIS ends above NoIS (ID) | {node} | {_fmt(d)}{share} | {len(d)} | "
+                        f"{verdict(d, 'above')} |")
+    fvis_label = next((lab for lab in sorted(labels) if lab.startswith("f-vis vertical")), None)
+    early = first_eval_after_start(results, setup, id_split)
+    if fvis_label and ftis and early is not None:
+        fvis_e, ftis_e = (finals(results, setup, lab, id_split, at=early) for lab in (fvis_label, ftis))
+        fvis_l, ftis_l = (finals(results, setup, lab, id_split) for lab in (fvis_label, ftis))
+        for node in nodes:
+            d = paired(fvis_e, ftis_e, node)
+            rows.append(f"| {setup} | (f) F-VIS above F-TIS early (ID, round {early}) | {node} | {_fmt(d)} | "
+                        f"{len(d)} | {verdict(d, 'above')} |")
+            d = paired(ftis_l, fvis_l, node)
+            rows.append(f"| {setup} | (f) F-VIS below F-TIS at the end (ID) | {node} | {_fmt(d)} | {len(d)} | "
+                        f"{verdict(d, 'above')} |")
     return rows
 
 
