@@ -7,7 +7,8 @@ that arrived since its last round (bounded staleness, as in asynchronous RL trai
 AReaL). The importance weights need no change: every group carries the log-probs of the policy
 that sampled it, whichever update of its source that was.
 
-Staleness of a group = updates its source has taken since it generated it (its newest groups: 0).
+Staleness of a group = updates its source has taken since it generated it, as far as the server
+knows (the source's newest reply: 0).
 A node's round k message carries, per other source, every payload it has not been sent yet
 whose staleness is at most ``exchange.max_staleness``, joined into one payload per source
 (:func:`ftis_flwr.wire_select.merge`); older ones are dropped and counted. The budget
@@ -131,6 +132,8 @@ class AsyncRounds:
         self.ok: dict[int, bool] = {}           # node id -> did its latest round succeed
         self.done: dict[int, int] = {}          # node id -> the last round it ended (-1: none yet)
         self.final_sent: set[int] = set()       # node ids sent their last (non-generating) round
+        self._undelivered: list[int] = []       # node ids whose message found no route, this step
+        self._undelivered_round: dict[int, int] = {}
         self.t0 = time.monotonic()
         strategy.step_word = "step"
 
@@ -187,8 +190,6 @@ class AsyncRounds:
         order = {c.name: i for i, c in enumerate(s.cfg.nodes)}
         node_ids = sorted((nid for nid in self.grid.get_node_ids() if nid in s.roster.names),
                           key=lambda nid: order.get(s.roster.names[nid], len(order)))
-        self._undelivered: list[int] = []
-        self._undelivered_round: dict[int, int] = {}
         for nid in node_ids:
             self.last_reply[nid] = time.monotonic()
             self.done[nid] = -1
@@ -225,8 +226,8 @@ class AsyncRounds:
         s._lost = {x.nid: f"no reply within the {x.deadline - x.sent_at:.0f} s round timeout" for x in late.values()}
         for nid in self._undelivered:
             s._lost[nid] = "the message could not be delivered (push_messages returned no id for it)"
-        rounds = {x.nid: x.rnd for x in self.inflight.values()}
-        rounds.update(self._undelivered_round)
+        round_of = {x.nid: x.rnd for x in self.inflight.values()}
+        round_of.update(self._undelivered_round)
         for r in replies:
             x = self.inflight.get(r.metadata.reply_to_message_id)
             if x is not None:
@@ -236,11 +237,11 @@ class AsyncRounds:
         for mid in list(self.inflight):
             if self.inflight[mid].nid in ended:
                 del self.inflight[mid]
-        by_name = {s.roster.name(nid): nid for nid in rounds}
+        by_name = {s.roster.name(nid): nid for nid in round_of}
         for name, payload in s._groups.items():  # the new groups of this step, by their source
             nid = by_name.get(name)
             if nid is not None and payload[2]:
-                self.store.add(name, rounds[nid], payload, [c.name for c in s.cfg.nodes])
+                self.store.add(name, round_of[nid], payload, [c.name for c in s.cfg.nodes])
         spans = []
         for name, metrics in outcome.node_metrics.items():
             nid = by_name.get(name, -1)
@@ -249,7 +250,7 @@ class AsyncRounds:
             add_idle({name: metrics}, span)
             metrics["round_seconds"] = span
             metrics["wall_seconds"] = now - self.t0
-        finished = [(nid, rounds[nid]) for nid in [*ended, *self._undelivered]]
+        finished = [(nid, round_of[nid]) for nid in [*ended, *self._undelivered]]
         for nid, _ in finished:
             self.last_reply[nid] = now
             self.ok[nid] = s.roster.name(nid) in outcome.node_metrics
