@@ -193,8 +193,9 @@ class ExchangeConfig:
     """"sync" (default): every round waits for every node, so a fast node idles while the slowest
     generates. "async": bounded staleness (as in asynchronous RL, e.g. AReaL): a node gets its
     next round as soon as it replies, with the other nodes' groups that arrived since its last
-    round; each node still takes ``rounds.num_rounds`` rounds. The importance weights already
-    correct for the older policy that sampled a group. See ftis_flwr.async_rounds."""
+    round; a node that has taken ``rounds.num_rounds`` rounds keeps going until every node has,
+    then takes a final round. The importance weights already correct for the older policy that
+    sampled a group. Not resumable yet. See ftis_flwr.async_rounds."""
     max_staleness: int = 0
     """Async only: a foreign group is forwarded only while its source has taken at most this many
     updates since generating it; older ones are dropped and counted
