@@ -518,7 +518,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dir", required=True, type=Path)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    _keep_niceness()
     _Server(args.dir).serve()
+
+
+def _keep_niceness() -> None:
+    """A worker leads its own session, and Linux's autogroup scheduler shares the CPU between
+    sessions before it looks at nice values: a worker of a niced sweep (``nice -n 15``, or Ray's
+    own actors at 15) would compete at full weight with the shell's work. Give this session's
+    autogroup the nice value the worker inherited (no-op where autogroups do not exist)."""
+    nice = os.nice(0)
+    if nice > 0:
+        try:
+            Path("/proc/self/autogroup").write_text(str(nice))
+        except OSError:
+            pass
 
 
 if __name__ == "__main__":
