@@ -189,7 +189,7 @@ def test_real_sweep_resumes_and_reports_a_failure(tmp_path):
     assert (out / "final.png").is_file() and (out / "accuracy-size.png").is_file()
 
 
-def _result(setup: str, method: str, mode: str, seed: int, ood: dict, test: dict) -> dict:
+def _verdict_result(setup: str, method: str, mode: str, seed: int, ood: dict, test: dict) -> dict:
     """A hand-written result file: two nodes, accuracy at round 0 (0.5 / 0.6) and the final one."""
     nodes = {n: {"accuracy": {"test": [[0, 0.5 if n == "weak" else 0.6], [10, test[n]]],
                               "ood": [[0, 0.3], [10, ood[n]]]}} for n in ("weak", "strong")}
@@ -207,13 +207,13 @@ def test_verdicts_follow_the_fixed_rules_on_paired_seeds(tmp_path):
 
     results = []
     for seed in range(5):
-        results.append(_result("s", "alone", "alone", seed, {"weak": 0.40, "strong": 0.5},
+        results.append(_verdict_result("s", "alone", "alone", seed, {"weak": 0.40, "strong": 0.5},
                                {"weak": 0.60, "strong": 0.70}))
-        results.append(_result("s", "nois", "vertical", seed, {"weak": 0.30, "strong": 0.5},
+        results.append(_verdict_result("s", "nois", "vertical", seed, {"weak": 0.30, "strong": 0.5},
                                {"weak": 0.50 - 0.01 * seed, "strong": 0.70}))
-        results.append(_result("s", "f-tis", "vertical", seed, {"weak": 0.41 if seed else 0.39, "strong": 0.5},
+        results.append(_verdict_result("s", "f-tis", "vertical", seed, {"weak": 0.41 if seed else 0.39, "strong": 0.5},
                                {"weak": 0.60 + (0.01 if seed % 2 else -0.01), "strong": 0.70}))
-        results.append(_result("s", "f-nois", "vertical", seed, {"weak": 0.3, "strong": 0.5},
+        results.append(_verdict_result("s", "f-nois", "vertical", seed, {"weak": 0.3, "strong": 0.5},
                                {"weak": 0.56, "strong": 0.70}))
     rows = {(r.split(" | ")[1], r.split(" | ")[2].split(" ")[0]): r for r in claims(results)[2:]}
     # (b): +6..+10 points over NoIS in every seed; NoIS lost 12 on average against alone: 8/12 recovered
