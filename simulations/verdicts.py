@@ -10,9 +10,9 @@ points for seed s. The decision rules were written before any result was read:
 - a "better/worse" claim (A above B) is **reproduced** when every seed agrees (d_s > 0 for all
   n >= 5 seeds: one-sided sign test p = 2^-n <= 0.031), **not reproduced** when every seed
   disagrees, and **inconclusive** otherwise (or with fewer than 5 seeds);
-- a "level" claim (A ends level with B) is **reproduced** when |mean d| < 2 points and the seeds
-  do not all agree in sign, **not reproduced** when all seeds agree (A reliably above or below
-  B: which one is said), and inconclusive with fewer than 5 seeds.
+- a "level" claim (A ends level with B) is **reproduced** when the mean d is within ±2 points
+  and the seeds do not all agree in sign, **not reproduced** when all seeds agree (A reliably
+  above or below B: which one is said), and inconclusive with fewer than 5 seeds.
 
 Claims checked here (SPEC §11, the paper's Table 2 and Figure 3), per setup:
 
@@ -109,7 +109,7 @@ def verdict(d: list[float], kind: str) -> str:
     if above == len(d) or below == len(d):
         return f"not reproduced ({'above' if above else 'below'} in every seed: {mean:+.1f} points)"
     if abs(mean) < LEVEL_POINTS:
-        return f"reproduced (|mean| < {LEVEL_POINTS:g} points; {above} above, {below} below)"
+        return f"reproduced (mean within ±{LEVEL_POINTS:g} points; {above} above, {below} below)"
     return f"inconclusive (mean {mean:+.1f} points, seeds split {above}/{below})"
 
 
@@ -177,7 +177,8 @@ def _more(results: list[dict], setup: str, nodes: list[str], labels: set[str], f
     if fnois and nois:
         for node in nodes:
             d = paired(fnois, nois, node)
-            lost = paired(alone, nois, node)
+            same = {k: alone[k] for k in alone if k in fnois}  # NoIS's loss on the same seeds
+            lost = paired(same, nois, node)
             share = (f"; recovers {sum(d) / sum(lost):.0%} of NoIS's loss to alone"
                      if lost and sum(lost) > 0 and len(lost) == len(d) else "")
             rows.append(f"| {setup} | (b) F-NoIS ends above NoIS (ID) | {node} | {_fmt(d)}{share} | {len(d)} | "

@@ -222,7 +222,7 @@ def test_verdicts_follow_the_fixed_rules_on_paired_seeds(tmp_path):
     assert "reproduced (5/5 seeds, sign test p=0.031)" in rows[("(a) NoIS ends below alone (ID)", "weak")]
     assert "+12.0 (+10.0..+14.0)" in rows[("(a) NoIS ends below alone (ID)", "weak")]
     assert "inconclusive (above in 0/5 seeds)" in rows[("(a) NoIS ends below alone (ID)", "strong")]
-    assert "| reproduced (|mean| < 2 points; 2 above, 3 below)" in rows[("(c) F-TIS level with alone (ID)", "weak")]
+    assert "| reproduced (mean within ±2 points; 2 above, 3 below)" in rows[("(c) F-TIS level with alone (ID)", "weak")]
     assert "inconclusive (above in 4/5 seeds)" in rows[("(d) F-TIS above alone (OOD), weaker partner", "weak")]
     assert "not run" in rows[("(e) vertical beats horizontal", "-")]
     four = [r for r in results if r["point"]["seed"] < 4]
