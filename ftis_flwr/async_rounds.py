@@ -36,7 +36,7 @@ from .budget import Payload, add_idle
 from .grid_io import POLL_INTERVAL, PROGRESS_EVERY
 from .replies import flatten
 from .roster import FederationError
-from .wire_select import Cuttable, WireSelectError, merge
+from .wire_select import Cuttable, WireSelectError, group_count, merge
 
 log = logging.getLogger("ftis_flwr.strategy")
 
@@ -72,7 +72,7 @@ class Store:
         self.payloads.setdefault(source, {})[version] = payload
         self.latest[source] = max(version, self.latest.get(source, version))
         for v in [v for v in self.payloads[source] if v < self.latest[source] - self.max_staleness]:
-            n = _groups(self.payloads[source].pop(v))
+            n = group_count(*self.payloads[source].pop(v)[:2])
             for r in receivers:
                 if r != source and self.given.get((r, source), -1) < v:
                     self.dropped[r] = self.dropped.get(r, 0) + n
@@ -92,19 +92,12 @@ class Store:
         return fresh, self.dropped.pop(receiver, 0)
 
 
-def _groups(payload: Payload) -> int:
-    try:
-        return Cuttable(payload[0], payload[1]).n
-    except Exception:  # an unreadable payload counts as nothing, as in the budget
-        return 0
-
-
 def join(parts: list[tuple[int, Payload]]) -> tuple[Payload, list[int]]:
     """One payload (and per-group staleness) from one source's payloads, oldest first. When
     they cannot be joined (packed differently), only the newest is kept and the rest logged."""
     if len(parts) == 1:
         stale, payload = parts[0]
-        return payload, [stale] * _groups(payload)
+        return payload, [stale] * group_count(payload[0], payload[1])
     try:
         reads = [Cuttable(p[0], p[1]) for _, p in parts]
         arrays, meta = merge(reads)
@@ -132,8 +125,7 @@ class AsyncRounds:
         self.ok: dict[int, bool] = {}           # node id -> did its latest round succeed
         self.done: dict[int, int] = {}          # node id -> the last round it ended (-1: none yet)
         self.final_sent: set[int] = set()       # node ids sent their last (non-generating) round
-        self._undelivered: list[int] = []       # node ids whose message found no route, this step
-        self._undelivered_round: dict[int, int] = {}
+        self._undelivered: dict[int, int] = {}  # node id -> round whose message found no route, this step
         self.t0 = time.monotonic()
         strategy.step_word = "step"
 
@@ -179,18 +171,14 @@ class AsyncRounds:
         ids = list(self.grid.push_messages([msg]))
         mid = msg.metadata.message_id or (ids[0] if ids else "")
         if not mid or mid not in ids:
-            self._undelivered.append(nid)
-            self._undelivered_round[nid] = rnd
+            self._undelivered[nid] = rnd
             return
         self.inflight[mid] = Sent(nid, rnd, now + limit, now)
 
     # ---------------------------------------------------------------- loop
     def run(self) -> None:
         s, rounds = self.s, self.s.cfg.rounds.num_rounds
-        order = {c.name: i for i, c in enumerate(s.cfg.nodes)}
-        node_ids = sorted((nid for nid in self.grid.get_node_ids() if nid in s.roster.names),
-                          key=lambda nid: order.get(s.roster.names[nid], len(order)))
-        for nid in node_ids:
+        for nid in s.bound_nodes(self.grid):
             self.last_reply[nid] = time.monotonic()
             self.done[nid] = -1
             self._send(nid, s._first_round, generate=rounds > 0)
@@ -227,7 +215,7 @@ class AsyncRounds:
         for nid in self._undelivered:
             s._lost[nid] = "the message could not be delivered (push_messages returned no id for it)"
         round_of = {x.nid: x.rnd for x in self.inflight.values()}
-        round_of.update(self._undelivered_round)
+        round_of.update(self._undelivered)
         for r in replies:
             x = self.inflight.get(r.metadata.reply_to_message_id)
             if x is not None:
@@ -254,7 +242,7 @@ class AsyncRounds:
         for nid, _ in finished:
             self.last_reply[nid] = now
             self.ok[nid] = s.roster.name(nid) in outcome.node_metrics
-        self._undelivered, self._undelivered_round = [], {}
+        self._undelivered = {}
         outcome.server_metrics["round_seconds"] = max(spans) if spans else 0.0
         train, evals = flatten(outcome)
         s._result.train_metrics_clientapp[step] = MetricRecord(train)

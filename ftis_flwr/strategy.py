@@ -120,8 +120,7 @@ class FTISStrategy(Strategy):
             return {nid: [] for nid in node_ids}
         b = self.cfg.rounds.prompts_per_node
         if self.cfg.advantage.mode == "horizontal":
-            shared = list(range(self._next_prompt, self._next_prompt + b))
-            self._next_prompt += b
+            shared = self.next_prompts()
             return {nid: shared for nid in node_ids}
         return {nid: self.next_prompts() for nid in node_ids}
 
@@ -141,11 +140,7 @@ class FTISStrategy(Strategy):
         """One message per node: prompt indices + the other nodes' groups of last round, stamped.
 
         Only node ids bound to a card (see :meth:`introduce`) take part."""
-        # in the experiment's card order, not by Flower node id (random per run): each card gets
-        # the same prompts whatever ids the SuperNodes have, so a seed reproduces a run
-        order = {c.name: i for i, c in enumerate(self.cfg.nodes)}
-        node_ids = sorted((nid for nid in grid.get_node_ids() if nid in self.roster.names),
-                          key=lambda nid: order.get(self.roster.names[nid], len(order)))
+        node_ids = self.bound_nodes(grid)
         prompts = self._prompts(node_ids, server_round)
         self._assigned, self._forwarded, self._received = {}, {}, {}
         messages = []
@@ -154,6 +149,14 @@ class FTISStrategy(Strategy):
             others = {src: p for src, p in self._groups.items() if src not in me}
             messages.append(self.message(nid, server_round, prompts[nid], others))
         return messages
+
+    def bound_nodes(self, grid: Grid) -> list[int]:
+        """The node ids bound to a card, in the experiment's card order, not by Flower node id
+        (random per run): each card gets the same prompts whatever ids the SuperNodes have, so a
+        seed reproduces a run."""
+        order = {c.name: i for i, c in enumerate(self.cfg.nodes)}
+        return sorted((nid for nid in grid.get_node_ids() if nid in self.roster.names),
+                      key=lambda nid: order.get(self.roster.names[nid], len(order)))
 
     def message(self, nid: int, rnd: int, prompts: list[int], others: dict, evaluate: bool | None = None,
                 **received: float) -> Message:
