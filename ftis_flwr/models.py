@@ -85,9 +85,9 @@ def stop_token_ids(tokenizer: Any, model: Any, extra: list[str] | tuple[str, ...
 
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 """x86 CPU flags (``/proc/cpuinfo``) of native bfloat16 arithmetic. Without them torch runs a
-bfloat16 matmul ~40x slower than float32 (measured: 256x576 @ 576x1536, one thread, AMD EPYC
-with AVX2 only: 434 ms against 10.5 ms), and the cpu-smollm2 federation's first update took
-~35 min instead of ~1."""
+bfloat16 matmul 40-60x slower than float32 (``python benchmarks/bf16_matmul.py``, AMD EPYC
+with AVX2 only: 355 ms against 5.6 ms idle, 434 against 10.5 under load), and the cpu-smollm2
+federation's first update took ~35 min instead of ~1."""
 
 
 def cpu_has_native_bf16() -> bool:
@@ -109,7 +109,7 @@ def warn_slow_bf16(card: ModelCard) -> str | None:
         return None
     return (f"node {card.name}: dtype={card.dtype!r} compute_dtype={card.compute_dtype!r} on a CPU without "
             f"native bfloat16 ({' / '.join(BF16_CPU_FLAGS)} not in /proc/cpuinfo): bfloat16 matmuls run "
-            f"about 40x slower than float32 here; set dtype: float32 and compute_dtype: '' on this card")
+            f"40-60x slower than float32 here; set dtype: float32 and compute_dtype: '' on this card")
 
 
 def compute_context(card: ModelCard) -> Callable[[], contextlib.AbstractContextManager]:

@@ -43,7 +43,7 @@ def federation(tmp_path_factory):
     root = tmp_path_factory.mktemp("smollm2")
     overrides = {"rounds.num_rounds": 2, "rounds.eval_every": 0, "rounds.eval_size": 4,
                  "cache_dir": str(root / "cache"), "run_dir": str(root / "runs")}
-    if not cpu_has_native_bf16():  # bf16 ~40x slower than fp32 there: round 1 alone took 35 min
+    if not cpu_has_native_bf16():  # bf16 40-60x slower than fp32 there: round 1 alone took 35 min
         overrides.update({"nodes.0.compute_dtype": "", "nodes.1.dtype": "float32"})
     exp = load_experiment("cpu-smollm2", overrides=overrides)
     return exp, root, simulate(exp)
