@@ -200,8 +200,10 @@ def main(argv: list[str] | None = None) -> int:
                                          max(0, a.retries))
     from sweep_report import markdown, load_results, write_all
 
-    paths = write_all(out, grid.id_split, grid.ood_split, title=f"sweep {grid.name}")
-    print(markdown(load_results(out), grid.id_split, grid.ood_split, title=f"sweep {grid.name}"))
+    # the tables cover every result in the folder: several grids may share it (sweeps/extra-*.yaml)
+    title = f"sweep {grid.name}" if out.name == f"sweep-{grid.name}" else f"{out.name} (last grid: {grid.name})"
+    paths = write_all(out, grid.id_split, grid.ood_split, title=title)
+    print(markdown(load_results(out), grid.id_split, grid.ood_split, title=title))
     print("wrote " + ", ".join(str(p) for p in paths))
     for key, log in failed:
         print(f"failed: {key} (log {log})")

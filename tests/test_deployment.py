@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parent.parent
 BIN = flower_bin()
 
 FEDERATION = """
-rounds: {num_rounds: 2, prompts_per_node: 4, eval_size: 16}
+rounds: {num_rounds: 1, prompts_per_node: 4, eval_size: 16}
 rollout: {group_size: 4, max_new_tokens: 6}
 nodes:
   - {name: full, tiny_size: small, warmstart_target: 0.6, seed: 0}
@@ -75,7 +75,7 @@ def test_superlink_and_two_supernodes(tmp_path):
     assert run.returncode == 0, out[-4000:]
     (run_dir,) = list(runs.glob("*"))
     rounds = load_metrics(run_dir)
-    assert [r["round"] for r in rounds] == [0, 1, 2]
+    assert [r["round"] for r in rounds] == [0, 1]  # two messages per node: two ClientApp processes
     for r in rounds:
         assert set(r["nodes"]) == {"full", "lora"}
         assert all(m["worker_starts"] == 1 for m in r["nodes"].values()), r["nodes"]

@@ -49,3 +49,44 @@ def test_missing_smollm2_names_the_install_command(monkeypatch):
 def test_missing_gguf_file_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.gguf"):
         sources.gguf_folder(tmp_path / "nope.gguf", tmp_path / "cache")
+
+
+def test_fast_gguf_reading_reads_what_gguf_reads_and_restores_it(tmp_path):
+    """The conversion's faster reader (``fast_gguf_reading``) on a GGUF file written with gguf's
+    own writer: every field and tensor equal to what gguf's reader returns; gguf as it was after."""
+    import gguf
+    import numpy as np
+
+    path = tmp_path / "t.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_array("tokenizer.ggml.tokens", [f"tok{i}" for i in range(300)])
+    w.add_uint32("llama.block_count", 2)
+    rng = np.random.default_rng(0)
+    w.add_tensor("token_embd.weight", rng.standard_normal((8, 32)).astype(np.float32))
+    w.add_tensor("blk.0.attn_q.weight", gguf.quants.quantize(
+        rng.standard_normal((4, 32)).astype(np.float32), gguf.GGMLQuantizationType.Q8_0),
+        raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+    def read(reader_cls):
+        r = reader_cls(str(path))
+        fields = {k: [np.asarray(p).tobytes() for p in f.parts] for k, f in r.fields.items()}
+        tensors = {t.name: gguf.quants.dequantize(t.data, t.tensor_type) for t in r.tensors}
+        return fields, tensors
+
+    plain, plain_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    expected = read(gguf.GGUFReader)
+    with sources.fast_gguf_reading():
+        assert gguf.GGUFReader is not plain and gguf.get_tensor_name_map is not plain_map
+        fast = read(gguf.GGUFReader)
+        assert not isinstance(gguf.GGUFReader(str(path)).data, np.memmap)
+        arch = gguf.MODEL_ARCH.LLAMA
+        assert gguf.get_tensor_name_map(arch, 2) is gguf.get_tensor_name_map(arch, 2)  # built once
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (plain, plain_map)
+    assert fast[0] == expected[0] and "tokenizer.ggml.tokens" in fast[0]
+    assert fast[1].keys() == expected[1].keys() == {"token_embd.weight", "blk.0.attn_q.weight"}
+    for name, values in expected[1].items():
+        np.testing.assert_array_equal(fast[1][name], values)

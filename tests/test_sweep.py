@@ -189,11 +189,12 @@ def test_real_sweep_resumes_and_reports_a_failure(tmp_path):
     assert (out / "final.png").is_file() and (out / "accuracy-size.png").is_file()
 
 
-def _verdict_result(setup: str, method: str, mode: str, seed: int, ood: dict, test: dict) -> dict:
+def _verdict_result(setup: str, method: str, mode: str, seed: int, ood: dict, test: dict,
+                    g: str = "") -> dict:
     """A hand-written result file: two nodes, accuracy at round 0 (0.5 / 0.6) and the final one."""
     nodes = {n: {"accuracy": {"test": [[0, 0.5 if n == "weak" else 0.6], [10, test[n]]],
                               "ood": [[0, 0.3], [10, ood[n]]]}} for n in ("weak", "strong")}
-    g = "50" if method.startswith("f-") else "-"
+    g = g or ("50" if method.startswith("f-") else "-")
     return {"point": {"key": f"{setup}__{method}__{mode}__g-{g}__seed-{seed}", "setup": setup,
                       "method": method, "mode": mode, "g": g, "seed": seed},
             "summary": {"nodes": nodes, "rounds": 10, "run_dir": ""}, "wall_s": 1.0}
@@ -215,6 +216,10 @@ def test_verdicts_follow_the_fixed_rules_on_paired_seeds(tmp_path):
                                {"weak": 0.60 + (0.01 if seed % 2 else -0.01), "strong": 0.70}))
         results.append(_verdict_result("s", "f-nois", "vertical", seed, {"weak": 0.3, "strong": 0.5},
                                {"weak": 0.56, "strong": 0.70}))
+        results.append(_verdict_result("s", "f-tis", "horizontal", seed, {"weak": 0.3, "strong": 0.5},
+                                       {"weak": 0.55, "strong": 0.70 + (0.01 if seed % 2 else -0.01)}))
+        results.append(_verdict_result("s", "f-tis", "vertical", seed, {"weak": 0.3, "strong": 0.5},
+                                       {"weak": 0.62, "strong": 0.60}, g="lin1-50"))
     rows = {(r.split(" | ")[1], r.split(" | ")[2].split(" ")[0]): r for r in claims(results)[2:]}
     # (b): +6..+10 points over NoIS in every seed; NoIS lost 12 on average against alone: 8/12 recovered
     assert "+8.0 (+6.0..+10.0); recovers 67% of NoIS's loss to alone" in rows[("(b) F-NoIS ends above NoIS (ID)", "weak")]
@@ -224,6 +229,13 @@ def test_verdicts_follow_the_fixed_rules_on_paired_seeds(tmp_path):
     assert "inconclusive (above in 0/5 seeds)" in rows[("(a) NoIS ends below alone (ID)", "strong")]
     assert "| reproduced (mean within ±2 points; 2 above, 3 below)" in rows[("(c) F-TIS level with alone (ID)", "weak")]
     assert "inconclusive (above in 4/5 seeds)" in rows[("(d) F-TIS above alone (OOD), weaker partner", "weak")]
-    assert "not run" in rows[("(e) vertical beats horizontal", "-")]
+    # (e): vertical 0.59/0.61 against horizontal 0.55 for weak in every seed; strong on both sides
+    assert "reproduced (5/5" in rows[("(e) vertical F-TIS ends above horizontal (ID)", "weak")]
+    assert "inconclusive (above in 3/5 seeds)" in rows[("(e) vertical F-TIS ends above horizontal (ID)", "strong")]
+    # (g): g rising 1 -> 50 against constant g=50 at the first evaluation after round 0 (here 10)
+    assert "reproduced (5/5" in rows[("(g) g=lin1-50 above g=50 early (ID, round 10)", "weak")]
+    assert "+2.2 (+1.0..+3.0)" in rows[("(g) g=lin1-50 above g=50 early (ID, round 10)", "weak")]
+    assert "not reproduced (below in 5/5 seeds)" in rows[("(g) g=lin1-50 above g=50 early (ID, round 10)", "strong")]
+    assert [r.split(" | ")[1] for r in rows.values() if "not run" in r] == ["(f) F-VIS faster early, falls late"]
     four = [r for r in results if r["point"]["seed"] < 4]
     assert all("inconclusive (4 seeds < 5)" in r for r in claims(four)[2:] if "not run" not in r)
