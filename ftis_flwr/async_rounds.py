@@ -19,8 +19,12 @@ going (its idle time trains it and feeds the others), then takes one final round
 What a run logs: one row per *step* (the replies of one pull, usually one node's); each node's
 own round is its ``round`` metric, ``wall_seconds`` the time since the first round was sent,
 and per round ``foreign_staleness_mean`` / ``_max`` and ``foreign_groups_stale_dropped``.
-Not supported (yet): resuming an asynchronous run (no server state is saved; nodes still keep
-their own), and SuperNodes that join after the first round.
+After every step the server's side (the forwarding store, each node's last ended round, the
+prompt cursor) is saved with the run (``ftis_flwr.server_state``), so a stopped run resumes
+(``resume=<run dir>``): each node continues after its last round the server logged, rewinding
+its own saved state if it had gone further, and the step numbers continue. Messages in flight
+when the server stopped are sent again. Not supported (yet): SuperNodes that join after the first
+round.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from .budget import Payload, add_idle
 from .grid_io import POLL_INTERVAL, PROGRESS_EVERY
 from .replies import flatten
 from .roster import FederationError
+from .server_state import ServerState, ServerStateError, save_server_state
 from .wire_select import Cuttable, WireSelectError, group_count, merge
 
 log = logging.getLogger("ftis_flwr.strategy")
@@ -52,6 +57,10 @@ class Sent:
     rnd: int
     deadline: float
     sent_at: float
+    given_before: dict[str, int] = field(default_factory=dict)
+    """source -> the receiver's ``Store.given`` entry before this message took its groups (a
+    saved state rolls it back: a resumed run sends them again)"""
+    dropped_before: int = 0
 
 
 @dataclass
@@ -92,6 +101,22 @@ class Store:
         return fresh, self.dropped.pop(receiver, 0)
 
 
+def store_state(store: Store) -> tuple[dict[str, Payload], dict]:
+    """The store as ``ServerState`` parts: payloads keyed ``<source>@<version>``, the rest JSON."""
+    payloads = {f"{src}@{v}": p for src, versions in store.payloads.items() for v, p in versions.items()}
+    return payloads, {"latest": store.latest, "given": [[r, src, v] for (r, src), v in store.given.items()],
+                      "dropped": store.dropped}
+
+
+def restore_store(store: Store, payloads: dict[str, Payload], doc: dict) -> None:
+    for key, payload in payloads.items():
+        src, _, version = key.rpartition("@")
+        store.payloads.setdefault(src, {})[int(version)] = payload
+    store.latest = {str(k): int(v) for k, v in doc["latest"].items()}
+    store.given = {(str(r), str(src)): int(v) for r, src, v in doc["given"]}
+    store.dropped = {str(k): int(v) for k, v in doc["dropped"].items()}
+
+
 def join(parts: list[tuple[int, Payload]]) -> tuple[Payload, list[int]]:
     """One payload (and per-group staleness) from one source's payloads, oldest first. When
     they cannot be joined (packed differently), only the newest is kept and the rest logged."""
@@ -126,6 +151,7 @@ class AsyncRounds:
         self.done: dict[int, int] = {}          # node id -> the last round it ended (-1: none yet)
         self.final_sent: set[int] = set()       # node ids sent their last (non-generating) round
         self._undelivered: dict[int, int] = {}  # node id -> round whose message found no route, this step
+        self.starting: set[int] = set()         # node ids whose first round (of this session) is out
         self.t0 = time.monotonic()
         strategy.step_word = "step"
 
@@ -155,6 +181,8 @@ class AsyncRounds:
         prompts = s.next_prompts() if generate else []
         if not generate:
             self.final_sent.add(nid)
+        given_before = {src: v for (r, src), v in self.store.given.items() if r == name}
+        dropped_before = self.store.dropped.get(name, 0)
         fresh, dropped = ({}, 0) if s.cfg.advantage.mode == "alone" else self.store.take(
             name, {s.roster.names.get(nid), s.roster.claimed.get(nid)})
         others, staleness = {}, []
@@ -166,23 +194,30 @@ class AsyncRounds:
             extra.update(foreign_staleness_mean=sum(staleness) / len(staleness),
                          foreign_staleness_max=float(max(staleness)))
         msg = s.message(nid, rnd, prompts, others, evaluate=evaluate, **extra)
-        limit = max(self.timeout, s.cfg.rounds.startup_timeout) if rnd == s._first_round else self.timeout
+        # a node's first round of a run (or of a resumed run) builds or restores it: a longer deadline
+        limit = max(self.timeout, s.cfg.rounds.startup_timeout) if nid in self.starting else self.timeout
         now = time.monotonic()
         ids = list(self.grid.push_messages([msg]))
         mid = msg.metadata.message_id or (ids[0] if ids else "")
         if not mid or mid not in ids:
             self._undelivered[nid] = rnd
             return
-        self.inflight[mid] = Sent(nid, rnd, now + limit, now)
+        self.inflight[mid] = Sent(nid, rnd, now + limit, now, given_before, dropped_before)
 
     # ---------------------------------------------------------------- loop
     def run(self) -> None:
         s, rounds = self.s, self.s.cfg.rounds.num_rounds
-        for nid in s.bound_nodes(self.grid):
+        nodes = s.bound_nodes(self.grid)
+        self.starting = set(nodes)
+        step = 0 if s._async_state is None else self._restore(s._async_state, nodes)
+        for nid in nodes:
             self.last_reply[nid] = time.monotonic()
-            self.done[nid] = -1
-            self._send(nid, s._first_round, generate=rounds > 0)
-        step, next_note = 0, time.monotonic() + PROGRESS_EVERY
+            if s._async_state is None:
+                self.done[nid] = -1
+                self._send(nid, s._first_round, generate=rounds > 0)
+            elif nid not in self.final_sent:
+                self._next(nid, self.done[nid])  # what comes after its last logged round, again
+        next_note = time.monotonic() + PROGRESS_EVERY
         while self.inflight or self._undelivered:
             replies = list(self.grid.pull_messages(list(self.inflight))) if self.inflight else []
             now = time.monotonic()
@@ -204,6 +239,47 @@ class AsyncRounds:
                 failed = ", ".join(s.roster.name(n) for n, good in self.ok.items() if not good)
                 raise FederationError(f"async step {step - 1}: {healthy} node(s) healthy, fewer than "
                                       f"rounds.min_nodes={s.cfg.rounds.min_nodes} (failed: {failed})")
+
+    # ---------------------------------------------------------------- state
+    def _save(self, step: int, ended: dict[int, int]) -> None:
+        """The server's side after ``step`` (``ended``: node id -> round it ended in this step):
+        what a resumed run continues from. A node whose last round is still in flight is saved
+        as not having had it (it is sent again)."""
+        s = self.s
+        if not s.state_dir:
+            return
+        payloads, store = store_state(self.store)
+        in_flight = {x.nid for x in self.inflight.values()}
+        for x in self.inflight.values():  # as before its message: the groups in it are sent again
+            name = s.roster.name(x.nid)
+            store["given"] = [g for g in store["given"] if g[0] != name] + \
+                [[name, src, v] for src, v in x.given_before.items()]
+            store["dropped"] = {**store["dropped"], name: x.dropped_before} if x.dropped_before else \
+                {k: v for k, v in store["dropped"].items() if k != name}
+        doc = {"store": store, "wall_seconds": time.monotonic() - self.t0,
+               "done": {s.roster.name(n): r for n, r in {**self.done, **ended}.items()},
+               "final_done": sorted(s.roster.name(n) for n in self.final_sent if n not in in_flight)}
+        save_server_state(s.state_dir, ServerState(step, s._next_prompt, payloads, s._streaks, schedule=doc))
+
+    def _restore(self, state: ServerState, nodes: list[int]) -> int:
+        """Continue after ``state``: returns the next step number."""
+        s, doc = self.s, state.schedule
+        restore_store(self.store, state.groups, doc["store"])
+        done = {str(k): int(v) for k, v in doc["done"].items()}
+        missing = sorted(set(done) - {s.roster.name(n) for n in nodes})
+        if missing:
+            raise ServerStateError(f"resuming an asynchronous run needs every node it had; not connected: "
+                                   f"{', '.join(missing)}")
+        for nid in nodes:
+            self.done[nid] = done.get(s.roster.name(nid), -1)
+            if s.roster.name(nid) in doc["final_done"]:
+                self.final_sent.add(nid)
+        if len(self.final_sent) == len(nodes):
+            raise ValueError(f"nothing to resume: every node ended its last round by step {state.round}")
+        self.t0 = time.monotonic() - float(doc["wall_seconds"])
+        log.info("async: resuming after step %d; nodes' last rounds: %s", state.round,
+                 ", ".join(f"{k} {v}" for k, v in done.items()))
+        return state.round + 1
 
     def _step(self, step: int, replies: list, late: dict[str, Sent], now: float) -> list[tuple[int, int]]:
         """Hand one pull's replies (and the late or undelivered messages) to the strategy; log
@@ -242,6 +318,7 @@ class AsyncRounds:
         for nid, _ in finished:
             self.last_reply[nid] = now
             self.ok[nid] = s.roster.name(nid) in outcome.node_metrics
+            self.starting.discard(nid)
         self._undelivered = {}
         outcome.server_metrics["round_seconds"] = max(spans) if spans else 0.0
         train, evals = flatten(outcome)
@@ -250,4 +327,5 @@ class AsyncRounds:
             s._result.evaluate_metrics_clientapp[step] = MetricRecord(evals)
         if s.on_round is not None:
             s.on_round(step, outcome.node_metrics, outcome.server_metrics)
+        self._save(step, dict(finished))
         return finished

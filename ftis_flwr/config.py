@@ -195,7 +195,7 @@ class ExchangeConfig:
     next round as soon as it replies, with the other nodes' groups that arrived since its last
     round; a node that has taken ``rounds.num_rounds`` rounds keeps going until every node has,
     then takes a final round. The importance weights already correct for the older policy that
-    sampled a group. Not resumable yet. See ftis_flwr.async_rounds."""
+    sampled a group. A stopped run resumes as a synchronous one does. See ftis_flwr.async_rounds."""
     max_staleness: int = 0
     """Async only: a foreign group is forwarded only while its source has taken at most this many
     updates since generating it; older ones are dropped and counted

@@ -35,6 +35,10 @@ class ServerState:
     next_prompt: int
     groups: dict[str, tuple[ArrayRecord, ConfigRecord, list[int]]] = field(default_factory=dict)
     streaks: dict[str, int] = field(default_factory=dict)
+    schedule: dict | None = None
+    """The asynchronous schedule's own state (``ftis_flwr.async_rounds``; JSON), None for
+    synchronous rounds. ``round`` is then the last logged *step*, and ``groups`` holds the
+    forwarding store keyed ``<source>@<source's round>``."""
 
 
 def save_server_state(run_dir: Path, state: ServerState) -> Path:
@@ -52,6 +56,8 @@ def save_server_state(run_dir: Path, state: ServerState) -> Path:
     os.replace(tmp, folder / name)
     doc = {"version": VERSION, "round": state.round, "next_prompt": state.next_prompt,
            "groups_file": name, "sources": sources, "streaks": state.streaks}
+    if state.schedule is not None:
+        doc["async"] = state.schedule
     tmp = folder / ".state.json.tmp"
     tmp.write_text(json.dumps(doc, indent=1))
     os.replace(tmp, folder / "state.json")
@@ -64,11 +70,6 @@ def save_server_state(run_dir: Path, state: ServerState) -> Path:
 def load_server_state(run_dir: Path) -> ServerState:
     folder = Path(run_dir) / FOLDER
     path = folder / "state.json"
-    config = Path(run_dir) / "config.json"
-    if not path.is_file() and config.is_file() and \
-            (json.loads(config.read_text()).get("exchange") or {}).get("schedule") == "async":
-        raise ServerStateError(f"{run_dir} ran with exchange.schedule=async, which saves no server state: "
-                               "an asynchronous run cannot be resumed (yet); start it again")
     if not path.is_file():
         raise ServerStateError(f"{run_dir} has no {FOLDER}/state.json: the run ended before its first "
                                "round was complete (start it again), or it is not a run folder")
@@ -81,4 +82,4 @@ def load_server_state(run_dir: Path) -> ServerState:
             rec = ArrayRecord({k: Array.from_numpy_ndarray(z[f"{s['slot']}/{k}"]) for k in s["keys"]})
             groups[src] = (rec, ConfigRecord(s["meta"]), [int(i) for i in s["indices"]])
     return ServerState(round=int(doc["round"]), next_prompt=int(doc["next_prompt"]), groups=groups,
-                       streaks={str(k): int(v) for k, v in doc["streaks"].items()})
+                       streaks={str(k): int(v) for k, v in doc["streaks"].items()}, schedule=doc.get("async"))

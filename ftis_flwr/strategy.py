@@ -46,7 +46,7 @@ from .grid_io import exchange, wait_for_nodes
 from .replies import BadReply, RoundOutcome, TrainReply, flatten, read_train_reply, record
 from .rollouts import payload_bytes
 from .roster import FederationError, Roster, read_hello
-from .server_state import ServerState, save_server_state
+from .server_state import ServerState, ServerStateError, save_server_state
 from .wire_select import group_count
 
 log = logging.getLogger(__name__)
@@ -84,6 +84,8 @@ class FTISStrategy(Strategy):
         self.roster = Roster([c.name for c in experiment.nodes])  # node id <-> card, bound by HELLO
         # last round's groups by source name, with the train indices that source was assigned
         self._groups: dict[str, tuple[ArrayRecord, ConfigRecord, list[int]]] = {}
+        self._async_state: ServerState | None = None
+        """A saved asynchronous run's state to continue from (:meth:`restore`)."""
         self._assigned: dict[int, list[int]] = {}   # node id -> train indices, round in flight
         self._forwarded: dict[int, list[str]] = {}  # node id -> sources sent to it, round in flight
         self._received: dict[int, dict[str, float]] = {}  # node id -> foreign groups/bytes sent to it
@@ -101,10 +103,16 @@ class FTISStrategy(Strategy):
     def restore(self, state: ServerState) -> None:
         """Continue after ``state.round``: :meth:`start` runs the rounds after it, forwarding the
         groups saved with it. The nodes (same ``run_name``) resume or rewind their own state."""
-        self._first_round = state.round + 1
         self._next_prompt = state.next_prompt
-        self._groups = dict(state.groups)
         self._streaks = dict(state.streaks)
+        if (state.schedule is not None) != (self.cfg.exchange.schedule == "async"):
+            raise ServerStateError(f"the saved server state is of {'asynchronous' if state.schedule else 'synchronous'} "
+                                   f"rounds, the run's configuration says exchange.schedule={self.cfg.exchange.schedule}")
+        if state.schedule is not None:  # AsyncRounds takes it from here: steps, store, nodes' rounds
+            self._async_state = state
+            return
+        self._first_round = state.round + 1
+        self._groups = dict(state.groups)
 
     def _save_state(self, rnd: int) -> None:
         if self.state_dir:
@@ -375,7 +383,7 @@ class FTISStrategy(Strategy):
         timeout = self.cfg.rounds.round_timeout if timeout is None else timeout
         self.summary()
         self._result = Result()
-        if self._first_round > rounds:
+        if self._first_round > rounds and self._async_state is None:
             raise ValueError(f"nothing to resume: round {self._first_round - 1} of {rounds} is done")
         node_ids = self._wait_for_nodes(grid)
         log.info("%d node(s) connected: %s", len(node_ids), node_ids)

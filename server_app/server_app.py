@@ -71,7 +71,8 @@ def run(grid: Grid, experiment, *, connect_timeout: float = 120.0,
         print(f"ftis-flwr: {run_title(to_dict(experiment))}; run directory {run_dir}", flush=True)
         print(f"ftis-flwr: {PROGRESS_LEGEND}", flush=True)
         if state is not None:
-            print(f"ftis-flwr: resuming after round {state.round} with the run's saved configuration "
+            print(f"ftis-flwr: resuming after {'step' if state.schedule else 'round'} {state.round} with the "
+                  f"run's saved configuration "
                   f"({run_dir / 'config.json'}; other run-config keys are not used); each node "
                   "continues from its own saved state", flush=True)
             reporter.log_event("resumed", after_round=state.round)

@@ -133,6 +133,60 @@ def test_a_node_that_fails_a_round_gets_its_next_one_and_min_nodes_still_holds()
     run(exp, SlowB(honest(special={2: flaky}), lag=1), raises=(Exception, "fewer than rounds.min_nodes=2"))
 
 
+class Crash(RuntimeError):
+    pass
+
+
+def test_a_stopped_async_server_resumes_where_each_node_was(tmp_path):
+    """The ServerApp (``server_app.run`` on the fake grid) dies after step 6, whose state is never
+    saved; resumed from the run folder, every node continues after its last logged round (b's
+    round in flight at step 5's save is sent again, with the groups its lost message carried),
+    each step is logged once, and no prompt is drawn twice."""
+    from server_app.server_app import run as server_run
+
+    from ftis_flwr.server_state import load_server_state
+
+    exp = experiment(ASYNC, run_dir=str(tmp_path), **{"exchange.max_staleness": 20})
+
+    def crash(step, node_metrics):
+        if step == 6:
+            raise Crash("the ServerApp dies here")
+
+    first = SlowB(honest(), lag=3)
+    with pytest.raises(Crash):
+        server_run(first, exp, after_round=crash, name="async-run")
+    run_dir = tmp_path / "async-run"
+    state = load_server_state(run_dir)
+    assert state.round == 5 and set(state.schedule["done"]) == {"a", "b"}
+    done = state.schedule["done"]
+    second = SlowB(honest(), lag=3)
+    assert server_run(second, None, resume=run_dir) == run_dir
+
+    rows = load_metrics(run_dir)
+    assert [r["round"] for r in rows] == list(range(len(rows)))  # steps, each once
+    rounds = {n: [int(r["nodes"][n]["round"]) for r in rows if n in r["nodes"]] for n in ("a", "b")}
+    assert rounds["b"] == [0, 1, 2, 3, 4] and rounds["a"] == list(range(len(rounds["a"])))
+    # session 2 starts each node right after its last logged round of session 1
+    for nid, name in ((1, "a"), (2, "b")):
+        resumed = [m for m in second.pushed if m.metadata.dst_node_id == nid and m.metadata.message_type == "train"]
+        assert resumed[0].content[protocol.ROUND]["round"] == done[name] + 1, name
+    # b's message in flight at the save went out again with (at least) every group it carried
+    lost = first.train_message(2, done["b"] + 1)
+    again = second.train_message(2, done["b"] + 1)
+    assert set(foreign(lost).get("a", [])) <= set(foreign(again).get("a", [])) and foreign(lost).get("a")
+    # the prompts of every logged round (the last message sent for it) are distinct; lost messages'
+    # prompts may be drawn again (the cursor is the saved one: a replayed round is the lost one's)
+    sent = {}
+    for g in (first, second):
+        for m in g.pushed:
+            if m.metadata.message_type == "train":
+                sent[(m.metadata.dst_node_id, m.content[protocol.ROUND]["round"])] = m
+    drawn = [i for nid, name in ((1, "a"), (2, "b")) for r in rounds[name] for i in indices(sent[(nid, r)])]
+    assert len(drawn) == len(set(drawn)) == 3 * (len(rounds["a"]) - 1 + len(rounds["b"]) - 1)
+    with pytest.raises(ValueError, match="nothing to resume"):
+        server_run(SlowB(honest(), lag=3), None, resume=run_dir)
+
+
 def _payload(name, idx, fmt):
     return encode_groups(groups_for(name, idx, 4), vocab_size=VOCAB, format=fmt)
 
