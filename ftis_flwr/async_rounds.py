@@ -18,7 +18,9 @@ going (its idle time trains it and feeds the others), then takes one final round
 
 What a run logs: one row per *step* (the replies of one pull, usually one node's); each node's
 own round is its ``round`` metric, ``wall_seconds`` the time since the first round was sent,
-and per round ``foreign_staleness_mean`` / ``_max`` and ``foreign_groups_stale_dropped``.
+and per round ``foreign_staleness_mean`` / ``_max``, ``foreign_groups_stale_dropped``, and the
+server's share of the round: ``server_reply_seconds`` (handling the node's previous reply,
+saving included) and ``server_send_seconds`` (building and pushing this round's message).
 After every step the server's side (the forwarding store, each node's last ended round, the
 prompt cursor) is saved with the run (``ftis_flwr.server_state``), so a stopped run resumes
 (``resume=<run dir>``): each node continues after its last round the server logged, rewinding
@@ -152,6 +154,7 @@ class AsyncRounds:
         self.final_sent: set[int] = set()       # node ids sent their last (non-generating) round
         self._undelivered: dict[int, int] = {}  # node id -> round whose message found no route, this step
         self.starting: set[int] = set()         # node ids whose first round (of this session) is out
+        self._handled: dict[int, float] = {}    # node id -> server seconds its last reply took
         self.t0 = time.monotonic()
         strategy.step_word = "step"
 
@@ -176,7 +179,7 @@ class AsyncRounds:
             self._send(nid, rnd + 1, generate=False, evaluate=True)
 
     def _send(self, nid: int, rnd: int, *, generate: bool, evaluate: bool | None = None) -> None:
-        s = self.s
+        s, t_send = self.s, time.perf_counter()
         name = s.roster.name(nid)
         prompts = s.next_prompts() if generate else []
         if not generate:
@@ -189,7 +192,10 @@ class AsyncRounds:
         for src, parts in fresh.items():
             others[src], st = join(parts)
             staleness += st
-        extra = {"foreign_groups_stale_dropped": float(dropped)}
+        # where a round's time outside the node goes (reported with the node's next round):
+        # the server handling its last reply, then building and pushing this message
+        extra = {"foreign_groups_stale_dropped": float(dropped),
+                 "server_reply_seconds": self._handled.pop(nid, 0.0)}
         if staleness:
             extra.update(foreign_staleness_mean=sum(staleness) / len(staleness),
                          foreign_staleness_max=float(max(staleness)))
@@ -198,6 +204,7 @@ class AsyncRounds:
         limit = max(self.timeout, s.cfg.rounds.startup_timeout) if nid in self.starting else self.timeout
         now = time.monotonic()
         ids = list(self.grid.push_messages([msg]))
+        s._received[nid]["server_send_seconds"] = time.perf_counter() - t_send
         mid = msg.metadata.message_id or (ids[0] if ids else "")
         if not mid or mid not in ids:
             self._undelivered[nid] = rnd
@@ -284,7 +291,7 @@ class AsyncRounds:
     def _step(self, step: int, replies: list, late: dict[str, Sent], now: float) -> list[tuple[int, int]]:
         """Hand one pull's replies (and the late or undelivered messages) to the strategy; log
         the step; returns (node id, round) of every round that ended."""
-        s = self.s
+        s, t_step = self.s, time.perf_counter()
         ended = {x.nid: x for x in late.values()}
         s._sent = {mid: x.nid for mid, x in self.inflight.items()}
         s._lost = {x.nid: f"no reply within the {x.deadline - x.sent_at:.0f} s round timeout" for x in late.values()}
@@ -328,4 +335,6 @@ class AsyncRounds:
         if s.on_round is not None:
             s.on_round(step, outcome.node_metrics, outcome.server_metrics)
         self._save(step, dict(finished))
+        for nid, _ in finished:
+            self._handled[nid] = time.perf_counter() - t_step
         return finished
