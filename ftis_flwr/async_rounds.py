@@ -261,8 +261,9 @@ class AsyncRounds:
             name = s.roster.name(x.nid)
             store["given"] = [g for g in store["given"] if g[0] != name] + \
                 [[name, src, v] for src, v in x.given_before.items()]
-            store["dropped"] = {**store["dropped"], name: x.dropped_before} if x.dropped_before else \
-                {k: v for k, v in store["dropped"].items() if k != name}
+            pending = x.dropped_before + store["dropped"].get(name, 0)  # its count + drops since
+            store["dropped"] = {**{k: v for k, v in store["dropped"].items() if k != name},
+                                **({name: pending} if pending else {})}
         doc = {"store": store, "wall_seconds": time.monotonic() - self.t0,
                "done": {s.roster.name(n): r for n, r in {**self.done, **ended}.items()},
                "final_done": sorted(s.roster.name(n) for n in self.final_sent if n not in in_flight)}
