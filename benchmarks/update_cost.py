@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import shlex
 import statistics
 import sys
 import time
@@ -38,7 +39,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ftis_flwr.config import load_experiment  # noqa: E402
+from ftis_flwr.config import ConfigError, load_experiment  # noqa: E402
+from ftis_flwr.config_merge import parse_overrides  # noqa: E402
 from ftis_flwr.logprobs import completion_logprobs, pack_batch  # noqa: E402
 from ftis_flwr.loss import LossInputs, compute_loss  # noqa: E402
 from ftis_flwr.loss_metrics import LossStats, loss_metrics, own_gap  # noqa: E402
@@ -76,11 +78,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--set", nargs="*", action="extend", default=[], help="overrides, key=value")
     args = parser.parse_args(argv)
     over = {"train.updates_per_round": args.updates_per_round}
-    for kv in args.set:
-        key, sep, value = kv.partition("=")
-        if not sep:
-            parser.error(f"--set takes key=value, got {kv!r}")
-        over[key] = value
+    try:  # the library's own key=value parser (config_merge), on the shell's tokens re-quoted
+        over.update(parse_overrides(shlex.join(args.set)))
+    except ConfigError as exc:
+        parser.error(str(exc))
     if args.cache_dir:
         over["cache_dir"] = args.cache_dir
     exp = load_experiment(args.preset, over)

