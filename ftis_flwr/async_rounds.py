@@ -25,8 +25,9 @@ After every step the server's side (the forwarding store, each node's last ended
 prompt cursor) is saved with the run (``ftis_flwr.server_state``), so a stopped run resumes
 (``resume=<run dir>``): each node continues after its last round the server logged, rewinding
 its own saved state if it had gone further, and the step numbers continue. Messages in flight
-when the server stopped are sent again. Not supported (yet): SuperNodes that join after the first
-round.
+when the server stopped are sent again. A card's SuperNode that comes back under a new node id
+(restarted or replaced) takes the card's place in the schedule (``node_rebound`` event); every
+card must be served at the start, as in synchronous rounds.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from flwr.app import MetricRecord
 from flwr.serverapp import Grid
 
 from .budget import Payload, add_idle
-from .grid_io import POLL_INTERVAL, PROGRESS_EVERY
+from .grid_io import HELLO_TIMEOUT, POLL_INTERVAL, PROGRESS_EVERY
 from .replies import flatten
 from .roster import FederationError
 from .server_state import ServerState, ServerStateError, save_server_state
@@ -241,11 +242,51 @@ class AsyncRounds:
             step += 1
             for nid, rnd in done:
                 self._next(nid, rnd)
+            self._rebind()
             healthy = sum(self.ok.values())
             if healthy < s.cfg.rounds.min_nodes:
                 failed = ", ".join(s.roster.name(n) for n, good in self.ok.items() if not good)
                 raise FederationError(f"async step {step - 1}: {healthy} node(s) healthy, fewer than "
                                       f"rounds.min_nodes={s.cfg.rounds.min_nodes} (failed: {failed})")
+
+    def _rebind(self) -> None:
+        """A card's SuperNode came back under a new node id (restarted after a crash, or replaced):
+        bind it as synchronous rounds do (:meth:`FTISStrategy.introduce`) and move the card's
+        place in the schedule to it. A round in flight to the old id is sent again to the new one
+        with the groups it carried; the card's worker state on disk is the same, so its worker
+        resumes (rewinding if it had gone further). Checked after every step, one node-id listing;
+        a HELLO only goes out when an unknown node id appears."""
+        s = self.s
+        if not s.roster.unknown(self.grid.get_node_ids()):
+            return
+        before = dict(s.roster.names)
+        s.introduce(self.grid, min(self.timeout, HELLO_TIMEOUT), first=False)
+        for nid, name in list(s.roster.names.items()):
+            old = next((o for o, n in before.items() if n == name and o != nid), None)
+            if nid in before or old is None or old in s.roster.names:
+                continue  # not a card that moved (a new card cannot join: all are bound at the start)
+            lost = [mid for mid, x in self.inflight.items() if x.nid == old]
+            for mid in lost:  # its groups go again, to the new id: the receiver's marks roll back
+                x = self.inflight.pop(mid)
+                for src, v in x.given_before.items():
+                    self.store.given[(name, src)] = v
+                self.store.dropped[name] = x.dropped_before + self.store.dropped.get(name, 0)
+            self._undelivered.pop(old, None)
+            last = self.done.pop(old, -1)
+            final = old in self.final_sent
+            self.final_sent.discard(old)
+            self.ok.pop(old, None)
+            self.last_reply.pop(old, None)
+            self.starting.discard(old)
+            self.done[nid], self.ok[nid], self.last_reply[nid] = last, True, time.monotonic()
+            self.starting.add(nid)  # its worker may have to start again: the start-up deadline
+            log.info("async: model card %r moved from node id %d to node id %d; it continues after its "
+                     "round %d", name, old, nid, last)
+            s.on_event("node_rebound", node=name, old_node_id=old, node_id=nid, after_round=last)
+            if final and not lost:
+                self.final_sent.add(nid)  # it had ended its final round already
+            else:
+                self._next(nid, last)
 
     # ---------------------------------------------------------------- state
     def _save(self, step: int, ended: dict[int, int]) -> None:

@@ -27,6 +27,9 @@ by side on a loaded 2-core machine (benchmarks/flower_tax.py sim): 0.143 and 0.0
 0.063 and 0.046 at 0.02 s. A pull is one lock (simulation) or one local RPC to the SuperLink
 (deployment), so 50 a second are cheap."""
 
+HELLO_TIMEOUT = 120.0
+"""Longest wait for the answers to HELLO (they build nothing: seconds, a ClientApp start)."""
+
 
 @dataclass
 class Exchange:

@@ -42,7 +42,7 @@ from flwr.serverapp.strategy.result import Result
 from . import protocol
 from .budget import ForeignBudget, add_idle
 from .config import ExperimentConfig, to_dict
-from .grid_io import exchange, wait_for_nodes
+from .grid_io import HELLO_TIMEOUT, exchange, wait_for_nodes
 from .replies import BadReply, RoundOutcome, TrainReply, flatten, read_train_reply, record
 from .rollouts import payload_bytes
 from .roster import FederationError, Roster, read_hello
@@ -54,8 +54,6 @@ log = logging.getLogger(__name__)
 PROMPT_STRIDE = 1_009
 """Train-index offset per unit of ``rounds.seed`` (indices wrap modulo the train split)."""
 RoundCallback = Callable[[int, dict[str, dict[str, float]], dict[str, float]], None]
-HELLO_TIMEOUT = 120.0
-"""Longest wait for the answers to HELLO (they build nothing: seconds, a ClientApp start)."""
 REJECTION_STREAK = 3
 """Rounds in a row a source's groups are rejected by some receiver before the strategy warns."""
 
@@ -313,7 +311,8 @@ class FTISStrategy(Strategy):
         such a node is only left out.
         """
         roster = self.roster
-        new = roster.unknown(grid.get_node_ids())
+        live = set(grid.get_node_ids())  # a card whose node id is gone may move to a new one
+        new = roster.unknown(live)
         problems: dict[int, str] = {}
         unanswered: dict[int, str] = {}  # not delivered or no answer in time: asked again next round
         if new:
@@ -328,7 +327,7 @@ class FTISStrategy(Strategy):
                 done.add(nid)
                 try:
                     name, reason, unknown = read_hello(reply)
-                    why = roster.admit(nid, name, reason, unknown, set(roster.names) | set(new))
+                    why = roster.admit(nid, name, reason, unknown, live)
                 except Exception as exc:  # whatever a node sent, the others go on
                     why = str(exc) if isinstance(exc, BadReply) else f"{type(exc).__name__}: {exc}"
                 if why is not None:

@@ -379,6 +379,7 @@ class _Server:
         saved before it, never applied on top of it. Saves the state before replying."""
         from .node_state import save_state
 
+        t0 = time.perf_counter()
         rnd = int(payload["round"])
         if rnd <= self.node.round:
             log.info("node %s is at round %d and is asked for round %d again: rewinding",
@@ -401,6 +402,8 @@ class _Server:
         if every and (rnd % every == 0 or rnd == int(payload["num_rounds"])):
             info = save_state(self.node, self.state_root, rnd)
             reply["metrics"].update(state_save_seconds=info.seconds, state_bytes=float(info.nbytes))
+        # the whole request: compute plus decoding, checks and encoding (benchmarks/round_breakdown.py)
+        reply["metrics"]["worker_seconds"] = time.perf_counter() - t0
         return reply
 
     def serve(self):

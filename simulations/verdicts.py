@@ -28,9 +28,11 @@ or ``cpu.yaml``), also:
 - (b) F-NoIS ends above NoIS in-distribution, with the share of NoIS's loss to alone recovered;
 - (e) vertical F-TIS ends above horizontal F-TIS in-distribution;
 - (f) F-VIS is above F-TIS at the first evaluation after round 0 and below it at the end;
-- (g) small g helps early: F-TIS with g rising linearly (from 1) is above constant g at the first
-  evaluation after round 0. Its other half, large g late, needs constant small-g runs
-  (``cpu.yaml``'s g in {5, 10, 50, 100}) and is not tested here.
+- (g) small g early, large g late: F-TIS with g rising linearly (from 1), and with every constant
+  g below the reference g (``--g``, the paper's 50), is above the reference at the first
+  evaluation after round 0; the reference is above each smaller constant g at the end.
+
+F-TIS means F-TIS vertical at the reference g in every claim but (g).
 
 A claim whose configurations are not in the sweep is listed as "not run".
 """
@@ -127,13 +129,29 @@ def _fmt(d: list[float]) -> str:
     return f"{sum(d) / len(d):+.1f} ({min(d):+.1f}..{max(d):+.1f})"
 
 
-def claims(results: list[dict], id_split: str = "test", ood_split: str = "ood") -> list[str]:
+def reference_ftis(labels: set[str], g: str) -> str | None:
+    """The F-TIS vertical label the claims compare against: constant ``g`` if it ran, else the
+    first constant g in the sweep (never a schedule)."""
+    constant = sorted((lab for lab in labels if lab.startswith("f-tis vertical g=")
+                       and not lab.startswith("f-tis vertical g=lin")), key=_g_value)
+    return f"f-tis vertical g={g}" if f"f-tis vertical g={g}" in constant else next(iter(constant), None)
+
+
+def _g_value(label: str) -> float:
+    """A label's constant g; infinity for a schedule or no g."""
+    try:
+        return float(label.rsplit("g=", 1)[1])
+    except (IndexError, ValueError):
+        return float("inf")
+
+
+def claims(results: list[dict], id_split: str = "test", ood_split: str = "ood",
+           reference_g: str = "50") -> list[str]:
     """Markdown rows: setup, claim, node, paired difference mean (min..max), n, verdict."""
     rows = ["| setup | claim | node | difference, points: mean (min..max) | seeds | verdict |",
             "| --- | --- | --- | --- | --- | --- |"]
     labels = {config_label(r["point"]) for r in results}
-    ftis = next((lab for lab in sorted(labels) if lab.startswith("f-tis vertical")
-                 and not lab.startswith("f-tis vertical g=lin")), None)
+    ftis = reference_ftis(labels, reference_g)
     for setup in dict.fromkeys(r["point"]["setup"] for r in results):
         nodes = list(starts(results, setup, id_split))
         alone_id, alone_ood = finals(results, setup, "alone", id_split), finals(results, setup, "alone", ood_split)
@@ -209,14 +227,34 @@ def _more(results: list[dict], setup: str, nodes: list[str], labels: set[str], f
             d = paired(vert, hor, node)
             rows.append(f"| {setup} | (e) vertical F-TIS ends above horizontal (ID) | {node} | {_fmt(d)} | "
                         f"{len(d)} | {verdict(d, 'above')} |")
-    rising = next((lab for lab in sorted(labels) if lab.startswith("f-tis vertical g=lin")), None)
-    lin_e, const_e = ((finals(results, setup, lab, id_split, at=early) if lab and early is not None else {})
-                      for lab in (rising, ftis))
-    if lin_e and const_e:
+    rows += _g_rows(results, setup, nodes, labels, ftis, id_split, early)
+    return rows
+
+
+def _g_rows(results: list[dict], setup: str, nodes: list[str], labels: set[str], ftis: str | None,
+            id_split: str, early: int | None) -> list[str]:
+    """(g): every schedule and smaller constant g above the reference early; the reference above
+    every smaller constant g at the end."""
+    if ftis is None or early is None:
+        return []
+    rows = []
+    small = [lab for lab in sorted(labels, key=lambda lab: (_g_value(lab), lab)) if lab.startswith("f-tis vertical g=")
+             and lab != ftis and (lab.startswith("f-tis vertical g=lin") or _g_value(lab) < _g_value(ftis))]
+    ref_e, ref_l = finals(results, setup, ftis, id_split, at=early), finals(results, setup, ftis, id_split)
+    for lab in small:
+        g, ref = lab.split()[-1], ftis.split()[-1]
+        if not finals(results, setup, lab, id_split):
+            continue  # a setup this g's grid left out
         for node in nodes:
-            d = paired(lin_e, const_e, node)
-            rows.append(f"| {setup} | (g) {rising.split()[-1]} above {ftis.split()[-1]} early (ID, round {early}) "
-                        f"| {node} | {_fmt(d)} | {len(d)} | {verdict(d, 'above')} |")
+            d = paired(finals(results, setup, lab, id_split, at=early), ref_e, node)
+            rows.append(f"| {setup} | (g) {g} above {ref} early (ID, round {early}) | {node} | {_fmt(d)} | "
+                        f"{len(d)} | {verdict(d, 'above')} |")
+        if lab.startswith("f-tis vertical g=lin"):
+            continue  # a schedule ends at the reference g: "late" compares constants only
+        for node in nodes:
+            d = paired(ref_l, finals(results, setup, lab, id_split), node)
+            rows.append(f"| {setup} | (g) {ref} above {g} at the end (ID) | {node} | {_fmt(d)} | "
+                        f"{len(d)} | {verdict(d, 'above')} |")
     return rows
 
 
@@ -225,12 +263,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("sweep", help="a sweep's output folder (holding results/)")
     p.add_argument("--id-split", default="test")
     p.add_argument("--ood-split", default="ood")
+    p.add_argument("--g", default="50", help="the reference g of F-TIS (default: the paper's 50)")
     p.add_argument("--out", default="", help="also write the table to this file")
     a = p.parse_args(argv)
     results = load_results(Path(a.sweep))
     if not results:
         raise SystemExit(f"{a.sweep}: no finished run under results/")
-    text = "\n".join(claims(results, a.id_split, a.ood_split))
+    text = "\n".join(claims(results, a.id_split, a.ood_split, a.g))
     print(text)
     if a.out:
         Path(a.out).write_text(text + "\n")

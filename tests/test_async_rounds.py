@@ -137,6 +137,40 @@ class Crash(RuntimeError):
     pass
 
 
+class Replaced(FakeGrid):
+    """b's SuperNode (id 2) dies when sent its round 2: no reply, its id leaves the grid, and a
+    new SuperNode (id 3) serving b connects."""
+
+    def __init__(self):
+        super().__init__(honest(names={1: "a", 2: "b", 3: "b"}, special={2: self._dies}))
+
+    def _dies(self, msg, name):
+        from test_strategy import train_reply
+        if msg.metadata.message_type == "train" and msg.content[protocol.ROUND]["round"] == 2:
+            self.node_ids = [1, 3]
+            return None
+        return train_reply(msg, name)
+
+
+def test_a_card_whose_supernode_comes_back_under_a_new_id_continues_there():
+    """The lost round goes to the new node id with the groups it carried, b's rounds stay
+    contiguous, and the old id is sent nothing more (nor waited for: no round timeout passes)."""
+    grid = Replaced()
+    strategy, events = run(experiment(ASYNC), grid)
+    moved = [f for k, f in events if k == "node_rebound"]
+    assert moved == [{"node": "b", "old_node_id": 2, "node_id": 3, "after_round": 1}]
+    b_rounds = [r for _, r in node_rounds(strategy)["b"]]
+    assert b_rounds == list(range(len(b_rounds))) and len(b_rounds) >= 5  # contiguous, every round
+    to = {nid: [m for m in grid.pushed if m.metadata.dst_node_id == nid and m.metadata.message_type == "train"]
+          for nid in (2, 3)}
+    assert [m.content[protocol.ROUND]["round"] for m in to[2]] == [0, 1, 2]
+    assert [m.content[protocol.ROUND]["round"] for m in to[3]] == b_rounds[2:]
+    lost, again = to[2][-1], to[3][0]
+    assert foreign(lost)["a"] and set(foreign(lost)["a"]) <= set(foreign(again)["a"])  # its groups again
+    assert not [k for k, _ in events if k == "node_failed"]
+    assert strategy.checkpoints == {"a": "/ckpt/a", "b": "/ckpt/b"}
+
+
 def test_a_stopped_async_server_resumes_where_each_node_was(tmp_path):
     """The ServerApp (``server_app.run`` on the fake grid) dies after step 6, whose state is never
     saved; resumed from the run folder, every node continues after its last logged round (b's

@@ -1,11 +1,12 @@
 """The ClientApp's own decisions: which card a SuperNode serves, and paths it takes from the server."""
 
+import json
 from pathlib import Path
 
 import pytest
 
-from clients.client_app import NoCard, checkpoint_dir, select_card
-from ftis_flwr.config import load_experiment
+from clients.client_app import NoCard, checkpoint_dir, experiment_of, select_card
+from ftis_flwr.config import load_experiment, to_dict
 from ftis_flwr.worker import worker_dir
 
 EXP = load_experiment(yaml_text="nodes: [{name: small}, {name: large}]")
@@ -35,3 +36,16 @@ def test_the_node_decides_where_its_final_model_goes(tmp_path):
     for bad in ("checkpoints", "/srv/runs/../../etc"):
         with pytest.raises(ValueError, match="not a plain absolute path"):
             checkpoint_dir(bad, "r1", "small", {})
+
+
+def test_the_experiment_is_parsed_once_per_text_and_a_bad_one_refused_every_time():
+    """Every message of a run carries the same JSON: parsed once per process (OmegaConf's merge
+    takes ~0.1 s, a round's overhead in simulation); an invalid one is never cached."""
+    text = json.dumps(to_dict(EXP))
+    first = experiment_of(text)
+    assert experiment_of(text) is first and [c.name for c in first.nodes] == ["small", "large"]
+    bad = json.loads(text)
+    bad["loss"]["trunc_c"] = -1.0
+    for _ in range(2):
+        with pytest.raises(ValueError, match="trunc_c"):
+            experiment_of(json.dumps(bad))

@@ -281,6 +281,26 @@ def test_a_node_that_does_not_reply_in_time_fails_and_the_others_go_on():
     assert [f["node"] for k, f in events if k == "checkpoint_failed"] == ["b"]
 
 
+def test_a_card_whose_supernode_comes_back_under_a_new_id_takes_the_next_round_there():
+    """b's SuperNode (id 2) dies in round 1 (no reply; its id leaves the grid) and comes back as
+    id 3: round 1 is b's failure, round 2 and the final save go to id 3, never to id 2 again."""
+    grid = FakeGrid(None)
+
+    def dies(msg, name):
+        if msg.metadata.message_type == "train" and msg.content[protocol.ROUND]["round"] == 1:
+            grid.node_ids = [1, 3]
+            return None
+        return train_reply(msg, name)
+
+    grid.respond = honest(names={1: "a", 2: "b", 3: "b"}, special={2: dies})
+    strategy, events = run(experiment(), grid)
+    assert [set(h.node_metrics) for h in strategy.history] == [{"a", "b"}, {"a"}, {"a", "b"}]
+    assert sorted(grid.train_messages(2)) == [1, 3]
+    assert max(m.metadata.dst_node_id == 2 and i for i, m in enumerate(grid.pushed)) < \
+        min(i for i, m in enumerate(grid.pushed) if m.metadata.dst_node_id == 3)
+    assert strategy.checkpoints == {"a": "/ckpt/a", "b": "/ckpt/b"}
+
+
 @pytest.mark.parametrize("alternate", [False, True])
 def test_two_node_ids_claiming_one_card_are_refused_before_round_0(alternate):
     grid = FakeGrid(honest(names={1: "a", 2: "a"}), alternate=alternate)
