@@ -14,9 +14,7 @@ from conftest import flower_bin, free_port, kill_workers, wait_listening
 
 from ftis_flwr.reporting import load_metrics
 
-# under pytest-xdist these four run one at a time on one worker: each starts Flower's own server
-# processes (SuperLink, SuperNodes), whose start-up waits are what 2 busy cores would stretch
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("flower-servers")]
+pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
 BIN = flower_bin()
 

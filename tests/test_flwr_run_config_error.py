@@ -7,9 +7,7 @@ import pytest
 from conftest import flower_bin
 from test_flwr_run import REPO, superlink  # noqa: F401  (the SuperLink fixture this test owns)
 
-# under pytest-xdist these four run one at a time on one worker: each starts Flower's own server
-# processes (SuperLink, SuperNodes), whose start-up waits are what 2 busy cores would stretch
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("flower-servers")]
+pytestmark = pytest.mark.slow
 
 
 def test_config_errors_fail_the_run_with_one_short_message(tmp_path, superlink):  # noqa: F811
