@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -32,6 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from deploy.secure_local import BIN, free_port, start, stop  # noqa: E402
+from ftis_flwr.config_merge import ConfigError, parse_overrides  # noqa: E402
 from ftis_flwr.worker import kill_workers_of_new_runs, worker_runs  # noqa: E402
 
 
@@ -67,7 +69,11 @@ def report(label: str, rows: list[dict]) -> dict:
 
 
 def _overrides(pairs: list[str]) -> dict[str, str]:
-    return dict(kv.split("=", 1) for kv in pairs)
+    """``--set`` through the library's own key=value parser (the shell's tokens re-quoted)."""
+    try:
+        return parse_overrides(shlex.join(pairs))
+    except ConfigError as exc:
+        raise SystemExit(f"--set: {exc}") from None
 
 
 def sim_one(preset: str, sets: dict[str, str], poll: float, out: Path) -> None:

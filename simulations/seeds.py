@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
 from runs import run_child  # noqa: E402
+
+from ftis_flwr.config_merge import ConfigError, parse_overrides  # noqa: E402
 
 
 def _seeds(spec: str) -> list[int]:
@@ -26,16 +29,6 @@ def _seeds(spec: str) -> list[int]:
     for part in spec.split(","):
         lo, _, hi = part.partition("-")
         out += list(range(int(lo), int(hi or lo) + 1))
-    return out
-
-
-def _overrides(pairs: list[str]) -> dict[str, str]:
-    out = {}
-    for kv in pairs:
-        key, sep, value = kv.partition("=")
-        if not sep:
-            raise SystemExit(f"--set takes key=value, got {kv!r}")
-        out[key] = value
     return out
 
 
@@ -87,7 +80,10 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    sets = _overrides(a.set)
+    try:  # the library's own key=value parser, on the shell's tokens re-quoted
+        sets = parse_overrides(shlex.join(a.set))
+    except ConfigError as exc:
+        p.error(str(exc))
     if a.one is not None:
         run_one(a.preset, a.one, sets, out)
         return
