@@ -40,7 +40,7 @@ from flwr.app import MetricRecord
 from flwr.serverapp import Grid
 
 from .budget import Payload, add_idle
-from .grid_io import HELLO_TIMEOUT, POLL_INTERVAL, PROGRESS_EVERY
+from .grid_io import POLL_INTERVAL, PROGRESS_EVERY
 from .replies import flatten
 from .roster import FederationError
 from .server_state import ServerState, ServerStateError, save_server_state
@@ -50,6 +50,11 @@ log = logging.getLogger("ftis_flwr.strategy")
 
 SCHEDULES = ("sync", "async")
 """``exchange.schedule`` values."""
+ASYNC_HELLO_TIMEOUT = 30.0
+"""Longest wait for a new SuperNode's HELLO answer while the other nodes' replies wait (a
+deployed SuperNode answers in seconds: its 3 s poll, then a fresh ClientApp process)."""
+REHELLO_AFTER = 300.0
+"""Seconds before a node id that did not answer its HELLO is asked again."""
 
 
 @dataclass
@@ -156,6 +161,7 @@ class AsyncRounds:
         self._undelivered: dict[int, int] = {}  # node id -> round whose message found no route, this step
         self.starting: set[int] = set()         # node ids whose first round (of this session) is out
         self._handled: dict[int, float] = {}    # node id -> server seconds its last reply took
+        self._rehello: dict[int, float] = {}    # node id that did not answer its HELLO -> ask again at
         self.t0 = time.monotonic()
         strategy.step_word = "step"
 
@@ -255,12 +261,17 @@ class AsyncRounds:
         place in the schedule to it. A round in flight to the old id is sent again to the new one
         with the groups it carried; the card's worker state on disk is the same, so its worker
         resumes (rewinding if it had gone further). Checked after every step, one node-id listing;
-        a HELLO only goes out when an unknown node id appears."""
-        s = self.s
-        if not s.roster.unknown(self.grid.get_node_ids()):
+        a HELLO only goes out when an unknown node id appears, and to one that did not answer, only
+        after ``REHELLO_AFTER`` seconds (the others wait while it is asked: at most
+        ``ASYNC_HELLO_TIMEOUT``)."""
+        s, now = self.s, time.monotonic()
+        unknown = s.roster.unknown(self.grid.get_node_ids())
+        if not any(now >= self._rehello.get(nid, 0.0) for nid in unknown):
             return
         before = dict(s.roster.names)
-        s.introduce(self.grid, min(self.timeout, HELLO_TIMEOUT), first=False)
+        s.introduce(self.grid, min(self.timeout, ASYNC_HELLO_TIMEOUT), first=False)
+        for nid in s.roster.unknown(self.grid.get_node_ids()):  # asked and silent: not every step
+            self._rehello[nid] = time.monotonic() + REHELLO_AFTER
         for nid, name in list(s.roster.names.items()):
             old = next((o for o, n in before.items() if n == name and o != nid), None)
             if nid in before or old is None or old in s.roster.names:

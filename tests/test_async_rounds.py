@@ -141,13 +141,15 @@ class Replaced(FakeGrid):
     """b's SuperNode (id 2) dies when sent its round 2: no reply, its id leaves the grid, and a
     new SuperNode (id 3) serving b connects."""
 
-    def __init__(self):
-        super().__init__(honest(names={1: "a", 2: "b", 3: "b"}, special={2: self._dies}))
+    def __init__(self, silent_joiner: bool = False):
+        super().__init__(honest(names={1: "a", 2: "b", 3: "b", 4: "?"}, special={2: self._dies},
+                                hellos={4: lambda msg, name: None}))
+        self.joiners = [3, 4] if silent_joiner else [3]
 
     def _dies(self, msg, name):
         from test_strategy import train_reply
         if msg.metadata.message_type == "train" and msg.content[protocol.ROUND]["round"] == 2:
-            self.node_ids = [1, 3]
+            self.node_ids = [1, *self.joiners]
             return None
         return train_reply(msg, name)
 
@@ -168,6 +170,17 @@ def test_a_card_whose_supernode_comes_back_under_a_new_id_continues_there():
     lost, again = to[2][-1], to[3][0]
     assert foreign(lost)["a"] and set(foreign(lost)["a"]) <= set(foreign(again)["a"])  # its groups again
     assert not [k for k, _ in events if k == "node_failed"]
+    assert strategy.checkpoints == {"a": "/ckpt/a", "b": "/ckpt/b"}
+
+
+def test_a_node_id_that_never_answers_its_hello_is_not_asked_every_step():
+    """Asked once (the others wait for it at most the round timeout here), then left alone for
+    REHELLO_AFTER seconds: the run goes on and b still moves to its new node id."""
+    grid = Replaced(silent_joiner=True)
+    strategy, events = run(experiment(ASYNC), grid)
+    hellos = [m for m in grid.pushed if protocol.HELLO in m.content and m.metadata.dst_node_id == 4]
+    assert len(hellos) == 1
+    assert [f["node_id"] for k, f in events if k == "node_rebound"] == [3]
     assert strategy.checkpoints == {"a": "/ckpt/a", "b": "/ckpt/b"}
 
 
