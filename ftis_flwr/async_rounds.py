@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from flwr.app import MetricRecord
 from flwr.serverapp import Grid
@@ -93,6 +93,15 @@ class Store:
             for r in receivers:
                 if r != source and self.given.get((r, source), -1) < v:
                     self.dropped[r] = self.dropped.get(r, 0) + n
+
+    def rewind(self, receiver: str, sent: "Sent") -> None:
+        """Undo what a message to ``receiver`` that was lost (``sent``) took from the store: its
+        groups and its stale-drop count go out again with the receiver's next message."""
+        self.given = {k: v for k, v in self.given.items() if k[0] != receiver}
+        self.given.update({(receiver, src): v for src, v in sent.given_before.items()})
+        pending = sent.dropped_before + self.dropped.pop(receiver, 0)  # its count + drops since
+        if pending:
+            self.dropped[receiver] = pending
 
     def take(self, receiver: str, exclude: set[str]) -> tuple[dict[str, list[tuple[int, Payload]]], int]:
         """Per source (but ``exclude``), the (staleness, payload) pairs ``receiver`` has not had
@@ -277,11 +286,8 @@ class AsyncRounds:
             if nid in before or old is None or old in s.roster.names:
                 continue  # not a card that moved (a new card cannot join: all are bound at the start)
             lost = [mid for mid, x in self.inflight.items() if x.nid == old]
-            for mid in lost:  # its groups go again, to the new id: the receiver's marks roll back
-                x = self.inflight.pop(mid)
-                for src, v in x.given_before.items():
-                    self.store.given[(name, src)] = v
-                self.store.dropped[name] = x.dropped_before + self.store.dropped.get(name, 0)
+            for mid in lost:  # its groups go again, to the new id
+                self.store.rewind(name, self.inflight.pop(mid))
             self._undelivered.pop(old, None)
             last = self.done.pop(old, -1)
             final = old in self.final_sent
@@ -307,15 +313,11 @@ class AsyncRounds:
         s = self.s
         if not s.state_dir:
             return
-        payloads, store = store_state(self.store)
-        in_flight = {x.nid for x in self.inflight.values()}
+        snapshot = replace(self.store, given=dict(self.store.given), dropped=dict(self.store.dropped))
         for x in self.inflight.values():  # as before its message: the groups in it are sent again
-            name = s.roster.name(x.nid)
-            store["given"] = [g for g in store["given"] if g[0] != name] + \
-                [[name, src, v] for src, v in x.given_before.items()]
-            pending = x.dropped_before + store["dropped"].get(name, 0)  # its count + drops since
-            store["dropped"] = {**{k: v for k, v in store["dropped"].items() if k != name},
-                                **({name: pending} if pending else {})}
+            snapshot.rewind(s.roster.name(x.nid), x)
+        payloads, store = store_state(snapshot)
+        in_flight = {x.nid for x in self.inflight.values()}
         doc = {"store": store, "wall_seconds": time.monotonic() - self.t0,
                "done": {s.roster.name(n): r for n, r in {**self.done, **ended}.items()},
                "final_done": sorted(s.roster.name(n) for n in self.final_sent if n not in in_flight)}
