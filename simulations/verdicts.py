@@ -134,7 +134,11 @@ def reference_ftis(labels: set[str], g: str) -> str | None:
     first constant g in the sweep (never a schedule)."""
     constant = sorted((lab for lab in labels if lab.startswith("f-tis vertical g=")
                        and not lab.startswith("f-tis vertical g=lin")), key=_g_value)
-    return f"f-tis vertical g={g}" if f"f-tis vertical g={g}" in constant else next(iter(constant), None)
+    if f"f-tis vertical g={g}" in constant:
+        return f"f-tis vertical g={g}"
+    if constant:
+        print(f"verdicts: no f-tis vertical g={g} in the sweep; F-TIS is {constant[0]!r}", file=sys.stderr)
+    return next(iter(constant), None)
 
 
 def _g_value(label: str) -> float:
