@@ -29,7 +29,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "simulations"))
-from seeds import _seeds  # noqa: E402
+from runs import seed_list  # noqa: E402
 
 SPLIT = "test"
 
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     out = Path(a.out).resolve()
     results: dict[str, dict[int, dict]] = {"sync": {}, "async": {}}
-    for seed in _seeds(a.seeds):
+    for seed in seed_list(a.seeds):
         for schedule in ("sync", "async"):
             folder = out / schedule
             cmd = [sys.executable, str(REPO / "simulations" / "seeds.py"), "--preset", a.preset,

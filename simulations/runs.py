@@ -26,9 +26,19 @@ def card_order(preset: str, overrides: Mapping[str, Any]) -> list[str]:
     return [c.name for c in load_experiment(preset, dict(overrides), import_registries=False).nodes]
 
 
-def simulate(preset: str, overrides: Mapping[str, Any], *, experiment: Any = None) -> str:
+def seed_list(spec: str) -> list[int]:
+    """``"0-4"`` or ``"0,3,5"`` (or both, comma-separated) -> run seeds."""
+    out: list[int] = []
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        out += list(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def simulate(preset: str, overrides: Mapping[str, Any], *, experiment: Any = None, client_app: Any = None) -> str:
     """Run ``preset`` with ``overrides`` (or a loaded ``experiment``) through Flower in this
-    process; returns the run folder. The benchmarks use it too.
+    process; returns the run folder. The benchmarks use it too. ``client_app``: another ClientApp
+    than this project's (the attack study's forger).
 
     SystemExit when the ServerApp did not finish (its error is in the log above).
     """
@@ -36,7 +46,8 @@ def simulate(preset: str, overrides: Mapping[str, Any], *, experiment: Any = Non
     from flwr.simulation import run_simulation
 
     sys.path.insert(0, str(REPO))
-    from clients.client_app import app as client_app
+    if client_app is None:
+        from clients.client_app import app as client_app
     from ftis_flwr.config import default_cache_dir, load_experiment
     from server_app.server_app import run, run_name
 

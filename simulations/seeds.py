@@ -19,17 +19,9 @@ import sys
 from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
-from runs import run_child  # noqa: E402
+from runs import run_child, seed_list  # noqa: E402
 
 from ftis_flwr.config_merge import ConfigError, parse_overrides  # noqa: E402
-
-
-def _seeds(spec: str) -> list[int]:
-    out: list[int] = []
-    for part in spec.split(","):
-        lo, _, hi = part.partition("-")
-        out += list(range(int(lo), int(hi or lo) + 1))
-    return out
 
 
 def run_one(preset: str, seed: int, sets: dict[str, str], out: Path) -> None:
@@ -87,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     if a.one is not None:
         run_one(a.preset, a.one, sets, out)
         return
-    for seed in _seeds(a.seeds):
+    for seed in seed_list(a.seeds):
         if (out / f"seed-{seed}.json").is_file():
             print(f"seed {seed}: done before, kept", flush=True)
             continue

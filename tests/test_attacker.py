@@ -14,16 +14,17 @@ duplicate attack and the inflated-rewards groups, whose rewards the receivers re
 attacker cannot move the honest nodes other than by taking a share of the prompt schedule.
 """
 
-import dataclasses
+import sys
+from pathlib import Path
 
-import numpy as np
 import pytest
 from conftest import kill_workers
-from flwr.app import Array, ArrayRecord
 
-from ftis_flwr import protocol
 from ftis_flwr.config import load_experiment
 from ftis_flwr.reporting import load_events, load_metrics
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "simulations"))
+from forger import forgeries, forging_app  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -39,108 +40,27 @@ nodes:
 """
 
 
-def _container(edit):
-    """Forge at the wire level: unpack mallory's compact container without any semantic check
-    (what a forger's code does with the format's own packer), edit its fields, pack it again."""
-    def attack(arrays, meta):
-        from ftis_flwr import wire_compact as wc
-        from ftis_flwr.config import WireConfig
-        from ftis_flwr.rollouts import WIRE_KEY, _compact_bytes
-
-        blob = _compact_bytes(arrays, meta, WireConfig())
-        h = wc.read_header(blob)
-        fields = wc.unpack(blob, WireConfig())
-        edit(fields)
-        id_bits = max(h["id_bits"], wc.bits_for(int(max(fields.completion_ids.max(), fields.prompt_ids.max()))))
-        forged = wc.pack(fields, id_bits=id_bits, codec=h["codec"], compress="zlib" if h["zlib"] else "none")
-        return ArrayRecord({WIRE_KEY: Array.from_numpy_ndarray(np.frombuffer(forged, np.uint8))}), meta
-    return attack
-
-
-def _at(key, index, value):
-    def edit(fields):
-        getattr(fields, key)[index] = value
-    return edit
-
-
-def _cut(key):
-    def edit(fields):
-        setattr(fields, key, getattr(fields, key)[:-1])
-    return edit
-
-
-def _strings(key, make):
-    def edit(fields):
-        fields.strings[key] = [make(i, v, fields.strings[key]) for i, v in enumerate(fields.strings[key])]
-    return edit
-
-
-def _groups(arrays, meta, edit):
-    """Decode mallory's honest payload, edit its groups, encode again (what a forger's code does)."""
-    from ftis_flwr.config import WireConfig
-    from ftis_flwr.rollouts import decode_groups, encode_groups
-
-    groups = decode_groups(arrays, meta, expected_fp=_fingerprint(arrays, meta), vocab_size=62, wire=WireConfig())
-    return encode_groups(edit(groups), vocab_size=62)
-
-
-def _fingerprint(arrays, meta):
-    from ftis_flwr import wire_compact as wc
-    from ftis_flwr.config import WireConfig
-    from ftis_flwr.rollouts import _compact_bytes
-
-    return wc.unpack(_compact_bytes(arrays, meta, WireConfig()), WireConfig()).strings["tokenizer_fp"][0]
-
-
-def _stretch(length):
-    """Every completion made ``length`` tokens long (its own tokens repeated)."""
-    def edit(groups):
-        return [dataclasses.replace(g, completions=[np.resize(c, length) for c in g.completions],
-                                    logprobs=[np.resize(lp, length) for lp in g.logprobs]) for g in groups]
-    return edit
-
+_F = forgeries(vocab_size=62, max_new_tokens=6, max_tokens_per_payload=200, relabel_as="a")
 
 # round mallory generated in -> (forgery, groups rejected, samples rejected, reason fragment)
 ATTACKS = {
-    0: (_container(_at("logprobs", 1, np.nan)), 4, 16, "log-prob nan is non-finite"),
-    1: (_container(_at("logprobs", 0, 0.5)), 4, 16, "log-prob 0.5 is positive"),
-    2: (_container(_at("completion_ids", 0, 61 + 9)), 4, 16, "outside [0, 62)"),
-    3: (_container(_cut("logprobs")), 4, 16, "its counts need"),  # format 1: "logprobs length"
-    4: (_container(_strings("tokenizer_fp", lambda i, v, all_: "f" * 16)), 4, 16,
-        "tokenizer fingerprint 'ffffffffffffffff' differs"),
-    5: (lambda arrays, meta: _groups(arrays, meta, _stretch(20)), 4, 16, "exceed wire.max_tokens_per_payload=200"),
-    6: (_container(_strings("node", lambda i, v, all_: "a")), 4, 16,
-        "labelled as made by 'a', but the server received it from 'mallory'"),
-    7: (_container(_strings("prompt_id", lambda i, v, all_: f"train:{900_000 + i}")), 4, 16,
-        "prompt id not assigned to mallory"),
-    8: (_container(_strings("prompt_id", lambda i, v, all_: all_[0])), 3, 12, "prompt id used more than once"),
-    9: (_container(lambda f: setattr(f, "rewards", np.ones_like(f.rewards))), 0, 0, None),
-    10: (lambda arrays, meta: _groups(arrays, meta, _stretch(7)), 4, 16, "exceeds rollout.max_new_tokens=6"),
+    0: ("nan_logprob", 4, 16, "log-prob nan is non-finite"),
+    1: ("positive_logprob", 4, 16, "log-prob 0.5 is positive"),
+    2: ("id_outside_vocab", 4, 16, "outside [0, 62)"),
+    3: ("ragged", 4, 16, "its counts need"),  # format 1: "logprobs length"
+    4: ("tokenizer_fp", 4, 16, "tokenizer fingerprint 'ffffffffffffffff' differs"),
+    5: ("oversized", 4, 16, "exceed wire.max_tokens_per_payload=200"),
+    6: ("relabelled", 4, 16, "labelled as made by 'a', but the server received it from 'mallory'"),
+    7: ("unassigned_prompt", 4, 16, "prompt id not assigned to mallory"),
+    8: ("duplicate_prompt", 3, 12, "prompt id used more than once"),
+    9: ("inflated_rewards", 0, 0, None),
+    10: ("overlong", 4, 16, "exceeds rollout.max_new_tokens=6"),
 }
 
 
 def mallory_app():
     """This project's ClientApp, except that the node serving card ``mallory`` forges its replies."""
-    from flwr.clientapp import ClientApp
-
-    from clients.client_app import query, train
-
-    app = ClientApp()
-
-    @app.train()
-    def forged_train(msg, context):
-        reply = train(msg, context)
-        if reply.content[protocol.INFO]["node"] != "mallory":
-            return reply
-        rnd = int(msg.content[protocol.ROUND]["round"])
-        if rnd in ATTACKS:
-            forge = ATTACKS[rnd][0]
-            arrays, meta = forge(reply.content[protocol.GROUPS], reply.content[protocol.GROUPS_META])
-            reply.content[protocol.GROUPS], reply.content[protocol.GROUPS_META] = arrays, meta
-        return reply
-
-    app.query()(query)
-    return app
+    return forging_app("mallory", lambda rnd: _F[ATTACKS[rnd][0]] if rnd in ATTACKS else None)
 
 
 def test_every_forgery_is_rejected_with_its_reason_and_counted(tmp_path):

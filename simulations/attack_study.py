@@ -1,0 +1,158 @@
+"""Does a forger in the federation move the honest nodes? The same federation over run seeds,
+with and without one, through Flower.
+
+    python simulations/attack_study.py --seeds 0-4 --out runs/attack-study
+
+Three conditions per seed, each one real Flower simulation in its own process, of
+``studies/attack-trio.yaml`` (the offline default's small + large nodes and a third card):
+
+- ``pair``: the two honest nodes alone together (the third card left out);
+- ``honest``: the third node is an honest peer;
+- ``forger``: the third node replaces every reply with a forgery of its real groups, cycling
+  through ``forger.forgeries`` (NaN and positive log-probs, ids outside the vocabulary, ragged
+  lengths, a wrong tokenizer fingerprint, an oversized payload, a relabelled source, unassigned
+  and duplicated prompts, inflated rewards, over-long completions), one per round.
+
+The spread without the attacker is the honest nodes' final held-out accuracy over the seeds of
+``pair`` and of ``honest`` (min..max). The test, fixed before any run: per honest node, the paired
+difference d_s = forger - baseline (points, same seed: same models, prompts, sampling) is "level"
+when its mean is within ±2 points and the seeds do not all agree in sign (``verdicts.verdict``,
+at least 5 seeds); and each forger run's final accuracy is counted inside or outside the
+baseline's min..max. A finished run (``<out>/<condition>-seed-N.json``) is not run again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]
+from runs import run_child, seed_list  # noqa: E402
+from verdicts import verdict  # noqa: E402
+
+EXPERIMENT = HERE / "studies" / "attack-trio.yaml"
+CONDITIONS = ("pair", "honest", "forger")
+ATTACKER = "third"
+
+
+def experiment(condition: str, seed: int, out: Path):
+    from ftis_flwr.config import load_experiment
+
+    exp = load_experiment(str(EXPERIMENT), {"rounds.seed": seed, "run_dir": str(out / "runs")})
+    if condition == "pair":
+        exp = dataclasses.replace(exp, nodes=[c for c in exp.nodes if c.name != ATTACKER])
+    return exp
+
+
+def client_app(condition: str, exp):
+    """The forger's ClientApp for ``forger``; this project's own ClientApp otherwise."""
+    if condition != "forger":
+        from clients.client_app import app
+
+        return app
+    from forger import forgeries, forging_app
+
+    from ftis_flwr.tiny import build_char_tokenizer
+
+    honest = [c.name for c in exp.nodes if c.name != ATTACKER]
+    plan = list(forgeries(vocab_size=len(build_char_tokenizer()), max_new_tokens=exp.rollout.max_new_tokens,
+                          max_tokens_per_payload=exp.wire.max_tokens_per_payload, relabel_as=honest[0]).values())
+    return forging_app(ATTACKER, lambda rnd: plan[rnd % len(plan)])
+
+
+def run_one(condition: str, seed: int, out: Path) -> None:
+    """One simulation in this process; writes ``<condition>-seed-<seed>.json``."""
+    from runs import simulate
+
+    from ftis_flwr.reporting import load_metrics
+
+    exp = experiment(condition, seed, out)
+    run_dir = simulate(str(EXPERIMENT), {}, experiment=exp, client_app=client_app(condition, exp))
+    rounds = load_metrics(run_dir)
+    nodes = {}
+    for name in (c.name for c in exp.nodes):
+        series = [(r["round"], r["nodes"][name]["eval/test/accuracy"]) for r in rounds
+                  if "eval/test/accuracy" in r["nodes"].get(name, {})]
+        rejected = sum(r["nodes"].get(name, {}).get(f"{ATTACKER}/samples_rejected", 0) for r in rounds)
+        foreign = sum(r["nodes"].get(name, {}).get("samples_foreign", 0) for r in rounds)
+        nodes[name] = {"accuracy": series, "samples_rejected_from_third": rejected, "samples_foreign": foreign}
+    (out / f"{condition}-seed-{seed}.json").write_text(json.dumps(
+        {"condition": condition, "seed": seed, "run_dir": run_dir, "nodes": nodes}, indent=1))
+
+
+def _fmt(xs: list[float]) -> str:
+    return f"{sum(xs) / len(xs):.3f} ({min(xs):.3f}..{max(xs):.3f})" if xs else "-"
+
+
+def table(out: Path) -> str:
+    """Markdown: per honest node and condition, final accuracy; forger against each baseline."""
+    res = {(r["condition"], r["seed"]): r for r in (json.loads(p.read_text()) for p in sorted(out.glob("*-seed-*.json")))}
+    if not res:
+        return "no finished run"
+    seeds = sorted({s for _, s in res})
+    honest = [n for n in next(iter(res.values()))["nodes"] if n != ATTACKER]
+
+    def final(cond: str, node: str) -> dict[int, float]:
+        return {s: res[(cond, s)]["nodes"][node]["accuracy"][-1][1] for s in seeds if (cond, s) in res}
+
+    rows = [f"seeds: {', '.join(map(str, seeds))}", "",
+            "| node | start | " + " | ".join(f"{c}: final, mean (min..max)" for c in CONDITIONS) + " |",
+            "| --- | --- |" + " --- |" * len(CONDITIONS)]
+    for node in honest:
+        start = [r["nodes"][node]["accuracy"][0][1] for r in res.values()]
+        rows.append(f"| {node} | {sum(start) / len(start):.3f} | "
+                    + " | ".join(_fmt(list(final(c, node).values())) for c in CONDITIONS) + " |")
+    rows += ["", "| node | forger - baseline | difference, points: mean (min..max) | seeds | forger runs inside "
+             "the baseline's min..max | verdict (level) |", "| --- | --- | --- | --- | --- | --- |"]
+    for node in honest:
+        forged = final("forger", node)
+        for base in ("pair", "honest"):
+            b = final(base, node)
+            paired = [s for s in seeds if s in forged and s in b]
+            d = [100.0 * (forged[s] - b[s]) for s in paired]
+            inside = sum(min(b.values()) <= forged[s] <= max(b.values()) for s in paired) if b else 0
+            spread = f"{sum(d) / len(d):+.1f} ({min(d):+.1f}..{max(d):+.1f})" if d else "-"
+            rows.append(f"| {node} | forger - {base} | {spread} | {len(d)} | {inside}/{len(d)} | "
+                        f"{verdict(d, 'level')} |")
+    rej = [r["nodes"][n]["samples_rejected_from_third"] for (c, _), r in res.items() if c == "forger" for n in honest]
+    if rej:
+        rows += ["", f"Samples from the forger rejected per honest node and run: {min(rej):.0f}..{max(rej):.0f}."]
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seeds", default="0-4", help="e.g. 0-4 or 0,3,5")
+    p.add_argument("--conditions", default=",".join(CONDITIONS), help=f"some of {', '.join(CONDITIONS)}")
+    p.add_argument("--out", default="runs/attack-study")
+    p.add_argument("--one", nargs=2, default=None, help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    out = Path(a.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    conditions = [c for c in a.conditions.split(",") if c]
+    bad = [c for c in conditions if c not in CONDITIONS]
+    if bad:
+        p.error(f"--conditions: {', '.join(bad)} unknown; use some of {', '.join(CONDITIONS)}")
+    if a.one is not None:
+        run_one(a.one[0], int(a.one[1]), out)
+        return
+    for seed in seed_list(a.seeds):  # seed-major: a study stopped part way holds whole seeds
+        for cond in conditions:
+            name = f"{cond}-seed-{seed}"
+            if (out / f"{name}.json").is_file():
+                print(f"{name}: done before, kept", flush=True)
+                continue
+            print(f"{name}: running", flush=True)
+            rc = run_child([__file__, "--out", str(out), "--one", cond, str(seed)], out / f"{name}.log")
+            if rc != 0:
+                print(f"{name}: failed (exit {rc}), see {out / f'{name}.log'}", flush=True)
+    print(table(out))
+    (out / "table.md").write_text(table(out) + "\n")
+
+
+if __name__ == "__main__":
+    main()
