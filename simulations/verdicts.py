@@ -32,6 +32,11 @@ or ``cpu.yaml``), also:
   g below the reference g (``--g``, the paper's 50), is above the reference at the first
   evaluation after round 0; the reference is above each smaller constant g at the end.
 
+Not a claim of the paper, tested the same way where ``sweeps/extra-rule.yaml`` ran:
+
+- (rule) filter rule "or" ends level with "and" (the authors' rule): setup ``<name>-or`` (F-TIS
+  with ``loss.filter_rule=or``) against setup ``<name>``'s F-TIS, same seeds.
+
 F-TIS means F-TIS vertical at the reference g in every claim but (g).
 
 A claim whose configurations are not in the sweep is listed as "not run".
@@ -156,8 +161,12 @@ def claims(results: list[dict], id_split: str = "test", ood_split: str = "ood",
             "| --- | --- | --- | --- | --- | --- |"]
     labels = {config_label(r["point"]) for r in results}
     ftis = reference_ftis(labels, reference_g)
-    for setup in dict.fromkeys(r["point"]["setup"] for r in results):
+    setups = list(dict.fromkeys(r["point"]["setup"] for r in results))
+    for setup in setups:
         nodes = list(starts(results, setup, id_split))
+        if setup.endswith(RULE_SUFFIX) and setup[:-len(RULE_SUFFIX)] in setups:
+            rows += _rule_rows(results, setup, setup[:-len(RULE_SUFFIX)], nodes, ftis, id_split)
+            continue
         alone_id, alone_ood = finals(results, setup, "alone", id_split), finals(results, setup, "alone", ood_split)
         nois_id = finals(results, setup, "nois vertical", id_split)
         if nois_id and alone_id:
@@ -192,6 +201,23 @@ def claims(results: list[dict], id_split: str = "test", ood_split: str = "ood",
                          ("(g) small g early, large g late", "g=lin")):
         if not any(needs in lab for lab in labels):
             rows.append(f"| all | {claim} | - | - | 0 | not run (needs {needs} runs: sweeps/extra-*.yaml) |")
+    return rows
+
+
+RULE_SUFFIX = "-or"
+
+
+def _rule_rows(results: list[dict], setup: str, base: str, nodes: list[str], ftis: str | None,
+               id_split: str) -> list[str]:
+    """(rule): F-TIS of ``<base>-or`` level with ``<base>``'s F-TIS at the end, per node."""
+    if ftis is None:
+        return []
+    rows = []
+    with_or, with_and = finals(results, setup, ftis, id_split), finals(results, base, ftis, id_split)
+    for node in nodes:
+        d = paired(with_or, with_and, node)
+        rows.append(f"| {base} | (rule) \"or\" level with \"and\" (ID) | {node} | {_fmt(d)} | {len(d)} | "
+                    f"{verdict(d, 'level')} |")
     return rows
 
 
