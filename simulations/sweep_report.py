@@ -115,7 +115,20 @@ def markdown(results: list[dict], id_split: str, ood_split: str, title: str = ""
     return "\n".join(lines)
 
 
-def _band(ax, runs: list[list], colour: str, label: str) -> bool:
+def _colour(k: int) -> str:
+    """The k-th config's colour: tab20's 20 (darker shades first), so a grid with more than 10
+    configs never draws two in one colour (tab10 repeats after 10)."""
+    from matplotlib import colormaps
+
+    return colormaps["tab20"](((2 * k) % 20 + (k // 10) % 2) / 20)
+
+
+def _style(k: int) -> str:
+    """Line style: solid for the first 20 configs, then dashed, dotted."""
+    return ("-", "--", ":")[(k // 20) % 3]
+
+
+def _band(ax, runs: list[list], colour, label: str, linestyle: str = "-") -> bool:
     """Mean line and min..max band of several [round, value] series over their common rounds."""
     by_round: dict[int, list[float]] = defaultdict(list)
     for series in runs:
@@ -126,10 +139,21 @@ def _band(ax, runs: list[list], colour: str, label: str) -> bool:
     if not xs:
         return False
     ys = [by_round[x] for x in xs]
-    ax.plot(xs, [sum(v) / len(v) for v in ys], marker="o", markersize=3, color=colour, label=label)
+    ax.plot(xs, [sum(v) / len(v) for v in ys], marker="o", markersize=3, color=colour, label=label,
+            linestyle=linestyle)
     if len(runs) > 1:
         ax.fill_between(xs, [min(v) for v in ys], [max(v) for v in ys], color=colour, alpha=0.2)
     return True
+
+
+def _legend(fig, axes) -> None:
+    """One legend for the figure, outside the panels (every panel draws the same configs)."""
+    handles: dict[str, object] = {}
+    for ax in (a for row in axes for a in row):
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    if handles:
+        fig.legend(list(handles.values()), list(handles), loc="outside right upper", fontsize=7)
 
 
 def _figure(rows: int, cols: int):
@@ -147,6 +171,8 @@ def figures(results: list[dict], out: Path, id_split: str, ood_split: str) -> li
     written: list[Path] = []
     by_group = groups(results)
     setups = list(dict.fromkeys(r["point"]["setup"] for r in results))
+    # one colour per config across every figure of the sweep
+    index = {c: k for k, c in enumerate(sorted({c for _, c in by_group}))}
     for setup in setups:
         cfgs = [(c, rs) for (s, c), rs in by_group.items() if s == setup]
         nodes = list(cfgs[0][1][0]["summary"]["nodes"])
@@ -158,21 +184,21 @@ def figures(results: list[dict], out: Path, id_split: str, ood_split: str) -> li
             for i, node in enumerate(nodes):
                 for j, (metric, label) in enumerate(panels):
                     ax, drew = axes[i][j], False
-                    for k, (cfg, rs) in enumerate(cfgs):
+                    for cfg, rs in cfgs:
+                        k = index[cfg]
                         series = []
                         for r in rs:
                             d = r["summary"]["nodes"].get(node, {})
                             series.append(d.get("accuracy", {}).get(metric, []) if kind == "accuracy"
                                           else d.get(metric, []))
-                        drew |= _band(ax, series, f"C{k % 10}", cfg)
+                        drew |= _band(ax, series, _colour(k), cfg, _style(k))
                     ax.set_title(f"{node}: {label}", fontsize=9)
                     ax.set_xlabel("round")
                     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
                     ax.grid(alpha=0.3)
-                    if drew:
-                        ax.legend(fontsize=7)
-                    else:
+                    if not drew:
                         ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+            _legend(fig, axes)
             fig.suptitle(f"{setup}: {kind} (mean over seeds, min..max shaded)")
             path = out / f"{kind}-{setup}.png"
             fig.savefig(path)
@@ -185,7 +211,8 @@ def figures(results: list[dict], out: Path, id_split: str, ood_split: str) -> li
         for j, (metric, label) in enumerate(((id_split, "ID"), (ood_split, "OOD"))):
             ax = axes[i][j]
             width = 0.8 / max(1, len(cfgs))
-            for k, (cfg, rs) in enumerate(cfgs):
+            for b, (cfg, rs) in enumerate(cfgs):
+                k = index[cfg]
                 means, lo, hi = [], [], []
                 for node in nodes:
                     v = [_last(r["summary"]["nodes"].get(node, {}).get("accuracy", {}).get(metric, []))
@@ -195,12 +222,14 @@ def figures(results: list[dict], out: Path, id_split: str, ood_split: str) -> li
                     means.append(m)
                     lo.append(m - min(v))
                     hi.append(max(v) - m)
-                xs = [n + k * width for n in range(len(nodes))]
-                ax.bar(xs, means, width, yerr=[lo, hi], color=f"C{k % 10}", label=cfg, capsize=2)
+                xs = [n + b * width for n in range(len(nodes))]
+                ax.bar(xs, means, width, yerr=[lo, hi], color=_colour(k), label=cfg, capsize=2,
+                       hatch=("", "//", "..")[(k // 20) % 3])
             ax.set_xticks([n + 0.4 - width / 2 for n in range(len(nodes))], nodes)
             ax.set_title(f"{setup}: final {label} accuracy ({metric})", fontsize=9)
             ax.grid(alpha=0.3, axis="y")
-            ax.legend(fontsize=7)
+            if j == 1:  # one legend per setup, beside its right panel (the configs differ by setup)
+                ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.suptitle("final accuracy per setup (mean over seeds, min..max bars)")
     path = out / "final.png"
     fig.savefig(path)
