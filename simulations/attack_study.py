@@ -31,7 +31,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
-from runs import run_child, seed_list  # noqa: E402
+from runs import run_missing, seed_list  # noqa: E402
 from verdicts import verdict  # noqa: E402
 
 EXPERIMENT = HERE / "studies" / "attack-trio.yaml"
@@ -140,16 +140,9 @@ def main(argv: list[str] | None = None) -> None:
     if a.one is not None:
         run_one(a.one[0], int(a.one[1]), out)
         return
-    for seed in seed_list(a.seeds):  # seed-major: a study stopped part way holds whole seeds
-        for cond in conditions:
-            name = f"{cond}-seed-{seed}"
-            if (out / f"{name}.json").is_file():
-                print(f"{name}: done before, kept", flush=True)
-                continue
-            print(f"{name}: running", flush=True)
-            rc = run_child([__file__, "--out", str(out), "--one", cond, str(seed)], out / f"{name}.log")
-            if rc != 0:
-                print(f"{name}: failed (exit {rc}), see {out / f'{name}.log'}", flush=True)
+    # seed-major: a study stopped part way holds whole seeds
+    run_missing([(f"{cond}-seed-{seed}", [__file__, "--out", str(out), "--one", cond, str(seed)])
+                 for seed in seed_list(a.seeds) for cond in conditions], out)
     print(table(out))
     (out / "table.md").write_text(table(out) + "\n")
 

@@ -112,3 +112,17 @@ def run_child(args: list[str], log: Path, nice: int = 0) -> int:
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as fh:
         return subprocess.call(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO)
+
+
+def run_missing(jobs: list[tuple[str, list[str]]], out: Path, nice: int = 0) -> None:
+    """Each job ``(name, args)`` whose ``<out>/<name>.json`` does not exist yet runs as
+    ``python <args>`` in a new process, logged to ``<out>/<name>.log``; a failure is said and the
+    rest go on (a study resumes where it stopped)."""
+    for name, args in jobs:
+        if (out / f"{name}.json").is_file():
+            print(f"{name}: done before, kept", flush=True)
+            continue
+        print(f"{name}: running", flush=True)
+        rc = run_child(args, out / f"{name}.log", nice)
+        if rc != 0:
+            print(f"{name}: failed (exit {rc}), see {out / f'{name}.log'}", flush=True)

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
-from runs import run_child, seed_list  # noqa: E402
+from runs import run_missing, seed_list  # noqa: E402
 
 from ftis_flwr.config_merge import ConfigError, parse_overrides  # noqa: E402
 
@@ -79,15 +79,8 @@ def main(argv: list[str] | None = None) -> None:
     if a.one is not None:
         run_one(a.preset, a.one, sets, out)
         return
-    for seed in seed_list(a.seeds):
-        if (out / f"seed-{seed}.json").is_file():
-            print(f"seed {seed}: done before, kept", flush=True)
-            continue
-        print(f"seed {seed}: running", flush=True)
-        rc = run_child([__file__, "--preset", a.preset, "--out", str(out), "--one", str(seed),
-                        "--set", *a.set], out / f"seed-{seed}.log")
-        if rc != 0:
-            print(f"seed {seed}: failed (exit {rc}), see {out / f'seed-{seed}.log'}", flush=True)
+    run_missing([(f"seed-{seed}", [__file__, "--preset", a.preset, "--out", str(out), "--one", str(seed),
+                                   "--set", *a.set]) for seed in seed_list(a.seeds)], out)
     print(table(out))
     (out / "table.md").write_text(table(out) + "\n")
 
