@@ -240,7 +240,7 @@ def _more(results: list[dict], setup: str, nodes: list[str], labels: set[str], f
                         f"{verdict(d, 'above')} |")
     fvis_label = next((lab for lab in sorted(labels) if lab.startswith("f-vis vertical")), None)
     early = first_eval_after_start(results, setup, id_split)
-    if fvis_label and ftis and early is not None:
+    if fvis_label and ftis and early is not None and finals(results, setup, fvis_label, id_split):
         fvis_e, ftis_e = (finals(results, setup, lab, id_split, at=early) for lab in (fvis_label, ftis))
         fvis_l, ftis_l = (finals(results, setup, lab, id_split) for lab in (fvis_label, ftis))
         for node in nodes:
