@@ -79,8 +79,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default="runs/async-vs-sync")
     a = p.parse_args(argv)
     out = Path(a.out).resolve()
+    try:
+        seeds = seed_list(a.seeds)
+    except ValueError as exc:
+        p.error(f"--seeds: {exc}")
     results: dict[str, dict[int, dict]] = {"sync": {}, "async": {}}
-    for seed in seed_list(a.seeds):
+    for seed in seeds:
         for schedule in ("sync", "async"):
             folder = out / schedule
             cmd = [sys.executable, str(REPO / "simulations" / "seeds.py"), "--preset", a.preset,

@@ -32,7 +32,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 from runs import run_missing, seed_list  # noqa: E402
-from verdicts import verdict  # noqa: E402
+from verdicts import fmt_points, paired, verdict  # noqa: E402
 
 EXPERIMENT = HERE / "studies" / "attack-trio.yaml"
 CONDITIONS = ("pair", "honest", "forger")
@@ -84,7 +84,7 @@ def run_one(condition: str, seed: int, out: Path) -> None:
         {"condition": condition, "seed": seed, "run_dir": run_dir, "nodes": nodes}, indent=1))
 
 
-def _fmt(xs: list[float]) -> str:
+def _accuracy(xs: list[float]) -> str:
     return f"{sum(xs) / len(xs):.3f} ({min(xs):.3f}..{max(xs):.3f})" if xs else "-"
 
 
@@ -96,8 +96,12 @@ def table(out: Path) -> str:
     seeds = sorted({s for _, s in res})
     honest = [n for n in next(iter(res.values()))["nodes"] if n != ATTACKER]
 
-    def final(cond: str, node: str) -> dict[int, float]:
-        return {s: res[(cond, s)]["nodes"][node]["accuracy"][-1][1] for s in seeds if (cond, s) in res}
+    def final(cond: str) -> dict[int, dict[str, float]]:
+        """seed -> honest node -> final accuracy (``verdicts.paired``'s shape)."""
+        return {s: {n: res[(cond, s)]["nodes"][n]["accuracy"][-1][1] for n in honest}
+                for s in seeds if (cond, s) in res}
+
+    finals = {c: final(c) for c in CONDITIONS}
 
     rows = [f"seeds: {', '.join(map(str, seeds))}", "",
             "| node | start | " + " | ".join(f"{c}: final, mean (min..max)" for c in CONDITIONS) + " |",
@@ -105,18 +109,17 @@ def table(out: Path) -> str:
     for node in honest:
         start = [r["nodes"][node]["accuracy"][0][1] for r in res.values()]
         rows.append(f"| {node} | {sum(start) / len(start):.3f} | "
-                    + " | ".join(_fmt(list(final(c, node).values())) for c in CONDITIONS) + " |")
+                    + " | ".join(_accuracy([v[node] for v in finals[c].values()]) for c in CONDITIONS) + " |")
     rows += ["", "| node | forger - baseline | difference, points: mean (min..max) | seeds | forger runs inside "
              "the baseline's min..max | verdict (level) |", "| --- | --- | --- | --- | --- | --- |"]
+    forged = finals["forger"]
     for node in honest:
-        forged = final("forger", node)
         for base in ("pair", "honest"):
-            b = final(base, node)
-            paired = [s for s in seeds if s in forged and s in b]
-            d = [100.0 * (forged[s] - b[s]) for s in paired]
-            inside = sum(min(b.values()) <= forged[s] <= max(b.values()) for s in paired) if b else 0
-            spread = f"{sum(d) / len(d):+.1f} ({min(d):+.1f}..{max(d):+.1f})" if d else "-"
-            rows.append(f"| {node} | forger - {base} | {spread} | {len(d)} | {inside}/{len(d)} | "
+            b = finals[base]
+            d = paired(forged, b, node)
+            spread = [v[node] for v in b.values()]
+            inside = sum(min(spread) <= forged[s][node] <= max(spread) for s in forged if s in b) if spread else 0
+            rows.append(f"| {node} | forger - {base} | {fmt_points(d)} | {len(d)} | {inside}/{len(d)} | "
                         f"{verdict(d, 'level')} |")
     rej = [r["nodes"][n]["samples_rejected_from_third"] for (c, _), r in res.items() if c == "forger" for n in honest]
     if rej:
@@ -140,11 +143,16 @@ def main(argv: list[str] | None = None) -> None:
     if a.one is not None:
         run_one(a.one[0], int(a.one[1]), out)
         return
+    try:
+        seeds = seed_list(a.seeds)
+    except ValueError as exc:
+        p.error(f"--seeds: {exc}")
     # seed-major: a study stopped part way holds whole seeds
     run_missing([(f"{cond}-seed-{seed}", [__file__, "--out", str(out), "--one", cond, str(seed)])
-                 for seed in seed_list(a.seeds) for cond in conditions], out)
-    print(table(out))
-    (out / "table.md").write_text(table(out) + "\n")
+                 for seed in seeds for cond in conditions], out)
+    text = table(out)
+    print(text)
+    (out / "table.md").write_text(text + "\n")
 
 
 if __name__ == "__main__":

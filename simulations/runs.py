@@ -27,10 +27,13 @@ def card_order(preset: str, overrides: Mapping[str, Any]) -> list[str]:
 
 
 def seed_list(spec: str) -> list[int]:
-    """``"0-4"`` or ``"0,3,5"`` (or both, comma-separated) -> run seeds."""
+    """``"0-4"`` or ``"0,3,5"`` (or both, comma-separated) -> run seeds; ValueError naming the
+    spec when a part is not a number or a rising range."""
     out: list[int] = []
     for part in spec.split(","):
-        lo, _, hi = part.partition("-")
+        lo, _, hi = part.strip().partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()) or int(hi or lo) < int(lo or 0):
+            raise ValueError(f"seeds={spec!r}: use 'a-b' (a <= b) or 'a,b,c', non-negative integers")
         out += list(range(int(lo), int(hi or lo) + 1))
     return out
 

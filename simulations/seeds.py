@@ -79,10 +79,15 @@ def main(argv: list[str] | None = None) -> None:
     if a.one is not None:
         run_one(a.preset, a.one, sets, out)
         return
+    try:
+        seeds = seed_list(a.seeds)
+    except ValueError as exc:
+        p.error(f"--seeds: {exc}")
     run_missing([(f"seed-{seed}", [__file__, "--preset", a.preset, "--out", str(out), "--one", str(seed),
-                                   "--set", *a.set]) for seed in seed_list(a.seeds)], out)
-    print(table(out))
-    (out / "table.md").write_text(table(out) + "\n")
+                                   "--set", *a.set]) for seed in seeds], out)
+    text = table(out)
+    print(text)
+    (out / "table.md").write_text(text + "\n")
 
 
 if __name__ == "__main__":

@@ -57,13 +57,12 @@ class Grid:
 
 def _seeds(spec: Any) -> list[int]:
     if isinstance(spec, str):
-        out: list[int] = []
-        for part in spec.split(","):
-            lo, _, hi = part.strip().partition("-")
-            if not lo.isdigit() or (hi and not hi.isdigit()):
-                raise GridError(f"seeds={spec!r}: use a list of integers or 'a-b' / 'a,b,c'")
-            out += list(range(int(lo), int(hi or lo) + 1))
-        return out
+        from runs import seed_list
+
+        try:
+            return seed_list(spec)
+        except ValueError:
+            raise GridError(f"seeds={spec!r}: use a list of integers or 'a-b' / 'a,b,c'") from None
     if isinstance(spec, list) and spec and all(isinstance(s, int) and not isinstance(s, bool) for s in spec):
         return list(spec)
     raise GridError(f"seeds={spec!r}: use a non-empty list of integers or 'a-b' / 'a,b,c'")

@@ -128,7 +128,8 @@ def verdict(d: list[float], kind: str) -> str:
     return f"inconclusive (mean {mean:+.1f} points, seeds split {above}/{below})"
 
 
-def _fmt(d: list[float]) -> str:
+def fmt_points(d: list[float]) -> str:
+    """Paired differences in points: "mean (min..max)", or "-" when there are none."""
     if not d:
         return "-"
     return f"{sum(d) / len(d):+.1f} ({min(d):+.1f}..{max(d):+.1f})"
@@ -172,7 +173,7 @@ def claims(results: list[dict], id_split: str = "test", ood_split: str = "ood",
         if nois_id and alone_id:
             for node in nodes:
                 d = paired(alone_id, nois_id, node)
-                rows.append(f"| {setup} | (a) NoIS ends below alone (ID) | {node} | {_fmt(d)} | {len(d)} | "
+                rows.append(f"| {setup} | (a) NoIS ends below alone (ID) | {node} | {fmt_points(d)} | {len(d)} | "
                             f"{verdict(d, 'above')} |")
         else:
             rows.append(f"| {setup} | (a) NoIS ends below alone (ID) | - | - | 0 | not run |")
@@ -183,17 +184,17 @@ def claims(results: list[dict], id_split: str = "test", ood_split: str = "ood",
         if nois_id:
             for node in nodes:
                 d = paired(ftis_id, nois_id, node)
-                rows.append(f"| {setup} | (a') F-TIS ends above NoIS (ID) | {node} | {_fmt(d)} | {len(d)} | "
+                rows.append(f"| {setup} | (a') F-TIS ends above NoIS (ID) | {node} | {fmt_points(d)} | {len(d)} | "
                             f"{verdict(d, 'above')} |")
         for node in nodes:
             d = paired(ftis_id, alone_id, node)
-            rows.append(f"| {setup} | (c) F-TIS level with alone (ID) | {node} | {_fmt(d)} | {len(d)} | "
+            rows.append(f"| {setup} | (c) F-TIS level with alone (ID) | {node} | {fmt_points(d)} | {len(d)} | "
                         f"{verdict(d, 'level')} |")
         start = starts(results, setup, id_split)
         weaker = weaker_partner(start, alone_id)
         d = paired(ftis_ood, alone_ood, weaker)
         rows.append(f"| {setup} | (d) F-TIS above alone (OOD), weaker partner | {weaker} "
-                    f"(ID {start[weaker]:.3f} at round 0) | {_fmt(d)} | {len(d)} | {verdict(d, 'above')} |")
+                    f"(ID {start[weaker]:.3f} at round 0) | {fmt_points(d)} | {len(d)} | {verdict(d, 'above')} |")
         rows += _more(results, setup, nodes, labels, ftis, id_split)
     for claim, needs in (("(b) F-NoIS recovers most of NoIS's loss", "f-nois"),
                          ("(e) vertical beats horizontal", "horizontal"),
@@ -216,7 +217,7 @@ def _rule_rows(results: list[dict], setup: str, base: str, nodes: list[str], fti
     with_or, with_and = finals(results, setup, ftis, id_split), finals(results, base, ftis, id_split)
     for node in nodes:
         d = paired(with_or, with_and, node)
-        rows.append(f"| {base} | (rule) \"or\" level with \"and\" (ID) | {node} | {_fmt(d)} | {len(d)} | "
+        rows.append(f"| {base} | (rule) \"or\" level with \"and\" (ID) | {node} | {fmt_points(d)} | {len(d)} | "
                     f"{verdict(d, 'level')} |")
     return rows
 
@@ -236,7 +237,7 @@ def _more(results: list[dict], setup: str, nodes: list[str], labels: set[str], f
             lost = paired(same, nois, node)
             share = (f"; recovers {sum(d) / sum(lost):.0%} of NoIS's loss to alone"
                      if lost and sum(lost) > 0 and len(lost) == len(d) else "")
-            rows.append(f"| {setup} | (b) F-NoIS ends above NoIS (ID) | {node} | {_fmt(d)}{share} | {len(d)} | "
+            rows.append(f"| {setup} | (b) F-NoIS ends above NoIS (ID) | {node} | {fmt_points(d)}{share} | {len(d)} | "
                         f"{verdict(d, 'above')} |")
     fvis_label = next((lab for lab in sorted(labels) if lab.startswith("f-vis vertical")), None)
     early = first_eval_after_start(results, setup, id_split)
@@ -245,17 +246,17 @@ def _more(results: list[dict], setup: str, nodes: list[str], labels: set[str], f
         fvis_l, ftis_l = (finals(results, setup, lab, id_split) for lab in (fvis_label, ftis))
         for node in nodes:
             d = paired(fvis_e, ftis_e, node)
-            rows.append(f"| {setup} | (f) F-VIS above F-TIS early (ID, round {early}) | {node} | {_fmt(d)} | "
+            rows.append(f"| {setup} | (f) F-VIS above F-TIS early (ID, round {early}) | {node} | {fmt_points(d)} | "
                         f"{len(d)} | {verdict(d, 'above')} |")
             d = paired(ftis_l, fvis_l, node)
-            rows.append(f"| {setup} | (f) F-VIS below F-TIS at the end (ID) | {node} | {_fmt(d)} | {len(d)} | "
+            rows.append(f"| {setup} | (f) F-VIS below F-TIS at the end (ID) | {node} | {fmt_points(d)} | {len(d)} | "
                         f"{verdict(d, 'above')} |")
     horizontal = next((lab for lab in sorted(labels) if lab.startswith("f-tis horizontal")), None)
     vert, hor = (finals(results, setup, lab, id_split) if lab else {} for lab in (ftis, horizontal))
     if vert and hor:  # a setup the horizontal grid left out has no row
         for node in nodes:
             d = paired(vert, hor, node)
-            rows.append(f"| {setup} | (e) vertical F-TIS ends above horizontal (ID) | {node} | {_fmt(d)} | "
+            rows.append(f"| {setup} | (e) vertical F-TIS ends above horizontal (ID) | {node} | {fmt_points(d)} | "
                         f"{len(d)} | {verdict(d, 'above')} |")
     rows += _g_rows(results, setup, nodes, labels, ftis, id_split, early)
     return rows
@@ -277,13 +278,13 @@ def _g_rows(results: list[dict], setup: str, nodes: list[str], labels: set[str],
             continue  # a setup this g's grid left out
         for node in nodes:
             d = paired(finals(results, setup, lab, id_split, at=early), ref_e, node)
-            rows.append(f"| {setup} | (g) {g} above {ref} early (ID, round {early}) | {node} | {_fmt(d)} | "
+            rows.append(f"| {setup} | (g) {g} above {ref} early (ID, round {early}) | {node} | {fmt_points(d)} | "
                         f"{len(d)} | {verdict(d, 'above')} |")
         if lab.startswith("f-tis vertical g=lin"):
             continue  # a schedule ends at the reference g: "late" compares constants only
         for node in nodes:
             d = paired(ref_l, finals(results, setup, lab, id_split), node)
-            rows.append(f"| {setup} | (g) {ref} above {g} at the end (ID) | {node} | {_fmt(d)} | "
+            rows.append(f"| {setup} | (g) {ref} above {g} at the end (ID) | {node} | {fmt_points(d)} | "
                         f"{len(d)} | {verdict(d, 'above')} |")
     return rows
 
