@@ -252,3 +252,24 @@ def test_verdicts_follow_the_fixed_rules_on_paired_seeds(tmp_path):
     assert [r.split(" | ")[1] for r in rows.values() if "not run" in r] == ["(f) F-VIS faster early, falls late"]
     four = [r for r in results if r["point"]["seed"] < 4]
     assert all("inconclusive (4 seeds < 5)" in r for r in claims(four)[2:] if "not run" not in r)
+
+
+def test_method_table_means_and_paired_differences_on_the_seeds_every_config_ran(capsys):
+    """Seeds 0-2 of TIS and F-TIS in setup s; setup t lacks TIS on seed 2 and is left out, said so."""
+    from method_table import table
+
+    results = []
+    for seed in range(3):
+        results.append(_verdict_result("s", "tis", "vertical", seed, {"weak": 0.3, "strong": 0.3},
+                                       {"weak": 0.60 + 0.01 * seed, "strong": 0.70}))
+        results.append(_verdict_result("s", "f-tis", "vertical", seed, {"weak": 0.3, "strong": 0.3},
+                                       {"weak": 0.60, "strong": 0.72}))
+        results.append(_verdict_result("t", "f-tis", "vertical", seed, {"weak": 0.3, "strong": 0.3},
+                                       {"weak": 0.6, "strong": 0.6}))
+        if seed < 2:
+            results.append(_verdict_result("t", "tis", "vertical", seed, {"weak": 0.3, "strong": 0.3},
+                                           {"weak": 0.6, "strong": 0.6}))
+    rows = table(results, ["tis vertical", "f-tis vertical g=50"], [0, 1, 2])
+    assert rows[2:] == ["| s | weak | 61.0 | 60.0 | +1.0 (+0.0..+2.0) |",
+                        "| s | strong | 70.0 | 72.0 | -2.0 (-2.0..-2.0) |"]
+    assert "t: left out, tis vertical not run on every seed of [0, 1, 2]" in capsys.readouterr().err

@@ -1,0 +1,65 @@
+"""Final in-distribution accuracy per setup, node and method, on the seeds every method ran.
+
+    python simulations/method_table.py runs/sweep-main --configs "alone,nois vertical,tis vertical,vis vertical,f-tis vertical g=50" --seeds 0-2
+
+One row per setup and node: each config's final accuracy in points, the mean over the given
+seeds (a config missing one of them is left out of that setup, and said so), then each config's
+paired difference against the last one listed, mean (min..max) over those seeds. What the
+README's table of TIS, VIS and the homogeneous control shows; ``verdicts.py`` judges claims.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from runs import seed_list  # noqa: E402
+from sweep_report import load_results  # noqa: E402
+from verdicts import finals, fmt_points, paired, starts  # noqa: E402
+
+
+def table(results: list[dict], configs: list[str], seeds: list[int], split: str = "test") -> list[str]:
+    ref = configs[-1]
+    rows = ["| setup | node | " + " | ".join(configs) + " | " + " | ".join(f"{c} - {ref}" for c in configs[:-1])
+            + " |", "|" + " --- |" * (2 * len(configs) + 1)]
+    for setup in dict.fromkeys(r["point"]["setup"] for r in results):
+        got = {c: {s: v for s, v in finals(results, setup, c, split).items() if s in seeds} for c in configs}
+        missing = [c for c in configs if set(got[c]) != set(seeds)]
+        if missing:
+            print(f"{setup}: left out, {', '.join(missing)} not run on every seed of {seeds}", file=sys.stderr)
+            continue
+        for node in starts(results, setup, split):
+            means = [f"{100 * sum(v[node] for v in got[c].values()) / len(seeds):.1f}" for c in configs]
+            diffs = [fmt_points(paired(got[c], got[ref], node)) for c in configs[:-1]]
+            rows.append(f"| {setup} | {node} | " + " | ".join(means + diffs) + " |")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("sweep", help="a sweep's output folder (holding results/)")
+    p.add_argument("--configs", required=True,
+                   help="comma-separated config labels as in results.md; differences are against the last")
+    p.add_argument("--seeds", default="0-4", help="e.g. 0-2 or 0,3,5")
+    p.add_argument("--split", default="test")
+    a = p.parse_args(argv)
+    try:
+        seeds = seed_list(a.seeds)
+    except ValueError as exc:
+        p.error(f"--seeds: {exc}")
+    configs = [c.strip() for c in a.configs.split(",") if c.strip()]
+    if len(configs) < 2:
+        p.error("--configs: name at least two config labels (e.g. 'alone,f-tis vertical g=50')")
+    results = load_results(Path(a.sweep))
+    if not results:
+        raise SystemExit(f"{a.sweep}: no finished run under results/")
+    rows = table(results, configs, seeds, a.split)
+    if len(rows) == 2:
+        raise SystemExit(f"{a.sweep}: no setup ran every one of {configs} on seeds {seeds}")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
