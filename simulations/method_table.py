@@ -1,11 +1,14 @@
 """Final in-distribution accuracy per setup, node and method, on the seeds every method ran.
 
-    python simulations/method_table.py runs/sweep-main --configs "alone,nois vertical,tis vertical,vis vertical,f-tis vertical g=50" --seeds 0-2
+    python simulations/method_table.py runs/sweep-main --configs "alone,nois vertical,tis vertical,vis vertical,f-tis vertical g=50" --seeds 0-4 --rule level
 
 One row per setup and node: each config's final accuracy in points, the mean over the given
 seeds (a config missing one of them is left out of that setup, and said so), then each config's
-paired difference against the last one listed, mean (min..max) over those seeds. What the
-README's table of TIS, VIS and the homogeneous control shows; ``verdicts.py`` judges claims.
+paired difference against the last one listed, mean (min..max) over those seeds. With ``--rule``
+each difference also gets ``verdicts.py``'s decision under that rule ("level": within ±2 points
+and the seeds not all on one side; "above": every seed above), shortened to a word. What the
+README's table of TIS, VIS and the homogeneous control shows; ``verdicts.py`` judges the paper's
+claims.
 """
 
 from __future__ import annotations
@@ -17,10 +20,24 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from runs import seed_list  # noqa: E402
 from sweep_report import load_results  # noqa: E402
-from verdicts import finals, fmt_points, paired, starts  # noqa: E402
+from verdicts import finals, fmt_points, paired, starts, verdict  # noqa: E402
 
 
-def table(results: list[dict], configs: list[str], seeds: list[int], split: str = "test") -> list[str]:
+def judged(d: list[float], rule: str) -> str:
+    """``fmt_points`` with the rule's decision in a word or two: "level", "above"/"below" (every
+    seed on that side), or "?" (inconclusive, fewer seeds than the rule needs included)."""
+    v = verdict(d, rule)
+    if v.startswith("inconclusive"):
+        word = "?"
+    elif rule == "level":
+        word = "level" if v.startswith("reproduced") else ("above" if "above in every" in v else "below")
+    else:
+        word = "above" if v.startswith("reproduced") else "below"
+    return f"{fmt_points(d)} {word}"
+
+
+def table(results: list[dict], configs: list[str], seeds: list[int], split: str = "test",
+          rule: str | None = None) -> list[str]:
     ref = configs[-1]
     rows = ["| setup | node | " + " | ".join(configs) + " | " + " | ".join(f"{c} - {ref}" for c in configs[:-1])
             + " |", "|" + " --- |" * (2 * len(configs) + 1)]
@@ -32,7 +49,8 @@ def table(results: list[dict], configs: list[str], seeds: list[int], split: str 
             continue
         for node in starts(results, setup, split):
             means = [f"{100 * sum(v[node] for v in got[c].values()) / len(seeds):.1f}" for c in configs]
-            diffs = [fmt_points(paired(got[c], got[ref], node)) for c in configs[:-1]]
+            diffs = [judged(d, rule) if rule else fmt_points(d)
+                     for d in (paired(got[c], got[ref], node) for c in configs[:-1])]
             rows.append(f"| {setup} | {node} | " + " | ".join(means + diffs) + " |")
     return rows
 
@@ -44,6 +62,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="comma-separated config labels as in results.md; differences are against the last")
     p.add_argument("--seeds", default="0-4", help="e.g. 0-2 or 0,3,5")
     p.add_argument("--split", default="test")
+    p.add_argument("--rule", choices=["level", "above"], default=None,
+                   help="also decide each difference with verdicts.py's rule ('?' = inconclusive)")
     a = p.parse_args(argv)
     try:
         seeds = seed_list(a.seeds)
@@ -55,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     results = load_results(Path(a.sweep))
     if not results:
         raise SystemExit(f"{a.sweep}: no finished run under results/")
-    rows = table(results, configs, seeds, a.split)
+    rows = table(results, configs, seeds, a.split, a.rule)
     if len(rows) == 2:
         raise SystemExit(f"{a.sweep}: no setup ran every one of {configs} on seeds {seeds}")
     print("\n".join(rows))

@@ -273,3 +273,25 @@ def test_method_table_means_and_paired_differences_on_the_seeds_every_config_ran
     assert rows[2:] == ["| s | weak | 61.0 | 60.0 | +1.0 (+0.0..+2.0) |",
                         "| s | strong | 70.0 | 72.0 | -2.0 (-2.0..-2.0) |"]
     assert "t: left out, tis vertical not run on every seed of [0, 1, 2]" in capsys.readouterr().err
+
+
+def test_method_table_judges_each_difference_with_the_verdicts_rule():
+    """Five seeds, weak node: TIS 1 point either side of F-TIS (level), VIS 3 points above in
+    every seed; strong node: TIS 2 points below in every seed, VIS level to the point (0 in every
+    seed: no side, so "level"). With 3 seeds the rules cannot decide ("?")."""
+    from method_table import table
+
+    results = []
+    for seed in range(5):
+        for method, weak in (("tis", 0.60 + 0.01 * (seed % 3)), ("vis", 0.64), ("f-tis", 0.61)):
+            strong = 0.68 if method == "tis" else 0.70
+            results.append(_verdict_result("s", method, "vertical", seed, {"weak": 0.3, "strong": 0.3},
+                                           {"weak": weak, "strong": strong}))
+    rows = table(results, ["tis vertical", "vis vertical", "f-tis vertical g=50"], list(range(5)), rule="level")
+    assert rows[2:] == ["| s | weak | 60.8 | 64.0 | 61.0 | -0.2 (-1.0..+1.0) level | +3.0 (+3.0..+3.0) above |",
+                        "| s | strong | 68.0 | 70.0 | 70.0 | -2.0 (-2.0..-2.0) below | +0.0 (+0.0..+0.0) level |"]
+    above = table(results, ["vis vertical", "f-tis vertical g=50"], list(range(5)), rule="above")
+    assert above[2:] == ["| s | weak | 64.0 | 61.0 | +3.0 (+3.0..+3.0) above |",
+                         "| s | strong | 70.0 | 70.0 | +0.0 (+0.0..+0.0) ? |"]
+    three = table(results, ["vis vertical", "f-tis vertical g=50"], [0, 1, 2], rule="above")
+    assert three[2] == "| s | weak | 64.0 | 61.0 | +3.0 (+3.0..+3.0) ? |"
