@@ -295,3 +295,24 @@ def test_method_table_judges_each_difference_with_the_verdicts_rule():
                          "| s | strong | 70.0 | 70.0 | +0.0 (+0.0..+0.0) ? |"]
     three = table(results, ["vis vertical", "f-tis vertical g=50"], [0, 1, 2], rule="above")
     assert three[2] == "| s | weak | 64.0 | 61.0 | +3.0 (+3.0..+3.0) ? |"
+
+
+def test_verdicts_count_a_constant_g_as_the_g_claim_run():
+    """A sweep with F-TIS at g = 1 and 50 but no schedule (sweeps/long-g.yaml) has (g) rows and no
+    "(g) not run" line; with F-TIS at g = 50 alone, (g) is listed as not run."""
+    from verdicts import claims
+
+    results = []
+    for seed in range(5):
+        results.append(_verdict_result("s", "alone", "alone", seed, {"weak": 0.4, "strong": 0.5},
+                                       {"weak": 0.6, "strong": 0.7}))
+        results.append(_verdict_result("s", "f-tis", "vertical", seed, {"weak": 0.4, "strong": 0.5},
+                                       {"weak": 0.6, "strong": 0.7}))
+    not_run = [r.split(" | ")[1] for r in claims(results) if "not run" in r]
+    assert "(g) small g early, large g late" in not_run
+    for seed in range(5):
+        results.append(_verdict_result("s", "f-tis", "vertical", seed, {"weak": 0.4, "strong": 0.5},
+                                       {"weak": 0.61, "strong": 0.7}, g="1"))
+    rows = claims(results)
+    assert "(g) small g early, large g late" not in [r.split(" | ")[1] for r in rows if "not run" in r]
+    assert any("(g) g=50 above g=1 at the end (ID) | weak | -1.0" in r for r in rows)
