@@ -32,6 +32,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 from runs import run_missing, seed_list  # noqa: E402
+from sweep_report import mean_range  # noqa: E402
 from verdicts import fmt_points, paired, verdict  # noqa: E402
 
 EXPERIMENT = HERE / "studies" / "attack-trio.yaml"
@@ -84,10 +85,6 @@ def run_one(condition: str, seed: int, out: Path) -> None:
         {"condition": condition, "seed": seed, "run_dir": run_dir, "nodes": nodes}, indent=1))
 
 
-def _accuracy(xs: list[float]) -> str:
-    return f"{sum(xs) / len(xs):.3f} ({min(xs):.3f}..{max(xs):.3f})" if xs else "-"
-
-
 def table(out: Path) -> str:
     """Markdown: per honest node and condition, final accuracy; forger against each baseline."""
     res = {(r["condition"], r["seed"]): r for r in (json.loads(p.read_text()) for p in sorted(out.glob("*-seed-*.json")))}
@@ -109,7 +106,7 @@ def table(out: Path) -> str:
     for node in honest:
         start = [r["nodes"][node]["accuracy"][0][1] for r in res.values()]
         rows.append(f"| {node} | {sum(start) / len(start):.3f} | "
-                    + " | ".join(_accuracy([v[node] for v in finals[c].values()]) for c in CONDITIONS) + " |")
+                    + " | ".join(mean_range([v[node] for v in finals[c].values()]) for c in CONDITIONS) + " |")
     rows += ["", "| node | forger - baseline | difference, points: mean (min..max) | seeds | forger runs inside "
              "the baseline's min..max | verdict (level) |", "| --- | --- | --- | --- | --- | --- |"]
     forged = finals["forger"]

@@ -20,20 +20,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from runs import seed_list  # noqa: E402
 from sweep_report import load_results  # noqa: E402
-from verdicts import finals, fmt_points, paired, starts, verdict  # noqa: E402
+from verdicts import decide, finals, fmt_points, paired, starts  # noqa: E402
 
 
 def judged(d: list[float], rule: str) -> str:
-    """``fmt_points`` with the rule's decision in a word or two: "level", "above"/"below" (every
-    seed on that side), or "?" (inconclusive, fewer seeds than the rule needs included)."""
-    v = verdict(d, rule)
-    if v.startswith("inconclusive"):
-        word = "?"
-    elif rule == "level":
-        word = "level" if v.startswith("reproduced") else ("above" if "above in every" in v else "below")
-    else:
-        word = "above" if v.startswith("reproduced") else "below"
-    return f"{fmt_points(d)} {word}"
+    """``fmt_points`` with ``verdicts.decide``'s word for the rule: "level", "above"/"below"
+    (every seed on that side), or "?" (inconclusive, fewer seeds than the rule needs included)."""
+    return f"{fmt_points(d)} {decide(d, rule)}"
 
 
 def table(results: list[dict], configs: list[str], seeds: list[int], split: str = "test",

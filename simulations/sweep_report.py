@@ -57,7 +57,8 @@ def write_csv(results: list[dict], path: Path, id_split: str, ood_split: str) ->
             w.writerow(row)
 
 
-def _stat(xs: list[float | None], spec: str = ".3f") -> str:
+def mean_range(xs: list[float | None], spec: str = ".3f") -> str:
+    """"mean (min..max)" of the finite values (one value alone; "–" when there are none)."""
     xs = [x for x in xs if x is not None and math.isfinite(x)]
     if not xs:
         return "–"
@@ -106,11 +107,11 @@ def markdown(results: list[dict], id_split: str, ood_split: str, title: str = ""
                 col = lambda f: [v[f] for v in vals]  # noqa: E731
                 diff = lambda a, b: [None if x is None or y is None else 100 * (y - x)  # noqa: E731
                                      for x, y in zip(col(a), col(b))]
-                lines.append(f"| {cfg} | {seeds} | {node} | {_stat(col('id_first'))} | "
-                             f"{_stat(col('id_last'))} | {_stat(diff('id_first', 'id_last'), '+.1f')} | "
-                             f"{_stat(col('ood_first'))} | {_stat(col('ood_last'))} | "
-                             f"{_stat(diff('ood_first', 'ood_last'), '+.1f')} | "
-                             f"{_stat(col('filtered_last'), '.2f')} | {_stat(col('truncated_last'), '.3f')} |")
+                lines.append(f"| {cfg} | {seeds} | {node} | {mean_range(col('id_first'))} | "
+                             f"{mean_range(col('id_last'))} | {mean_range(diff('id_first', 'id_last'), '+.1f')} | "
+                             f"{mean_range(col('ood_first'))} | {mean_range(col('ood_last'))} | "
+                             f"{mean_range(diff('ood_first', 'ood_last'), '+.1f')} | "
+                             f"{mean_range(col('filtered_last'), '.2f')} | {mean_range(col('truncated_last'), '.3f')} |")
         lines.append("")
     return "\n".join(lines)
 

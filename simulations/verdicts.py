@@ -110,20 +110,36 @@ def paired(a: dict[int, dict[str, float]], b: dict[int, dict[str, float]], node:
     return [100.0 * (a[s][node] - b[s][node]) for s in seeds]
 
 
+def decide(d: list[float], kind: str) -> str:
+    """The rule's decision in a word: "above" / "below" (every seed on that side), "level" (a
+    "level" claim whose mean is within ±LEVEL_POINTS, seeds not all on one side), or "?"
+    (inconclusive, fewer than MIN_SEEDS seeds included)."""
+    if len(d) < MIN_SEEDS:
+        return "?"
+    if all(x > 0 for x in d):
+        return "above"
+    if all(x < 0 for x in d):
+        return "below"
+    if kind == "level" and abs(sum(d) / len(d)) < LEVEL_POINTS:
+        return "level"
+    return "?"
+
+
 def verdict(d: list[float], kind: str) -> str:
     if len(d) < MIN_SEEDS:
         return f"inconclusive ({len(d)} seeds < {MIN_SEEDS})"
     above, below = sum(x > 0 for x in d), sum(x < 0 for x in d)
     mean = sum(d) / len(d)
+    word = decide(d, kind)
     if kind == "above":
-        if above == len(d):
+        if word == "above":
             return f"reproduced ({above}/{len(d)} seeds, sign test p={2.0 ** -len(d):.3f})"
-        if below == len(d):
+        if word == "below":
             return f"not reproduced (below in {below}/{len(d)} seeds)"
         return f"inconclusive (above in {above}/{len(d)} seeds)"
-    if above == len(d) or below == len(d):
-        return f"not reproduced ({'above' if above else 'below'} in every seed: {mean:+.1f} points)"
-    if abs(mean) < LEVEL_POINTS:
+    if word in ("above", "below"):
+        return f"not reproduced ({word} in every seed: {mean:+.1f} points)"
+    if word == "level":
         return f"reproduced (mean within ±{LEVEL_POINTS:g} points; {above} above, {below} below)"
     return f"inconclusive (mean {mean:+.1f} points, seeds split {above}/{below})"
 
@@ -196,12 +212,15 @@ def claims(results: list[dict], id_split: str = "test", ood_split: str = "ood",
         rows.append(f"| {setup} | (d) F-TIS above alone (OOD), weaker partner | {weaker} "
                     f"(ID {start[weaker]:.3f} at round 0) | {fmt_points(d)} | {len(d)} | {verdict(d, 'above')} |")
         rows += _more(results, setup, nodes, labels, ftis, id_split)
-    other_g = {lab for lab in labels if lab.startswith("f-tis vertical g=") and lab != ftis}
-    for claim, needs, ran in (("(b) F-NoIS recovers most of NoIS's loss", "f-nois", None),
-                              ("(e) vertical beats horizontal", "horizontal", None),
-                              ("(f) F-VIS faster early, falls late", "f-vis", None),
+    def has(part: str) -> bool:
+        return any(part in lab for lab in labels)
+
+    other_g = any(lab.startswith("f-tis vertical g=") and lab != ftis for lab in labels)
+    for claim, needs, ran in (("(b) F-NoIS recovers most of NoIS's loss", "f-nois", has("f-nois")),
+                              ("(e) vertical beats horizontal", "horizontal", has("horizontal")),
+                              ("(f) F-VIS faster early, falls late", "f-vis", has("f-vis")),
                               ("(g) small g early, large g late", "f-tis vertical with another g", other_g)):
-        if not (ran if ran is not None else any(needs in lab for lab in labels)):
+        if not ran:
             rows.append(f"| all | {claim} | - | - | 0 | not run (needs {needs} runs: sweeps/extra-*.yaml) |")
     return rows
 
