@@ -299,7 +299,7 @@ def test_method_table_judges_each_difference_with_the_verdicts_rule():
 
 def test_verdicts_count_a_constant_g_as_the_g_claim_run():
     """A sweep with F-TIS at g = 1 and 50 but no schedule (sweeps/long-g.yaml) has (g) rows and no
-    "(g) not run" line; with F-TIS at g = 50 alone, (g) is listed as not run."""
+    "(g) not run" line; with F-TIS at g = 50 alone, or at 50 and 100, (g) is listed as not run."""
     from verdicts import claims
 
     results = []
@@ -310,6 +310,12 @@ def test_verdicts_count_a_constant_g_as_the_g_claim_run():
                                        {"weak": 0.6, "strong": 0.7}))
     not_run = [r.split(" | ")[1] for r in claims(results) if "not run" in r]
     assert "(g) small g early, large g late" in not_run
+    for seed in range(5):  # a larger g than the reference has no (g) row, so (g) is still not run
+        results.append(_verdict_result("s", "f-tis", "vertical", seed, {"weak": 0.4, "strong": 0.5},
+                                       {"weak": 0.6, "strong": 0.7}, g="100"))
+    rows = claims(results)
+    assert "(g) small g early, large g late" in [r.split(" | ")[1] for r in rows if "not run" in r]
+    assert not any("(g) g=" in r for r in rows)
     for seed in range(5):
         results.append(_verdict_result("s", "f-tis", "vertical", seed, {"weak": 0.4, "strong": 0.5},
                                        {"weak": 0.61, "strong": 0.7}, g="1"))
