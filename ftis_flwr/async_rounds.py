@@ -44,7 +44,7 @@ from .grid_io import POLL_INTERVAL, PROGRESS_EVERY
 from .replies import flatten
 from .roster import FederationError
 from .server_state import ServerState, ServerStateError, save_server_state
-from .wire_select import Cuttable, WireSelectError, group_count, merge
+from .wire_select import Cuttable, group_count, merge
 
 log = logging.getLogger("ftis_flwr.strategy")
 
@@ -143,7 +143,7 @@ def join(parts: list[tuple[int, Payload]]) -> tuple[Payload, list[int]]:
     try:
         reads = [Cuttable(p[0], p[1]) for _, p in parts]
         arrays, meta = merge(reads)
-    except (WireSelectError, ValueError) as exc:
+    except Exception as exc:  # whatever the bytes are: the newest goes alone
         log.warning("async: %d payloads of one source could not be joined (%s); forwarding the newest", len(parts), exc)
         return join(parts[-1:])
     indices = [i for _, p in parts for i in p[2]]
@@ -168,6 +168,7 @@ class AsyncRounds:
         self.done: dict[int, int] = {}          # node id -> the last round it ended (-1: none yet)
         self.final_sent: set[int] = set()       # node ids sent their last (non-generating) round
         self._undelivered: dict[int, int] = {}  # node id -> round whose message found no route, this step
+        self._unbuilt: dict[int, str] = {}      # of those, node id -> why its message could not be built
         self.starting: set[int] = set()         # node ids whose first round (of this session) is out
         self._handled: dict[int, float] = {}    # node id -> server seconds its last reply took
         self._rehello: dict[int, float] = {}    # node id that did not answer its HELLO -> ask again at
@@ -204,18 +205,24 @@ class AsyncRounds:
         dropped_before = self.store.dropped.get(name, 0)
         fresh, dropped = ({}, 0) if s.cfg.advantage.mode == "alone" else self.store.take(
             name, {s.roster.names.get(nid), s.roster.claimed.get(nid)})
-        others, staleness = {}, []
-        for src, parts in fresh.items():
-            others[src], st = join(parts)
-            staleness += st
-        # where a round's time outside the node goes (reported with the node's next round):
-        # the server handling its last reply, then building and pushing this message
-        extra = {"foreign_groups_stale_dropped": float(dropped),
-                 "server_reply_seconds": self._handled.pop(nid, 0.0)}
-        if staleness:
-            extra.update(foreign_staleness_mean=sum(staleness) / len(staleness),
-                         foreign_staleness_max=float(max(staleness)))
-        msg = s.message(nid, rnd, prompts, others, evaluate=evaluate, **extra)
+        try:
+            others, staleness = {}, []
+            for src, parts in fresh.items():
+                others[src], st = join(parts)
+                staleness += st
+            # where a round's time outside the node goes (reported with the node's next round):
+            # the server handling its last reply, then building and pushing this message
+            extra = {"foreign_groups_stale_dropped": float(dropped),
+                     "server_reply_seconds": self._handled.pop(nid, 0.0)}
+            if staleness:
+                extra.update(foreign_staleness_mean=sum(staleness) / len(staleness),
+                             foreign_staleness_max=float(max(staleness)))
+            msg = s.message(nid, rnd, prompts, others, evaluate=evaluate, **extra)
+        except Exception as exc:  # this node's round fails; its groups go out with its next one
+            self.store.rewind(name, Sent(nid, rnd, 0.0, 0.0, given_before, dropped_before))
+            self._unbuilt[nid] = s.unsent(nid, rnd, exc)
+            self._undelivered[nid] = rnd
+            return
         # a node's first round of a run (or of a resumed run) builds or restores it: a longer deadline
         limit = max(self.timeout, s.cfg.rounds.startup_timeout) if nid in self.starting else self.timeout
         now = time.monotonic()
@@ -351,7 +358,8 @@ class AsyncRounds:
         s._sent = {mid: x.nid for mid, x in self.inflight.items()}
         s._lost = {x.nid: f"no reply within the {x.deadline - x.sent_at:.0f} s round timeout" for x in late.values()}
         for nid in self._undelivered:
-            s._lost[nid] = "the message could not be delivered (push_messages returned no id for it)"
+            s._lost[nid] = self._unbuilt.pop(nid, None) or ("the message could not be delivered "
+                                                           "(push_messages returned no id for it)")
         round_of = {x.nid: x.rnd for x in self.inflight.values()}
         round_of.update(self._undelivered)
         for r in replies:

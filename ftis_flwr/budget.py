@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord
@@ -50,8 +50,11 @@ def _seed(*parts: object) -> int:
 class ForeignBudget:
     """Chooses each receiver's foreign groups per round; remembers receivers' KL reports."""
 
-    def __init__(self, cfg: ExchangeConfig, run_seed: int = 0, wire: WireConfig | None = None):
+    def __init__(self, cfg: ExchangeConfig, run_seed: int = 0, wire: WireConfig | None = None,
+                 on_event: Callable[..., None] | None = None):
         self.cfg, self.run_seed = cfg, run_seed
+        self.on_event = on_event or (lambda kind, **fields: None)
+        """Where a source left out of a round is reported (``payload_rejected``, node "server")."""
         self.wire = wire or WireConfig()
         """The caps a compact payload is unpacked under before it is cut (the server's own)."""
         self.kl: dict[str, dict[str, float]] = {}
@@ -85,17 +88,21 @@ class ForeignBudget:
             return dict(payloads)
         rng = np.random.default_rng(_seed(self.run_seed, rnd, receiver))
         readable: dict[str, Cuttable] = {}
+        spread: dict[str, list[float]] = {}  # source -> per-group claimed-reward variance
         for src in sorted(payloads):
             read = self._payload(rnd, src, payloads[src])
-            if isinstance(read, WireSelectError):
-                log.warning("round %d: groups of %s not forwarded to %s: %s", rnd, src, receiver, read)
+            if self.cfg.select == "reward_variance" and not isinstance(read, Exception):
+                try:
+                    spread[src] = [float(np.var(r)) if len(r) else 0.0 for r in read.rewards()]
+                except Exception as exc:  # the source's failure for this round, not the receiver's
+                    read = exc
+            if isinstance(read, Exception):
+                self._left_out(rnd, src, receiver, read)
             else:
                 readable[src] = read
         candidates = [(src, g) for src in sorted(readable) for g in range(readable[src].n)]
         ranked = [candidates[i] for i in rng.permutation(len(candidates))]  # also every tie-break
-        if self.cfg.select == "reward_variance":  # source -> per-group claimed-reward variance
-            spread = {src: [float(np.var(r)) if len(r) else 0.0 for r in read.rewards()]
-                      for src, read in readable.items()}
+        if self.cfg.select == "reward_variance":
             ranked.sort(key=lambda c: -spread[c[0]][c[1]])  # stable: ties keep the seeded order
         elif self.cfg.select == "low_kl":
             known = self.kl.get(receiver, {})
@@ -112,11 +119,21 @@ class ForeignBudget:
             if len(keep) == n:  # all of it: forwarded as received
                 out[src] = payloads[src]
                 continue
-            sub_arrays, sub_meta = readable[src].subset(keep)
+            try:
+                sub_arrays, sub_meta = readable[src].subset(keep)
+            except Exception as exc:  # this source is left out of this message, nothing more
+                self._left_out(rnd, src, receiver, exc)
+                continue
             out[src] = (sub_arrays, sub_meta, [indices[g] for g in keep] if n == len(indices) else list(indices))
         return out
 
-    def _payload(self, rnd: int, src: str, payload: Payload) -> Cuttable | WireSelectError:
+    def _left_out(self, rnd: int, src: str, receiver: str, exc: Exception) -> None:
+        why = str(exc) if isinstance(exc, WireSelectError) else f"{type(exc).__name__}: {exc}"
+        log.warning("round %d: groups of %s not forwarded to %s: %s", rnd, src, receiver, why)
+        self.on_event("payload_rejected", round=rnd, node="server", source=src, receiver=receiver,
+                      groups=0, samples=0, reason=f"not forwarded to {receiver}: {why}")
+
+    def _payload(self, rnd: int, src: str, payload: Payload) -> Cuttable | Exception:
         """``src``'s payload of round ``rnd``, read on its first receiver and kept for the rest."""
         if self._read[0] != rnd:
             self._read = (rnd, {})
@@ -124,7 +141,7 @@ class ForeignBudget:
         if src not in reads or reads[src][0] is not payload[0]:
             try:
                 reads[src] = (payload[0], Cuttable(payload[0], payload[1], self.wire))
-            except WireSelectError as exc:
+            except Exception as exc:  # whatever the bytes are: that source is left out this round
                 reads[src] = (payload[0], exc)
         return reads[src][1]
 

@@ -13,7 +13,10 @@ from dataclasses import dataclass, field
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from . import protocol
-from .rollouts import completion_tokens, payload_bytes
+from .config import WireConfig
+from .groups import PayloadError
+from .rollouts import completion_tokens, payload_bytes, payload_size, read_payload
+from .wire_arrays import NPY_HEADER_MAX
 
 NODE_NAME = re.compile(r"[A-Za-z0-9_.+-]{1,64}")
 """A node name as it may appear in record keys and metric names ("/" separates metric parts)."""
@@ -21,6 +24,15 @@ NODE_NAME = re.compile(r"[A-Za-z0-9_.+-]{1,64}")
 
 class BadReply(ValueError):
     """A node's reply lacks a record or has one of the wrong type; the message says which."""
+
+
+class RejectedPayload(BadReply):
+    """A reply's groups break a wire rule (a cap, an offset, a value): the server neither keeps
+    nor forwards them. ``groups``/``samples``: what the payload claims (0 when unreadable)."""
+
+    def __init__(self, reason: str, groups: int, samples: int):
+        super().__init__(f"payload rejected by the server: {reason}")
+        self.reason, self.groups, self.samples = reason, groups, samples
 
 
 @dataclass
@@ -64,8 +76,12 @@ def record(content: RecordDict, key: str, kind: type):
     return rec
 
 
-def read_train_reply(content: RecordDict) -> TrainReply:
-    """Check a train reply's records (protocol.GROUPS, GROUPS_META, METRICS, INFO); BadReply if not."""
+def read_train_reply(content: RecordDict, wire: WireConfig | None = None) -> TrainReply:
+    """Check a train reply's records (protocol.GROUPS, GROUPS_META, METRICS, INFO); BadReply if not.
+
+    The groups are read here once with the receivers' own rules under ``wire``'s caps (and the
+    whole payload's bytes under ``wire.max_payload_bytes``): what the server keeps, cuts and
+    forwards is what every receiver would accept structurally (RejectedPayload otherwise)."""
     arrays = record(content, protocol.GROUPS, ArrayRecord)
     meta = record(content, protocol.GROUPS_META, ConfigRecord)
     metric_rec = record(content, protocol.METRICS, MetricRecord)
@@ -80,6 +96,27 @@ def read_train_reply(content: RecordDict) -> TrainReply:
     starts = info.get("worker_starts")
     if isinstance(starts, (int, float)) and not isinstance(starts, bool):
         metrics["worker_starts"] = float(starts)
+    nbytes = check_payload(arrays, meta, wire or WireConfig())
     return TrainReply(name=name, arrays=arrays, meta=meta, metrics=metrics,
-                      rejections=[x for x in rejections if x], nbytes=payload_bytes(arrays, meta),
+                      rejections=[x for x in rejections if x], nbytes=nbytes,
                       ntokens=completion_tokens(arrays))
+
+
+def check_payload(arrays: ArrayRecord, meta: ConfigRecord, wire: WireConfig) -> int:
+    """A node's own payload as the server receives it: its bytes (returned) within
+    ``wire.max_payload_bytes`` (plus the npy headers), then every structural rule
+    (:func:`ftis_flwr.rollouts.read_payload`); RejectedPayload naming the first fault."""
+    try:
+        nbytes = payload_bytes(arrays, meta)
+        limit = wire.max_payload_bytes + len(arrays) * NPY_HEADER_MAX
+        if nbytes > limit:
+            raise PayloadError(f"{nbytes} bytes exceed wire.max_payload_bytes={wire.max_payload_bytes}")
+        read_payload(arrays, meta, wire)
+    except Exception as exc:  # whatever the bytes are, they cost their sender its round, nothing more
+        why = str(exc) if isinstance(exc, PayloadError) else f"{type(exc).__name__}: {exc}"
+        try:
+            groups, samples = payload_size(arrays, meta)
+        except Exception:
+            groups, samples = 0, 0
+        raise RejectedPayload(why, groups, samples) from None
+    return nbytes

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from .incidents import incidents
 from .plots import ACC_PREFIX, ACC_SUFFIX, plot_run
 
 PROGRESS_LEGEND = ("per-round line: reward = mean reward of the node's new samples; acc = greedy "
@@ -128,6 +129,8 @@ class Summary:
     checkpoints: dict[str, str] = field(default_factory=dict)
     paths: dict[str, Path] = field(default_factory=dict)
     start_round: int = 0
+    incidents: list[dict] = field(default_factory=list)
+    """Failures and rejections from events.jsonl, one row per (event, who): see :func:`incidents`."""
 
     def to_dict(self) -> dict:
         def ch(c: Change) -> dict:
@@ -139,8 +142,9 @@ class Summary:
             "mean": {s: {"first": self.mean_first[s], "last": self.mean_last[s],
                          "delta_points": self.mean_delta[s]} for s in self.splits},
             "reward": {n: ch(c) for n, c in self.reward.items()},
-            "checkpoints": self.checkpoints, "paths": self.paths,
+            "checkpoints": self.checkpoints, "paths": self.paths, "incidents": self.incidents,
         }, "summary")
+
 
 
 def _change(points: list[tuple[int, float | None]], start: int | None = None) -> Change:
@@ -189,6 +193,14 @@ def format_summary_table(summary: Summary) -> str:
         c = summary.reward[node]
         out.append(f"| {node} | {_fmt(c.first, '.3f')} | {_fmt(c.last, '.3f')} | "
                    f"{_fmt(c.delta, '+.1f')} |")
+    if summary.incidents:
+        out += ["", "Failures and rejections (events.jsonl):", "",
+                "| event | node / source | seen by | times | rounds | groups | samples |",
+                "|---|---|---|---|---|---|---|"]
+        for r in summary.incidents:
+            rounds = ", ".join(map(str, r["rounds"][:12])) + (" ..." if len(r["rounds"]) > 12 else "")
+            out.append(f"| {r['event']} | {r['who']} | {r['by'] or '-'} | {r['times']} | {rounds or '-'} | "
+                       f"{r['groups']:.0f} | {r['samples']:.0f} |")
     if summary.checkpoints:
         out += ["", "Checkpoints:", ""]
         out += [f"- {node}: `{path}`" for node, path in summary.checkpoints.items()]
@@ -381,6 +393,7 @@ class RunReporter:
             mean_delta={s: _mean([acc[n][s].delta for n in self.node_names]) for s in splits},
             checkpoints={str(k): str(v) for k, v in (checkpoints or {}).items()},
             start_round=min((r for r in starts.values() if r is not None), default=0),
+            incidents=incidents(load_events(self.run_dir)) if self.events_path.exists() else [],
         )
 
     def finish(self, extra: Mapping[str, Any] | None = None) -> Summary:

@@ -94,11 +94,38 @@ def decode_groups(
     wire: WireConfig,
 ) -> list[Group]:
     """Validate a received payload completely, then build its groups; PayloadError on any fault."""
+    f = _read_fields(arrays, meta, wire)
+    _check_fingerprints(f, expected_fp)
+    check_fields(f, wire, vocab_size=vocab_size)
+    return _build(f)
+
+
+def read_payload(arrays: ArrayRecord, meta: ConfigRecord, wire: WireConfig) -> Fields:
+    """Read a payload (either format) and check everything that needs no tokenizer: the caps,
+    every offset, positive lengths, ids >= 0, log-probs finite and <= 0, rewards finite. The
+    server reads every reply with this before it stores, cuts or forwards it, so what it uses
+    (sizes, offsets, claimed rewards) meets the receivers' own rules; PayloadError otherwise."""
+    f = _read_fields(arrays, meta, wire)
+    check_fields(f, wire)
+    return f
+
+
+def _read_fields(arrays: ArrayRecord, meta: ConfigRecord, wire: WireConfig) -> Fields:
+    if not isinstance(arrays, ArrayRecord) or not isinstance(meta, ConfigRecord):
+        raise PayloadError(f"a payload is an ArrayRecord and a ConfigRecord, got "
+                           f"{type(arrays).__name__} and {type(meta).__name__}")
     if WIRE_KEY in arrays.keys():
-        f = wire_compact.unpack(_compact_bytes(arrays, meta, wire), wire)
-    else:
-        f = wire_arrays.read(arrays, meta, wire)
-    return _check_and_build(f, expected_fp=expected_fp, vocab_size=vocab_size, wire=wire)
+        return wire_compact.unpack(_compact_bytes(arrays, meta, wire), wire)
+    return wire_arrays.read(arrays, meta, wire)
+
+
+def _check_fingerprints(f: Fields, expected_fp: str) -> None:
+    for g, fp in enumerate(f.strings["tokenizer_fp"]):
+        if fp != expected_fp:
+            raise PayloadError(
+                f"group {g} (prompt_id {f.strings['prompt_id'][g]!r}): tokenizer fingerprint {fp!r} "
+                f"differs from this node's {expected_fp!r}"
+            )
 
 
 def _compact_bytes(arrays: ArrayRecord, meta: ConfigRecord, wire: WireConfig) -> memoryview:
@@ -131,20 +158,15 @@ def _compact_bytes(arrays: ArrayRecord, meta: ConfigRecord, wire: WireConfig) ->
     return memoryview(arr.data)[bio.tell():]
 
 
-def _check_and_build(f: Fields, *, expected_fp: str, vocab_size: int,
-                     wire: WireConfig) -> list[Group]:
-    """The checks of both formats (what and where), then the groups."""
+def check_fields(f: Fields, wire: WireConfig, *, vocab_size: int | None = None) -> None:
+    """The checks both formats share (what and where): offsets, caps, ids (in [0, vocab_size)
+    when it is given, else >= 0), log-probs, rewards; PayloadError naming the first fault."""
     strs = f.strings
     n = len(strs["prompt_id"])
 
     def name(g: int) -> str:
         return f"group {g} (prompt_id {strs['prompt_id'][g]!r})"
 
-    for g, fp in enumerate(strs["tokenizer_fp"]):
-        if fp != expected_fp:
-            raise PayloadError(
-                f"{name(g)}: tokenizer fingerprint {fp!r} differs from this node's {expected_fp!r}"
-            )
     g_off, c_off, p_off = f.group_offsets, f.completion_offsets, f.prompt_offsets
     _check_offsets(p_off, n, len(f.prompt_ids), "prompt_offsets", "prompt", name)
     _check_offsets(g_off, n, None, "group_offsets", "group", name)
@@ -160,6 +182,9 @@ def _check_and_build(f: Fields, *, expected_fp: str, vocab_size: int,
     )
     if len(f.rewards) != n_comp:
         raise PayloadError(f"rewards length {len(f.rewards)} != {n_comp} completions")
+    if len(f.logprobs) != len(f.completion_ids):
+        raise PayloadError(f"logprobs length {len(f.logprobs)} != completion_ids length "
+                           f"{len(f.completion_ids)}")
     sizes = np.diff(g_off)
     if n and sizes.max() > wire.max_completions_per_group:
         g = int(np.argmax(sizes))
@@ -185,11 +210,12 @@ def _check_and_build(f: Fields, *, expected_fp: str, vocab_size: int,
         g = int(np.searchsorted(p_off, pos, side="right") - 1)
         return f"{name(g)}: prompt token {pos - p_off[g]}"
 
+    top = 2**31 if vocab_size is None else vocab_size
     for ids, where in ((f.prompt_ids, where_prompt), (f.completion_ids, where_token)):
-        bad = (ids < 0) | (ids >= vocab_size)
+        bad = (ids < 0) | (ids >= top)
         if bad.any():
             pos = int(np.argmax(bad))
-            raise PayloadError(f"{where(pos)}: token id {ids[pos]} outside [0, {vocab_size})")
+            raise PayloadError(f"{where(pos)}: token id {ids[pos]} outside [0, {top})")
     bad = _first_bad_logprob(f.logprobs)
     if bad is not None:
         raise PayloadError(f"{where_token(bad[0])}: {bad[1]}")
@@ -197,8 +223,12 @@ def _check_and_build(f: Fields, *, expected_fp: str, vocab_size: int,
         c = int(np.argmax(~np.isfinite(f.rewards)))
         raise PayloadError(f"{name(_group_at(g_off, c))}: non-finite reward")
 
+
+def _build(f: Fields) -> list[Group]:
+    """Groups from checked fields."""
+    strs, g_off, c_off, p_off = f.strings, f.group_offsets, f.completion_offsets, f.prompt_offsets
     groups = []
-    for g in range(n):
+    for g in range(len(strs["prompt_id"])):
         cs = range(int(g_off[g]), int(g_off[g + 1]))
         groups.append(
             Group(

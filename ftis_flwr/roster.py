@@ -70,6 +70,14 @@ class Roster:
             return None
         if name not in self.cards:
             return reason or f"it serves model card {name!r}, which the experiment does not define"
+        owner = self.owners.get(name)
+        if owner is not None and owner != nid and owner in live and self.names.get(nid) is None:
+            # a second SuperNode claims a card already served: the first to answer keeps it, and
+            # this one is left out and named (one misconfigured or hostile SuperNode cannot stop
+            # a federation from starting)
+            self.left_out[nid] = (f"it claims model card {name!r}, which node id {owner} already serves; "
+                                  "give each SuperNode its own card")
+            return None
         return self.bind(nid, name, live)
 
     def check_complete(self, problems: dict[int, str]) -> None:
@@ -80,6 +88,7 @@ class Roster:
                   "(simulation: num-supernodes = the number of cards)"
                   for name in self.cards if name not in served]
         if lines:
+            lines += [f"node id {nid} is left out: {why}" for nid, why in sorted(self.left_out.items())]
             bound = ", ".join(f"{n} = node id {i}" for i, n in sorted(self.names.items())) or "none"
             raise FederationError("the federation cannot start:\n  " + "\n  ".join(lines)
                                   + f"\n  (cards served so far: {bound})")

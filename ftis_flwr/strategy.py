@@ -43,7 +43,7 @@ from . import protocol
 from .budget import ForeignBudget, add_idle
 from .config import ExperimentConfig, to_dict
 from .grid_io import HELLO_TIMEOUT, exchange, wait_for_nodes
-from .replies import BadReply, RoundOutcome, TrainReply, flatten, read_train_reply, record
+from .replies import BadReply, RejectedPayload, RoundOutcome, TrainReply, flatten, read_train_reply, record
 from .rollouts import payload_bytes
 from .roster import FederationError, Roster, read_hello
 from .server_state import ServerState, ServerStateError, save_server_state
@@ -54,6 +54,9 @@ log = logging.getLogger(__name__)
 PROMPT_STRIDE = 1_009
 """Train-index offset per unit of ``rounds.seed`` (indices wrap modulo the train split)."""
 RoundCallback = Callable[[int, dict[str, dict[str, float]], dict[str, float]], None]
+REWARDS_NOTE = "came with rewards that differ"
+"""How a receiver's rejection line about a source's claimed rewards reads (ftis_flwr.node): such a
+line is a ``rewards_corrected`` event, not a reason for ``payload_rejected``."""
 REJECTION_STREAK = 3
 """Rounds in a row a source's groups are rejected by some receiver before the strategy warns."""
 
@@ -87,11 +90,13 @@ class FTISStrategy(Strategy):
         self._assigned: dict[int, list[int]] = {}   # node id -> train indices, round in flight
         self._forwarded: dict[int, list[str]] = {}  # node id -> sources sent to it, round in flight
         self._received: dict[int, dict[str, float]] = {}  # node id -> foreign groups/bytes sent to it
-        self.budget = ForeignBudget(experiment.exchange, experiment.rounds.seed, experiment.wire)
+        self.budget = ForeignBudget(experiment.exchange, experiment.rounds.seed, experiment.wire,
+                                    on_event=lambda kind, **fields: self.on_event(kind, **fields))
         """Which foreign groups each node gets (``exchange.*``); all of them by default."""
         self._streaks: dict[str, int] = {}        # source -> consecutive rounds it was rejected
         self._sent: dict[str, int] = {}           # message id -> destination node id
         self._lost: dict[int, str] = {}           # node id -> why no reply came, round in flight
+        self._unsent: dict[int, str] = {}         # node id -> why its message could not be built
         self.history: list[RoundOutcome] = []
         self.step_word = "round"
         """What a history entry is called in logs: "step" under the asynchronous schedule."""
@@ -148,13 +153,23 @@ class FTISStrategy(Strategy):
         Only node ids bound to a card (see :meth:`introduce`) take part."""
         node_ids = self.bound_nodes(grid)
         prompts = self._prompts(node_ids, server_round)
-        self._assigned, self._forwarded, self._received = {}, {}, {}
+        self._assigned, self._forwarded, self._received, self._unsent = {}, {}, {}, {}
         messages = []
         for nid in node_ids:
             me = {self.roster.names.get(nid), self.roster.claimed.get(nid)}  # an impostor gets no copy either
             others = {src: p for src, p in self._groups.items() if src not in me}
-            messages.append(self.message(nid, server_round, prompts[nid], others))
+            try:
+                messages.append(self.message(nid, server_round, prompts[nid], others))
+            except Exception as exc:  # one node's message, never the round: it fails this round alone
+                self._unsent[nid] = self.unsent(nid, server_round, exc)
         return messages
+
+    def unsent(self, nid: int, rnd: int, exc: Exception) -> str:
+        """Why node ``nid``'s round ``rnd`` message could not be built (logged with its traceback):
+        a failure of that node for the round, whatever raised."""
+        log.exception("%s %d: the message for node %s could not be built", self.step_word, rnd,
+                      self.roster.name(nid))
+        return f"the server could not build its message: {type(exc).__name__}: {exc}"
 
     def bound_nodes(self, grid: Grid) -> list[int]:
         """The node ids bound to a card, in the experiment's card order, not by Flower node id
@@ -199,6 +214,7 @@ class FTISStrategy(Strategy):
         outcome = RoundOutcome(failures=dict(self._lost))
         self._lost = {}
         good: dict[int, TrainReply] = {}
+        rejected: set[str] = set()
         for reply in replies:
             nid = self._reply_node(reply, server_round, set(good) | set(outcome.failures))
             if nid is None:
@@ -207,12 +223,17 @@ class FTISStrategy(Strategy):
                 outcome.failures[nid] = f"code {reply.error.code}: {reply.error.reason}"
                 continue
             try:
-                good[nid] = read_train_reply(reply.content)
+                good[nid] = read_train_reply(reply.content, self.cfg.wire)
+            except RejectedPayload as exc:  # counted against its source, as a receiver counts it
+                outcome.failures[nid] = str(exc)
+                self.on_event("payload_rejected", round=server_round, node="server",
+                              source=self.roster.name(nid), groups=exc.groups, samples=exc.samples,
+                              reason=exc.reason)
+                rejected.add(self.roster.name(nid))
             except Exception as exc:  # whatever a node sent, it must not stop the federation
                 why = str(exc) if isinstance(exc, BadReply) else f"{type(exc).__name__}: {exc}"
                 outcome.failures[nid] = f"malformed reply: {why}"
         groups: dict[str, tuple[ArrayRecord, ConfigRecord, list[int]]] = {}
-        rejected: set[str] = set()
         total_bytes, total_tokens = 0, 0
         live = set(self._sent.values())
         # node ids bound in earlier rounds first: the order replies arrive in cannot steal a card
@@ -265,9 +286,12 @@ class FTISStrategy(Strategy):
                                          for k in ("groups", "samples", "payloads"))
             if groups > 0 or payloads > 0:
                 sources.add(src)
-                why = "; ".join(x for x in r.rejections if x.startswith(f"{src}: "))
+                why = "; ".join(x for x in r.rejections if x.startswith(f"{src}: ") and REWARDS_NOTE not in x)
                 self.on_event("payload_rejected", round=rnd, node=r.name, source=src, groups=groups,
                               samples=samples, reason=why or "see the receiver's log")
+            corrected = r.metrics.get(f"{src}/rewards_corrected", 0.0)
+            if corrected > 0:  # claimed rewards the receiver's own scoring replaced: not used, seen
+                self.on_event("rewards_corrected", round=rnd, node=r.name, source=src, samples=corrected)
         return sources
 
     def _update_streaks(self, rnd: int, rejected: set[str]) -> None:
@@ -305,10 +329,10 @@ class FTISStrategy(Strategy):
     def introduce(self, grid: Grid, timeout: float, *, first: bool) -> None:
         """Ask every node id not yet known which card it serves (protocol.HELLO) and bind it.
 
-        A SuperNode that serves no card is reported once and left out. ``first`` (before the
-        first round of a run): a node naming an unknown card, two nodes naming one card, or a
-        card without a node refuses the run (FederationError listing each, with the fix); later,
-        such a node is only left out.
+        A SuperNode that serves no card, or claims a card another live node id already serves
+        (the first to answer keeps it), is reported once and left out. ``first`` (before the
+        first round of a run): a node naming an unknown card or a card without a node refuses the
+        run (FederationError listing each, with the fix); later, such a node is only left out.
         """
         roster = self.roster
         live = set(grid.get_node_ids())  # a card whose node id is gone may move to a new one
@@ -424,6 +448,7 @@ class FTISStrategy(Strategy):
             limit = max(timeout, self.cfg.rounds.startup_timeout) if rnd == self._first_round else timeout
             replies = self._send(grid, list(self.configure_train(rnd, ArrayRecord(), ConfigRecord(), grid)),
                                  limit, what=f"round {rnd}")
+            self._lost.update(self._unsent)
             self.aggregate_train(rnd, replies)
             outcome = self.history[-1]
             outcome.server_metrics["round_seconds"] = time.perf_counter() - t0

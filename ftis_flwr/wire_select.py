@@ -25,7 +25,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord
 from . import wire_compact as wc
 from .config import WireConfig
 from .groups import PayloadError
-from .rollouts import WIRE_KEY, _compact_bytes, payload_size
+from .rollouts import WIRE_KEY, _compact_bytes, check_fields, payload_size, read_payload
 
 FORMATS = (1, 2)
 """The ``format_version`` values this module can cut."""
@@ -80,9 +80,25 @@ def _v2(arrays: ArrayRecord, meta: ConfigRecord, wire: WireConfig
 
 
 def _read(arrays: ArrayRecord, meta: ConfigRecord, wire: WireConfig | None):
+    """Either format's arrays, group count and (format 2) header, after the receivers' own
+    structural checks (:func:`ftis_flwr.rollouts.read_payload`): what the server cuts or ranks is
+    never something a receiver would refuse to read."""
+    wire = wire or WireConfig()
     if WIRE_KEY in arrays.keys():
-        a, n, header, f = _v2(arrays, meta, wire or WireConfig())
+        a, n, header, f = _v2(arrays, meta, wire)
+        try:
+            check_fields(f, wire)
+        except PayloadError as exc:
+            raise WireSelectError(f"compact payload rejected: {exc}") from None
         return a, n, (header, f)
+    version = meta.get("format_version")
+    if version not in FORMATS:
+        raise WireSelectError(f"format_version {version!r} cannot be cut by ftis_flwr.wire_select, which "
+                              f"reads format(s) {', '.join(map(str, FORMATS))}")
+    try:
+        read_payload(arrays, meta, wire)
+    except PayloadError as exc:
+        raise WireSelectError(f"format 1 payload rejected: {exc}") from None
     a, n = _v1(arrays, meta)
     return a, n, None
 

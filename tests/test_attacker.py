@@ -5,8 +5,12 @@ wire after its (real) round, one attack per round: NaN and positive log-probs, t
 the vocabulary, ragged lengths, a wrong tokenizer fingerprint, an oversized payload, groups
 relabelled as another node's, prompts it was not assigned, a duplicated prompt, inflated rewards,
 completions longer than the experiment's cap.
-The honest nodes must reject every forged group with its reason, count it in groups and samples,
-and train only on what is honest; the server must name the repeat offender.
+What breaks a wire rule (NaN and positive log-probs, ragged lengths, an oversized payload) the
+server rejects when the reply arrives: that round is mallory's failure, named in a
+``payload_rejected`` event of node "server", and nothing of it is forwarded. What only a receiver
+can judge (its vocabulary and tokenizer, the stamp, the assignment, its own scoring) the honest
+nodes reject with its reason and count in groups and samples, and train only on what is honest;
+the server names the repeat offender.
 
 What this shows about learning: none of mallory's forged samples enters an honest node's update
 (``samples_foreign`` counts only the other honest node's, plus the one legitimate group of the
@@ -43,6 +47,8 @@ nodes:
 _F = forgeries(vocab_size=62, max_new_tokens=6, max_tokens_per_payload=200, relabel_as="a")
 
 # round mallory generated in -> (forgery, groups rejected, samples rejected, reason fragment)
+AT_SERVER = {0, 1, 3, 5}
+"""The attacks the server itself rejects on arrival (a wire rule); the receivers judge the rest."""
 ATTACKS = {
     0: ("nan_logprob", 4, 16, "log-prob nan is non-finite"),
     1: ("positive_logprob", 4, 16, "log-prob 0.5 is positive"),
@@ -84,10 +90,21 @@ def test_every_forgery_is_rejected_with_its_reason_and_counted(tmp_path):
     finally:
         kill_workers(tmp_path / "cache")
     rounds, events = load_metrics(out["run_dir"]), load_events(out["run_dir"])
-    assert not [e for e in events if e["event"] == "node_failed"]
+    failed = {e["round"]: e for e in events if e["event"] == "node_failed"}
+    assert sorted(failed) == sorted(AT_SERVER) and {e["node"] for e in failed.values()} == {"mallory"}
     rejected = [e for e in events if e["event"] == "payload_rejected"]
     for made_in, (_, groups, samples, reason) in ATTACKS.items():
         used_in = made_in + 1  # groups of round r are trained on in round r + 1
+        if made_in in AT_SERVER:  # mallory's round failed; the receivers never saw those bytes
+            (got,) = [e for e in rejected if e["round"] == made_in and e["node"] == "server"]
+            assert got["source"] == "mallory" and reason in got["reason"], got
+            assert (got["groups"], got["samples"]) == (groups, samples), got
+            assert failed[made_in]["reason"].startswith("payload rejected by the server"), failed[made_in]
+            for receiver in ("a", "b"):
+                m = rounds[used_in]["nodes"][receiver]
+                assert "mallory/groups_rejected" not in m and m["samples_foreign"] == 16, (receiver, m)
+                assert not [e for e in rejected if e["round"] == used_in and e["node"] == receiver]
+            continue
         for receiver in ("a", "b"):
             m = rounds[used_in]["nodes"][receiver]
             got = [e for e in rejected if e["round"] == used_in and e["node"] == receiver]
@@ -95,6 +112,9 @@ def test_every_forgery_is_rejected_with_its_reason_and_counted(tmp_path):
             if reason is None:  # inflated rewards: used, but scored by the receiver itself
                 assert not got and m["samples_foreign"] == 32, where
                 assert m.get("mallory/rewards_corrected", 0) > 0, where
+                (seen,) = [e for e in events if e["event"] == "rewards_corrected"
+                           and e["round"] == used_in and e["node"] == receiver]
+                assert seen["source"] == "mallory" and seen["samples"] == m["mallory/rewards_corrected"]
                 continue
             assert len(got) == 1 and got[0]["source"] == "mallory" and reason in got[0]["reason"], where
             assert (m["mallory/groups_rejected"], m["mallory/samples_rejected"]) == (groups, samples), where

@@ -116,7 +116,7 @@ def test_the_cutter_refuses_other_formats_and_bad_input():
         subset_payload(arrays, meta, [0, 0])
     bad = ArrayRecord(dict(arrays.items()))
     bad["group_offsets"] = Array.from_numpy_ndarray(np.array([0, 3, 1], np.int64))
-    with pytest.raises(WireSelectError, match="group_offsets does not describe 2 ranges"):
+    with pytest.raises(WireSelectError, match="format 1 payload rejected: .*group_offsets not strictly increasing"):
         subset_payload(bad, meta, [0])
 
 
@@ -279,3 +279,85 @@ def test_a_real_node_accepts_a_cut_payload(tiny_nodes):
 def test_inconsistent_budget_settings_are_refused_by_name(sets, message):
     with pytest.raises(ConfigError, match=message):
         experiment(**sets)
+
+
+# ----------------------------------------------------------------- a peer cannot stop the server
+
+
+def _float_offsets(msg, name):
+    """A format 1 reply whose group offsets are float64: the cutter once sliced with them."""
+    if msg.metadata.message_type != "train":
+        return finish_reply(msg, name)
+    reply = train_reply(msg, name)
+    arrays = reply.content[protocol.GROUPS]
+    if "group_offsets" in arrays:
+        arrays["group_offsets"] = Array.from_numpy_ndarray(arrays["group_offsets"].numpy().astype(np.float64))
+    return reply
+
+
+def _inflated_group_sizes(msg, name):
+    """A compact reply whose group sizes add up to more completions than it carries."""
+    from ftis_flwr import wire_compact as wc
+    from ftis_flwr.config import WireConfig
+    from ftis_flwr.rollouts import WIRE_KEY, _compact_bytes
+
+    if msg.metadata.message_type != "train":
+        return finish_reply(msg, name)
+    reply = train_reply(msg, name)
+    arrays, meta = reply.content[protocol.GROUPS], reply.content[protocol.GROUPS_META]
+    f = wc.unpack(_compact_bytes(arrays, meta, WireConfig()), WireConfig())
+    f.group_offsets = f.group_offsets.copy()
+    f.group_offsets[1:] += 2
+    blob = wc.pack(f, id_bits=wc.bits_for(VOCAB - 1), codec="fp16", compress="none")
+    arrays[WIRE_KEY] = Array.from_numpy_ndarray(np.frombuffer(blob, np.uint8))
+    return reply
+
+
+@pytest.mark.parametrize("forge,fmt", [(_float_offsets, "arrays"), (_inflated_group_sizes, "compact")])
+@pytest.mark.parametrize("select", ["random", "reward_variance"])
+def test_a_reply_the_cutter_cannot_use_costs_its_sender_the_round_not_the_run(forge, fmt, select):
+    """The two replies that stopped the federation with a budget on (TypeError / IndexError in
+    the next round's configure step) are now rejected when they arrive."""
+    import ftis_flwr.rollouts as rollouts
+
+    grid = FakeGrid(honest(names=THREE, special={3: forge}), node_ids=(1, 2, 3))
+    original = rollouts.encode_groups
+
+    def encode(groups, **kw):
+        return original(groups, **{**kw, "format": fmt})
+
+    rollouts_encode = pytest.MonkeyPatch()
+    rollouts_encode.setattr("test_strategy.encode_groups", encode)
+    try:
+        strategy, events = run(budget(2, select), grid)
+    finally:
+        rollouts_encode.undo()
+    # rounds 0 and 1 carry groups (the last round generates none, which c cannot get wrong)
+    assert [set(h.node_metrics) for h in strategy.history[:2]] == [{"a", "b"}] * 2
+    assert len(strategy.history) == 3 and {"a", "b"} <= set(strategy.history[2].node_metrics)
+    assert all(list(h.failures) == [3] and "payload rejected by the server" in h.failures[3]
+               for h in strategy.history[:2])
+    sources = [(f["round"], f["source"]) for k, f in events if k == "payload_rejected" and f["node"] == "server"]
+    assert sources[:2] == [(0, "c"), (1, "c")]
+    for h in strategy.history[1:]:
+        assert all(m["foreign_groups_received"] <= 2 for m in h.node_metrics.values())
+
+
+def test_any_error_building_one_nodes_message_fails_that_node_alone(monkeypatch):
+    from ftis_flwr.budget import ForeignBudget
+
+    real = ForeignBudget.select
+
+    def select(self, receiver, rnd, payloads):
+        if receiver == "b" and rnd == 1:
+            raise RuntimeError("boom in the cutter")
+        return real(self, receiver, rnd, payloads)
+
+    monkeypatch.setattr(ForeignBudget, "select", select)
+    grid = FakeGrid(honest(names=THREE), node_ids=(1, 2, 3))
+    strategy, events = run(budget(2, "random"), grid)
+    assert strategy.history[1].failures == {
+        2: "the server could not build its message: RuntimeError: boom in the cutter"}
+    assert set(strategy.history[1].node_metrics) == {"a", "c"}
+    assert set(strategy.history[2].node_metrics) == {"a", "b", "c"} and not strategy.history[2].failures
+    assert sorted(grid.train_messages(1)) == [1, 3]

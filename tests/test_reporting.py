@@ -182,3 +182,26 @@ def test_a_node_missing_the_first_evaluation_is_flagged_never_compared_from_late
     md = (tmp_path / "summary.md").read_text()
     assert "| b | test | n/a (no r0 eval: not compared) | 0.900 (r2) | n/a |" in md
     assert json.loads((tmp_path / "summary.json").read_text())["accuracy"]["b"]["test"]["no_start_eval"]
+
+
+def test_the_summary_counts_every_failure_and_rejection_the_events_name(tmp_path):
+    with RunReporter(tmp_path, config={}, node_names=["a", "b"], tensorboard=False) as rep:
+        rep.log_round(0, {"a": {"reward_mean": 0.5}, "b": {"reward_mean": 0.4}}, {})
+        rep.log_event("node_failed", round=1, node="b", reason="payload rejected by the server: x")
+        rep.log_event("payload_rejected", round=1, node="server", source="b", groups=2, samples=8, reason="x")
+        rep.log_event("payload_rejected", round=2, node="a", source="b", groups=1, samples=4, reason="y")
+        rep.log_event("payload_rejected", round=3, node="a", source="b", groups=2, samples=8, reason="y")
+        rep.log_event("rewards_corrected", round=3, node="a", source="b", samples=5)
+        rep.log_event("checkpoint", node="a", path="/x")  # not an incident
+        summary = rep.finish()
+    rows = {(r["event"], r["who"], r["by"]): r for r in summary.incidents}
+    assert set(rows) == {("node_failed", "b", ""), ("payload_rejected", "b", "server"),
+                         ("payload_rejected", "b", "a"), ("rewards_corrected", "b", "a")}
+    assert rows[("payload_rejected", "b", "a")] == {"event": "payload_rejected", "who": "b", "by": "a", "times": 2,
+                                                    "rounds": [2, 3], "groups": 3.0, "samples": 12.0}
+    assert rows[("rewards_corrected", "b", "a")]["samples"] == 5.0
+    data = json.loads((tmp_path / "summary.json").read_text())
+    assert len(data["incidents"]) == 4
+    md = (tmp_path / "summary.md").read_text()
+    assert "| payload_rejected | b | server | 1 | 1 | 2 | 8 |" in md
+    assert "| node_failed | b | - | 1 | 1 | 0 | 0 |" in md

@@ -1,11 +1,18 @@
 """Server restart: a ServerApp that dies mid-run is resumed from its run folder; nodes continue.
 
 The first run dies in round 2, after logging it but before saving the strategy's state of it,
-as a crash between the two would. The workers end with it (one is killed; Ray ends the other
-with the simulation), restart from their saved state of round 2 and, asked for round 2 again,
-rewind to round 1's (a live worker does the same: tests/test_worker.py). The resumed run logs
-every round exactly once, each node's update counter continues, and the replayed round's
-metrics equal the interrupted run's (CPU determinism).
+as a crash between the two would. Node "full"'s worker is killed with it; node "lora"'s worker is
+told to stop by the dying strategy (protocol.STOP, a 30 s wait). Each worker that is gone restarts
+from its saved state of round 2 and, asked for round 2 again, rewinds to round 1's; a worker still
+alive rewinds the same way (tests/test_worker.py). The resumed run logs every round exactly once,
+each node's update counter continues, and the replayed round's metrics equal the interrupted run's
+(CPU determinism).
+
+Measured: whether the STOP reaches "lora" in time depends on the machine's load. Under the whole
+suite on two xdist workers, the Ray actors (nice 15) share the CPU with the other worker's tests
+(nice 0), and with three busy loops beside this test alone the actors did not even answer HELLO
+within 120 s. So the test does not assume either outcome: it reads whether lora's first worker
+was still alive when the resumed run began and checks the worker count the run reports against it.
 """
 
 import json
@@ -18,8 +25,8 @@ from conftest import kill_workers
 
 from ftis_flwr.config import load_experiment
 from ftis_flwr.reporting import RunReporter, load_events, load_metrics
-from ftis_flwr.server_state import (ServerState, ServerStateError, load_server_state,
-                                    save_server_state)
+from ftis_flwr.server_state import ServerState, ServerStateError, load_server_state, save_server_state
+from ftis_flwr.worker import _pid_alive
 
 FEDERATION = """
 rounds: {num_rounds: 3, prompts_per_node: 4, eval_every: 0, eval_size: 8, round_timeout: 300}
@@ -64,6 +71,8 @@ def test_a_stopped_server_resumes_and_every_round_is_logged_once(tmp_path):
         if rnd == 2:
             (address,) = (tmp_path / "cache").glob("workers/*/full/address.json")
             seen["full_pid"] = json.loads(address.read_text())["pid"]
+            (lora,) = (tmp_path / "cache").glob("workers/*/lora/address.json")
+            seen["lora_pid"] = json.loads(lora.read_text())["pid"]
             os.kill(seen["full_pid"], signal.SIGKILL)
             raise Crash("the ServerApp dies here")
 
@@ -74,6 +83,7 @@ def test_a_stopped_server_resumes_and_every_round_is_logged_once(tmp_path):
         assert [r["round"] for r in load_metrics(run_dir)] == [0, 1, 2]
         assert load_server_state(run_dir).round == 1  # round 2's state was never saved
         interrupted = load_metrics(run_dir)[2]["nodes"]
+        lora_survived = _pid_alive(seen["lora_pid"])  # the STOP did not reach it in time
         assert _simulate(experiment=None, resume=run_dir) == run_dir
     finally:
         kill_workers(tmp_path / "cache")
@@ -95,8 +105,10 @@ def test_a_stopped_server_resumes_and_every_round_is_logged_once(tmp_path):
             return {k: v for k, v in m.items() if not k.startswith(volatile)}
         assert stable(rounds[2]["nodes"][name]) == stable(interrupted[name]), name
     assert [r["nodes"]["full"]["worker_starts"] for r in rounds] == [1, 1, 2, 2]
-    # Ray ends the node workers with the simulation (they are children of its actors): both restart
-    assert [r["nodes"]["lora"]["worker_starts"] for r in rounds] == [1, 1, 2, 2]
+    # lora's worker was stopped by the dying strategy (restarted: 2) or, when the STOP came too
+    # late, was still alive and served the resumed run itself (1), rewinding as a new one would
+    lora_starts = 1 if lora_survived else 2
+    assert [r["nodes"]["lora"]["worker_starts"] for r in rounds] == [1, 1, lora_starts, lora_starts]
     assert [e["after_round"] for e in load_events(run_dir) if e["event"] == "resumed"] == [1]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["rounds"] == 4 and set(summary["checkpoints"]) == {"full", "lora"}

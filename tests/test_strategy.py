@@ -302,10 +302,23 @@ def test_a_card_whose_supernode_comes_back_under_a_new_id_takes_the_next_round_t
 
 
 @pytest.mark.parametrize("alternate", [False, True])
-def test_two_node_ids_claiming_one_card_are_refused_before_round_0(alternate):
-    grid = FakeGrid(honest(names={1: "a", 2: "a"}), alternate=alternate)
-    strategy, _ = run(experiment(), grid, raises=(FederationError, r"(?s)cannot start:.*model card 'a' "
-                                                  r"is already served by node id.*'b' has no SuperNode"))
+def test_a_second_node_id_claiming_a_bound_card_is_left_out_and_the_run_goes_on(alternate):
+    grid = FakeGrid(honest(names={1: "a", 2: "a", 3: "b"}), node_ids=(1, 2, 3), alternate=alternate)
+    strategy, events = run(experiment(), grid)
+    first = strategy.roster.owners["a"]  # whichever answered HELLO first keeps the card
+    second = ({1, 2} - {first}).pop()
+    assert [set(h.node_metrics) for h in strategy.history] == [{"a", "b"}] * 3
+    assert all(not h.failures for h in strategy.history)
+    assert second not in [m.metadata.dst_node_id for m in grid.pushed if m.metadata.message_type == "train"]
+    (left,) = [f for k, f in events if k == "node_left_out"]
+    assert left["node_id"] == second and f"which node id {first} already serves" in left["reason"]
+
+
+def test_a_duplicate_claim_does_not_hide_a_card_nobody_serves():
+    grid = FakeGrid(honest(names={1: "a", 2: "a"}))
+    strategy, _ = run(experiment(), grid, raises=(FederationError, r"(?s)cannot start:.*'b' has no SuperNode"
+                                                  r".*node id [12] is left out: it claims model card 'a', "
+                                                  r"which node id [12] already"))
     assert not grid.train_messages(0), "no round may start"
 
 
@@ -604,18 +617,15 @@ def _wrong_tokenizer(node, arrays, meta):
 
 @pytest.mark.parametrize("tamper,groups,samples,used,reason", [
     (None, 0, 0, 4, None),
-    (_nan_logprob, 2, 4, 0, "log-prob nan is non-finite"),
-    (_positive_logprob, 2, 4, 0, "log-prob 0.5 is positive"),
     (_out_of_vocab, 2, 4, 0, "outside [0, 62)"),
-    (_ragged, 2, 4, 0, "logprobs length 15 != completion_ids length 16"),
     (_wrong_tokenizer, 2, 4, 0, "tokenizer fingerprint 'ffffffffffffffff' differs"),
     (_relabel, 2, 4, 0, "labelled as made by 'a', but the server received it from 'b'"),
     (_unassigned, 2, 4, 0, "prompt id not assigned to b"),
     (_duplicated, 1, 2, 2, "prompt id used more than once"),
-    (_oversized, 2, 6, 0, "24 completion tokens exceed wire.max_tokens_per_payload=16"),
 ])
 def test_receivers_reject_by_the_servers_stamp_and_count_groups_and_samples(
         tiny_nodes, tamper, groups, samples, used, reason):
+    """What only a receiver can judge (its vocabulary and tokenizer, the stamp, the assignment)."""
     exp, nodes = tiny_nodes
     strategy, events = run(exp, FakeGrid(real_nodes(nodes, tamper)))
     m = strategy.history[1].node_metrics["a"]
@@ -628,6 +638,31 @@ def test_receivers_reject_by_the_servers_stamp_and_count_groups_and_samples(
     assert m["b/groups_rejected"] == groups and m["b/samples_rejected"] == samples
     assert len(rejected) == 1 and rejected[0]["source"] == "b" and reason in rejected[0]["reason"]
     assert rejected[0]["groups"] == groups and rejected[0]["samples"] == samples
+    assert rejected[0]["node"] == "a"
+
+
+@pytest.mark.parametrize("tamper,groups,samples,reason", [
+    (_nan_logprob, 2, 4, "log-prob nan is non-finite"),
+    (_positive_logprob, 2, 4, "log-prob 0.5 is positive"),
+    (_ragged, 2, 4, "logprobs length 15 != completion_ids length 16"),
+    (_oversized, 2, 6, "24 completion tokens exceed wire.max_tokens_per_payload=16"),
+])
+def test_the_server_rejects_what_breaks_a_wire_rule_before_it_is_kept_or_forwarded(
+        tiny_nodes, tamper, groups, samples, reason):
+    """A payload no receiver could read costs its sender that round at the server: nothing of it
+    is kept or forwarded (no receiver spends bandwidth on it), and the event names the source."""
+    exp, nodes = tiny_nodes
+    strategy, events = run(exp, FakeGrid(real_nodes(nodes, tamper)))
+    (why,) = strategy.history[0].failures.values()
+    assert why.startswith("payload rejected by the server: ") and reason in why
+    assert not strategy.history[1].failures
+    m = strategy.history[1].node_metrics["a"]
+    assert m["samples_own"] == 4 and m["samples_foreign"] == 0 and m["foreign_groups_received"] == 0
+    assert "b/groups_rejected" not in m  # it never reached a
+    rejected = [f for k, f in events if k == "payload_rejected"]
+    assert len(rejected) == 1 and rejected[0]["node"] == "server" and rejected[0]["source"] == "b"
+    assert rejected[0]["round"] == 0 and reason in rejected[0]["reason"]
+    assert (rejected[0]["groups"], rejected[0]["samples"]) == (groups, samples)
 
 
 def test_a_payload_stamped_with_the_receivers_own_name_is_rejected(tiny_nodes):
