@@ -14,7 +14,7 @@ between rounds (logging, saving its state): the time between two rounds' metrics
 ``sim``: the preset (default cpu-pair, the offline default) in ``flwr.simulation.run_simulation``,
 once per ``--poll`` value (``ftis_flwr.grid_io.POLL_INTERVAL``), each in its own process.
 ``deploy``: a local ``flower-superlink --insecure`` and one ``flower-supernode`` per card, then
-``flwr run . <federation>`` as tests/test_deployment.py does; every process is stopped by its pid.
+``flwr run . <federation>`` as benchmarks/chaos.py does; every process is stopped by its pid.
 """
 
 from __future__ import annotations

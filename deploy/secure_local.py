@@ -4,16 +4,20 @@
 
 What it shows, step by step, with nothing leaving 127.0.0.1:
   1. a private CA signs a server certificate for 127.0.0.1/localhost (``<workdir>/certs``);
-  2. three SuperNode key pairs (ECDSA P-384, OpenSSH format, as ``ssh-keygen -t ecdsa -b 384``);
+  2. four SuperNode key pairs (ECDSA P-384, OpenSSH format, as ``ssh-keygen -t ecdsa -b 384``);
   3. ``flower-superlink`` serves HTTPS only (no ``--insecure``) with ``--enable-supernode-auth``;
      plain HTTP and HTTPS without our CA are refused by it;
-  4. the operator registers two public keys with ``flwr supernode register`` (the only way in
+  4. the operator registers three public keys with ``flwr supernode register`` (the only way in
      1.42: ``--auth-list-public-keys`` CSV files are rejected since the switch to CLI-managed auth);
   5. SuperNodes "small" and "large" (the cards of the offline default, preset cpu-pair) connect
      with ``--root-certificates`` and their private keys, and ``flwr run`` trains for N rounds;
   6. outsiders are refused: a SuperNode whose key was never registered (ActivateNode -> HTTP 412,
      Flower error 2004) and one with no key, which would otherwise register itself (RegisterNode
-     -> HTTP 412, error 2001); each logs "Exit Code: 305" and exits with status 1.
+     -> HTTP 412, error 2001); each logs "Exit Code: 305" and exits with status 1;
+  7. each card is pinned to its SuperNode's public key (the card's ``public_key``, from a
+     ``config-file``): a third SuperNode, registered and online ("impostor"), that claims card
+     "small" is left out and named before round 0 (a ``node_left_out`` event), and the run goes
+     on with the two real nodes.
 Every process is started in its own session and stopped by process group at the end, also on
 failure. ``main(argv)`` returns a dict with the evidence; the exit status is 1 if a check failed.
 """
@@ -40,6 +44,7 @@ REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent if (Path(sys.executable).parent / "flower-superlink").exists() \
     else Path(shutil.which("flower-superlink") or sys.executable).parent
 CARDS = ("small", "large")  # node names of simulations/presets/cpu-pair.yaml
+IMPOSTOR = "impostor"  # a registered SuperNode that claims card "small", pinned to another key
 REFUSAL = "Failed to initialize the connection to the SuperLink"  # supernode/fleet_http_connection.py
 
 
@@ -99,6 +104,19 @@ def make_node_key(out: Path, name: str) -> tuple[Path, Path]:
     priv.chmod(0o600)
     pub.write_bytes(key.public_key().public_bytes(s.Encoding.OpenSSH, s.PublicFormat.OpenSSH) + b"\n")
     return priv, pub
+
+
+def write_pins(path: Path, pub_keys: dict[str, Path], preset: str = "cpu-pair") -> Path:
+    """A config-file with the preset's cards, each pinned to its SuperNode's public key."""
+    from omegaconf import OmegaConf
+
+    from ftis_flwr.config import load_experiment, to_dict
+
+    nodes = to_dict(load_experiment(preset))["nodes"]
+    for node in nodes:
+        node["public_key"] = pub_keys[node["name"]].read_text().strip()
+    path.write_text(OmegaConf.to_yaml({"nodes": nodes}))
+    return path
 
 
 def seed_cache(cache: Path, preset: str = "cpu-pair") -> dict[str, str]:
@@ -239,8 +257,9 @@ def main(argv: list[str] | None = None) -> dict:
     checks = result["checks"]
 
     certs = make_certs(work / "certs")
-    keys = {name: make_node_key(work / "keys", name) for name in (*CARDS, "intruder")}
-    say(f"CA, server certificate and 3 SuperNode key pairs written under {work}")
+    keys = {name: make_node_key(work / "keys", name) for name in (*CARDS, "intruder", IMPOSTOR)}
+    say(f"CA, server certificate and {len(keys)} SuperNode key pairs written under {work}")
+    pins = write_pins(work / "pins.yaml", {card: keys[card][1] for card in CARDS})
     result["models"] = seed_cache(cache)
     if sorted(result["models"]) != sorted(CARDS):
         raise RuntimeError(f"the default preset's nodes are {sorted(result['models'])}, not {CARDS}")
@@ -287,16 +306,18 @@ def main(argv: list[str] | None = None) -> dict:
         say(f"TLS probes: {tls}; `flwr supernode ls` with insecure = true: exit {plain.returncode}")
 
         result["registered"] = {}
-        for card in CARDS:
-            reg = flwr(["supernode", "register", str(keys[card][1]), "secure", "--name", card], env)
+        for name in (*CARDS, IMPOSTOR):
+            reg = flwr(["supernode", "register", str(keys[name][1]), "secure", "--name", name], env)
             if reg.returncode:
                 raise RuntimeError(f"flwr supernode register failed:\n{reg.stdout}\n{reg.stderr}")
-            result["registered"][card] = reg.stdout.strip().splitlines()[-1]
-            say(f"registered {card}: {result['registered'][card]}")
+            result["registered"][name] = reg.stdout.strip().splitlines()[-1]
+            say(f"registered {name}: {result['registered'][name]}")
         for card in CARDS:
             procs.append(start(supernode(card, keys[card][0]), env, logs / f"supernode-{card}.log"))
-        online = wait_for(lambda: (s := node_status(env)) and list(s.values()).count("online") == 2 and s,
-                          None, "both registered SuperNodes online", 120)
+        # registered and admitted by the SuperLink, but it claims a card pinned to another key
+        procs.append(start(supernode("small", keys[IMPOSTOR][0]), env, logs / f"supernode-{IMPOSTOR}.log"))
+        online = wait_for(lambda: (s := node_status(env)) and list(s.values()).count("online") == 3 and s,
+                          None, "the three registered SuperNodes online", 120)
         say(f"SuperNodes online: {online}")
 
         # Outsiders: a well-formed but unregistered key, and no key at all (Flower would otherwise
@@ -306,12 +327,13 @@ def main(argv: list[str] | None = None) -> dict:
                                                 procs, args.refusal_timeout)
             checks[f"{name}_refused"] = out["refused"]
             say(f"{name} SuperNode: exit {out['exit_code']}; {' | '.join(out['evidence'])}")
-        checks["only_registered_listed"] = len(node_status(env)) == 2
+        checks["only_registered_listed"] = len(node_status(env)) == 3
 
         if all(checks.values()):
             say(f"flwr run, {args.rounds} rounds (a minute or two)")
             run_config = (f"rounds.num-rounds={args.rounds} rounds.eval-size={args.eval_size} "
-                          f"rounds.prompts-per-node={args.prompts_per_node} cache-dir='{cache}' run-dir='{runs}'")
+                          f"rounds.prompts-per-node={args.prompts_per_node} cache-dir='{cache}' run-dir='{runs}' "
+                          f"config-file='{pins}'")
             run = flwr(["run", ".", "secure", "--stream", "--run-config", run_config], env, timeout=900)
             (logs / "flwr-run.log").write_text(run.stdout + run.stderr)
             result["run_returncode"] = run.returncode
@@ -335,6 +357,11 @@ def main(argv: list[str] | None = None) -> dict:
         records = load_metrics(run_dirs[0])
         result["rounds"] = [r["round"] for r in records]
         result["nodes_per_round"] = [sorted(r["nodes"]) for r in records]
+        from ftis_flwr.reporting import load_events
+
+        result["left_out"] = [e["reason"] for e in load_events(run_dirs[0]) if e["event"] == "node_left_out"]
+    checks["impostor_left_out"] = (len(result.get("left_out", [])) == 1
+                                   and "claims model card 'small', which is pinned" in result["left_out"][0])
     checks["rounds_complete"] = result["rounds"] == list(range(args.rounds + 1))
     checks["both_nodes_every_round"] = result["nodes_per_round"] == [sorted(CARDS)] * (args.rounds + 1)
     result["ok"] = all(checks.values())

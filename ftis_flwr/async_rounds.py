@@ -27,7 +27,8 @@ prompt cursor) is saved with the run (``ftis_flwr.server_state``), so a stopped 
 its own saved state if it had gone further, and the step numbers continue. Messages in flight
 when the server stopped are sent again. A card's SuperNode that comes back under a new node id
 (restarted or replaced) takes the card's place in the schedule (``node_rebound`` event); every
-card must be served at the start, as in synchronous rounds.
+card must be served at the start of a fresh run, as in synchronous rounds, while a resumed run
+goes on without a card whose SuperNode is away and takes it back when it returns.
 """
 
 from __future__ import annotations
@@ -172,6 +173,9 @@ class AsyncRounds:
         self.starting: set[int] = set()         # node ids whose first round (of this session) is out
         self._handled: dict[int, float] = {}    # node id -> server seconds its last reply took
         self._rehello: dict[int, float] = {}    # node id that did not answer its HELLO -> ask again at
+        self.absent: dict[str, tuple[int, bool]] = {}
+        """card -> (its last ended round, final round done) for a card whose SuperNode was away when
+        the run resumed: it joins the schedule when a SuperNode serves it again"""
         self.t0 = time.monotonic()
         strategy.step_word = "step"
 
@@ -290,6 +294,18 @@ class AsyncRounds:
             self._rehello[nid] = time.monotonic() + REHELLO_AFTER
         for nid, name in list(s.roster.names.items()):
             old = next((o for o, n in before.items() if n == name and o != nid), None)
+            if nid not in before and name in self.absent:  # away when the run resumed, back now
+                last, final = self.absent.pop(name)
+                self.done[nid], self.ok[nid], self.last_reply[nid] = last, True, time.monotonic()
+                self.starting.add(nid)
+                log.info("async: model card %r joins as node id %d; it continues after its round %d",
+                         name, nid, last)
+                s.on_event("node_rebound", node=name, old_node_id=None, node_id=nid, after_round=last)
+                if final:
+                    self.final_sent.add(nid)
+                else:
+                    self._next(nid, last)
+                continue
             if nid in before or old is None or old in s.roster.names:
                 continue  # not a card that moved (a new card cannot join: all are bound at the start)
             lost = [mid for mid, x in self.inflight.items() if x.nid == old]
@@ -326,8 +342,10 @@ class AsyncRounds:
         payloads, store = store_state(snapshot)
         in_flight = {x.nid for x in self.inflight.values()}
         doc = {"store": store, "wall_seconds": time.monotonic() - self.t0,
-               "done": {s.roster.name(n): r for n, r in {**self.done, **ended}.items()},
-               "final_done": sorted(s.roster.name(n) for n in self.final_sent if n not in in_flight)}
+               "done": {**{name: r for name, (r, _) in self.absent.items()},
+                        **{s.roster.name(n): r for n, r in {**self.done, **ended}.items()}},
+               "final_done": sorted([s.roster.name(n) for n in self.final_sent if n not in in_flight]
+                                    + [name for name, (_, final) in self.absent.items() if final])}
         save_server_state(s.state_dir, ServerState(step, s._next_prompt, payloads, s._streaks, schedule=doc))
 
     def _restore(self, state: ServerState, nodes: list[int]) -> int:
@@ -336,9 +354,13 @@ class AsyncRounds:
         restore_store(self.store, state.groups, doc["store"])
         done = {str(k): int(v) for k, v in doc["done"].items()}
         missing = sorted(set(done) - {s.roster.name(n) for n in nodes})
-        if missing:
-            raise ServerStateError(f"resuming an asynchronous run needs every node it had; not connected: "
-                                   f"{', '.join(missing)}")
+        if len(missing) == len(done):
+            raise ServerStateError("resuming an asynchronous run needs at least one of its nodes; none of "
+                                   f"{', '.join(missing)} is connected")
+        for name in missing:  # away at the restart: it joins when its SuperNode is back (_rebind)
+            self.absent[name] = (done[name], name in doc["final_done"])
+            log.warning("async: model card %r has no SuperNode yet; it continues after its round %d "
+                        "when one serves it", name, done[name])
         for nid in nodes:
             self.done[nid] = done.get(s.roster.name(nid), -1)
             if s.roster.name(nid) in doc["final_done"]:

@@ -283,6 +283,12 @@ class ModelCard:
     """This node's filter threshold schedule."""
     torch_threads: int = 1
     """CPU threads of this node's process (1 lets two nodes share 2 cores)."""
+    public_key: str = ""
+    """Pins this card to one SuperNode: the text of the OpenSSH public key it authenticates with
+    (its ``.pub`` file's line, as given to ``flwr supernode register``), or a PEM public key. Only
+    the SuperNode whose key the SuperLink reports may claim the card; another is left out and
+    named. Needs an authenticated deployment (SuperLink ``--enable-supernode-auth``): a simulation
+    has no node keys, so a pinned card is never served there. Default "": any SuperNode."""
     vllm_gpu_memory_utilization: float = 0.9
     """engine=vllm only: fraction of the GPU's memory vLLM may take for weights, activations and
     KV cache (vLLM's ``gpu_memory_utilization``). Default 0.9; lower it when two nodes or a

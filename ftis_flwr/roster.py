@@ -3,7 +3,7 @@
 Why apart: membership is the strategy's security boundary (a node's name is what receivers
 filter on) and has rules of its own: a node id is bound to a card by its HELLO answer (or its
 first good reply), one card has one live node id, a SuperNode serving no card is left out, and
-before the first round every card must be served. Pure bookkeeping: no grid, no messages.
+before the first round of a fresh run every card must be served. Pure bookkeeping: no grid, no messages.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import logging
 from flwr.app import ConfigRecord, Message
 
 from . import protocol
+from .node_keys import fingerprint
 from .replies import BadReply, record
 
 log = logging.getLogger(__name__)
@@ -34,8 +35,9 @@ def read_hello(reply: Message) -> tuple[str, str, bool]:
 
 
 class Roster:
-    def __init__(self, cards: list[str]):
+    def __init__(self, cards: list[str], pins: dict[str, bytes] | None = None):
         self.cards = list(cards)
+        self.pins = dict(pins or {})  # card name -> DER of the one public key that may claim it
         self.names: dict[int, str] = {}      # Flower node id -> card name it serves
         self.owners: dict[str, int] = {}     # card name -> the node id bound to it
         self.claimed: dict[int, str] = {}    # node id -> name its last good reply claimed
@@ -63,13 +65,21 @@ class Roster:
         self.names[nid], self.owners[name] = name, nid
         return None
 
-    def admit(self, nid: int, name: str, reason: str, unknown: bool, live: set[int]) -> str | None:
-        """Apply one HELLO answer: bind, leave out (no card), or return the problem."""
+    def admit(self, nid: int, name: str, reason: str, unknown: bool, live: set[int],
+              key: bytes | None = None) -> str | None:
+        """Apply one HELLO answer: bind, leave out (no card, a card pinned to another key, a card
+        already served), or return the problem. ``key``: DER of the node's public key, if known."""
         if not name and not unknown:
             self.left_out[nid] = reason
             return None
         if name not in self.cards:
             return reason or f"it serves model card {name!r}, which the experiment does not define"
+        if name in self.pins and key != self.pins[name]:
+            self.left_out[nid] = (f"it claims model card {name!r}, which is pinned to the SuperNode key "
+                                  f"{fingerprint(self.pins[name])}; this SuperNode's key is {fingerprint(key)}"
+                                  + ("" if key else " (no node keys: an authenticated deployment, SuperLink "
+                                                    "--enable-supernode-auth, is needed)"))
+            return None
         owner = self.owners.get(name)
         if owner is not None and owner != nid and owner in live and self.names.get(nid) is None:
             # a second SuperNode claims a card already served: the first to answer keeps it, and

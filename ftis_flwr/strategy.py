@@ -43,6 +43,7 @@ from . import protocol
 from .budget import ForeignBudget, add_idle
 from .config import ExperimentConfig, to_dict
 from .grid_io import HELLO_TIMEOUT, exchange, wait_for_nodes
+from .node_keys import node_keys, pinned_der
 from .replies import BadReply, RejectedPayload, RoundOutcome, TrainReply, flatten, read_train_reply, record
 from .rollouts import payload_bytes
 from .roster import FederationError, Roster, read_hello
@@ -82,7 +83,8 @@ class FTISStrategy(Strategy):
         self.connect_timeout = connect_timeout
         self._experiment_json = json.dumps(to_dict(experiment))
         self._next_prompt = PROMPT_STRIDE * experiment.rounds.seed  # rounds.seed offsets the schedule
-        self.roster = Roster([c.name for c in experiment.nodes])  # node id <-> card, bound by HELLO
+        self.roster = Roster([c.name for c in experiment.nodes],  # node id <-> card, bound by HELLO
+                             {c.name: pinned_der(c.public_key) for c in experiment.nodes if c.public_key})
         # last round's groups by source name, with the train indices that source was assigned
         self._groups: dict[str, tuple[ArrayRecord, ConfigRecord, list[int]]] = {}
         self._async_state: ServerState | None = None
@@ -331,8 +333,9 @@ class FTISStrategy(Strategy):
 
         A SuperNode that serves no card, or claims a card another live node id already serves
         (the first to answer keeps it), is reported once and left out. ``first`` (before the
-        first round of a run): a node naming an unknown card or a card without a node refuses the
-        run (FederationError listing each, with the fix); later, such a node is only left out.
+        first round of a fresh run): a node naming an unknown card or a card without a node
+        refuses the run (FederationError listing each, with the fix); later, and when a run
+        resumes, such a node is only left out and a card without a node waits for one.
         """
         roster = self.roster
         live = set(grid.get_node_ids())  # a card whose node id is gone may move to a new one
@@ -340,6 +343,7 @@ class FTISStrategy(Strategy):
         problems: dict[int, str] = {}
         unanswered: dict[int, str] = {}  # not delivered or no answer in time: asked again next round
         if new:
+            keys = node_keys(grid) if roster.pins else {}
             messages = [self._query(protocol.HELLO, nid) for nid in new]
             replies = self._send(grid, messages, timeout, what="which card do you serve")
             unanswered, done = dict(self._lost), set()
@@ -351,7 +355,7 @@ class FTISStrategy(Strategy):
                 done.add(nid)
                 try:
                     name, reason, unknown = read_hello(reply)
-                    why = roster.admit(nid, name, reason, unknown, live)
+                    why = roster.admit(nid, name, reason, unknown, live, keys.get(nid))
                 except Exception as exc:  # whatever a node sent, the others go on
                     why = str(exc) if isinstance(exc, BadReply) else f"{type(exc).__name__}: {exc}"
                 if why is not None:
@@ -411,7 +415,9 @@ class FTISStrategy(Strategy):
         node_ids = self._wait_for_nodes(grid)
         log.info("%d node(s) connected: %s", len(node_ids), node_ids)
         hello_timeout = min(timeout, HELLO_TIMEOUT)
-        self.introduce(grid, hello_timeout, first=True)
+        # a fresh run needs every card served; a resumed one goes on without a card whose SuperNode
+        # is away, which joins when it comes back (its worker state is on disk)
+        self.introduce(grid, hello_timeout, first=self._first_round == 0 and self._async_state is None)
         try:
             if self.cfg.exchange.schedule == "async":
                 from .async_rounds import AsyncRounds

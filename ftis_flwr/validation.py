@@ -252,6 +252,12 @@ def card_errors(card: ModelCard, *, import_registries: bool = True) -> list[str]
         errors.append(f"{where}.device={card.device!r} must be cpu, cuda or cuda:N")
     if card.lr is not None and card.lr <= 0:
         errors.append(f"{where}.lr={card.lr} must be > 0")
+    if card.public_key:
+        from .node_keys import PinError, pinned_der
+        try:
+            pinned_der(card.public_key)
+        except PinError as exc:
+            errors.append(f"{where}.public_key: {exc}")
     if card.g.start < 0 or card.g.end < 0:
         errors.append(f"{where}.g: start and end must be >= 0")
     if card.lora and (card.lora_config.r < 1 or not card.lora_config.target_modules):

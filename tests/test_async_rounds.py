@@ -317,3 +317,56 @@ def test_an_async_federation_runs_through_flower(tmp_path):
         got = sum(m["foreign_groups_received"] for m in ms)
         assert 0 < got <= 8 * (len(other) - 1), (name, got)  # the other's last round generates nothing
         assert all(m.get("samples_foreign", 0) == 4 * m["foreign_groups_received"] for m in ms[1:])
+
+
+class BBackLater(FakeGrid):
+    """Only a (id 1) is connected at first; b's SuperNode comes back as id 3 once a has been sent
+    ``after`` rounds (a restarted SuperNode gets a new node id)."""
+
+    def __init__(self, after: int = 2):
+        super().__init__(honest(names={1: "a", 3: "b"}), node_ids=(1,))
+        self.after = after
+
+    def push_messages(self, messages):
+        ids = super().push_messages(messages)
+        sent_a = [m for m in self.pushed if m.metadata.dst_node_id == 1 and m.metadata.message_type == "train"]
+        if len(sent_a) >= self.after and 3 not in self.node_ids:
+            self.node_ids.append(3)
+        return ids
+
+
+@pytest.mark.parametrize("schedule", ["sync", "async"])
+def test_a_run_resumes_without_a_card_whose_supernode_is_away_and_takes_it_back(tmp_path, schedule):
+    """The ServerApp dies; when it resumes, b's SuperNode is away (restarting). The run goes on
+    with a alone, and b joins under its new node id as soon as it is back, continuing after its
+    last logged round: nothing refuses the resumed run, and every step is logged once."""
+    from server_app.server_app import run as server_run
+
+    from ftis_flwr.server_state import load_server_state
+
+    exp = experiment(ASYNC, run_dir=str(tmp_path), **{"exchange.schedule": schedule, "rounds.num_rounds": 6})
+
+    def crash(step, node_metrics):
+        if step == 3:
+            raise Crash("the ServerApp dies here")
+
+    with pytest.raises(Crash):
+        server_run(FakeGrid(honest()), exp, after_round=crash, name="run")
+    state = load_server_state(tmp_path / "run")
+    b_done = state.schedule["done"]["b"] if schedule == "async" else state.round
+    grid = BBackLater()
+    assert server_run(grid, None, resume=tmp_path / "run", connect_timeout=0) == tmp_path / "run"
+    rows = load_metrics(tmp_path / "run")
+    assert [r["round"] for r in rows] == list(range(len(rows)))  # each step once
+    to_b = [m.content[protocol.ROUND]["round"] for m in grid.pushed
+            if m.metadata.dst_node_id == 3 and m.metadata.message_type == "train"]
+    events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    if schedule == "async":  # it continues right after its last logged round
+        assert to_b[0] == b_done + 1, to_b
+        assert [(e["old_node_id"], e["node_id"]) for e in events if e["event"] == "node_rebound"] == [(None, 3)]
+    else:  # the round after it is back; the rounds without it are a's alone
+        assert to_b[0] > b_done + 1, to_b
+    assert to_b == sorted(set(to_b)) and to_b[-1] == 6
+    assert not [e for e in events if e["event"] == "node_failed"]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert set(summary["checkpoints"]) == {"a", "b"}

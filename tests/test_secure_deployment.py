@@ -1,5 +1,6 @@
 """Authenticated deployment: TLS-only SuperLink with SuperNode auth, two registered SuperNodes
-train the offline default for one round, and SuperNodes with an unregistered key or none are refused.
+train the offline default for one round, SuperNodes with an unregistered key or none are refused,
+and a registered SuperNode claiming a card pinned to another key is left out.
 
 Runs deploy/secure_local.py's ``main`` (loopback only, CPU); it stops every process it starts.
 """
@@ -36,7 +37,7 @@ def test_tls_and_supernode_auth(tmp_path):
     # Only the two registered keys got in. A third, unregistered key is refused at ActivateNode
     # (that alone Flower does even without --enable-supernode-auth); a SuperNode with no key is
     # refused at RegisterNode, which is what --enable-supernode-auth adds.
-    assert sorted(res["registered"]) == ["large", "small"]
+    assert sorted(res["registered"]) == ["impostor", "large", "small"]
     for name, refusal in (("intruder", "[code: 2004] Failed to activate SuperNode."),
                           ("anonymous", "[code: 2001] SuperNode authentication is enabled.")):
         out = res[name]
@@ -47,7 +48,9 @@ def test_tls_and_supernode_auth(tmp_path):
     refused_calls = [line.split('"POST ')[1].split()[0] for line in res["superlink_412"]]
     assert refused_calls == ["/v1/fleet/activate-node", "/v1/fleet/register-node"], res["superlink_412"]
 
-    # The federation itself ran to the end, both nodes in every round.
+    # A registered SuperNode claiming card "small", which is pinned to small's key, is left out
+    # and named; the federation itself ran to the end, both real nodes in every round.
+    assert res["checks"]["impostor_left_out"], res.get("left_out")
     assert res.get("run_returncode") == 0, logs
     assert res["rounds"] == [0, 1], logs
     assert res["nodes_per_round"] == [["large", "small"]] * 2, logs

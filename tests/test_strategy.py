@@ -18,7 +18,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, Re
 
 from clients.client_app import step_payload
 from ftis_flwr import protocol
-from ftis_flwr.config import load_experiment
+from ftis_flwr.config import ConfigError, load_experiment
 from ftis_flwr.groups import Group
 from ftis_flwr.rollouts import encode_groups
 from ftis_flwr.strategy import PROMPT_STRIDE, FederationError, FTISStrategy
@@ -691,3 +691,55 @@ def test_start_keeps_the_callers_config_and_refuses_what_it_cannot_use():
                        __import__("numpy").zeros(2))})}):
         with pytest.raises(TypeError, match="does not take"):
             strategy.start(grid=None, **kwargs)
+
+
+# ------------------------------------------------------------------ cards pinned to a node's key
+
+
+def _key_pair():
+    from cryptography.hazmat.primitives import serialization as s
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP384R1()).public_key()
+    return (key.public_bytes(s.Encoding.OpenSSH, s.PublicFormat.OpenSSH).decode() + " small@host",
+            key.public_bytes(s.Encoding.PEM, s.PublicFormat.SubjectPublicKeyInfo))
+
+
+class KeyedGrid(FakeGrid):
+    """A grid that reports each node's public key, as Flower 1.42's ``Grid.get_nodes()`` does."""
+
+    def __init__(self, respond, keys: dict[int, bytes], **kw):
+        super().__init__(respond, **kw)
+        self.keys = keys
+
+    def get_nodes(self):
+        from flwr.proto.node_pb2 import NodeInfo
+
+        return [NodeInfo(node_id=n, public_key=self.keys.get(n, b"")) for n in self.get_node_ids()]
+
+
+@pytest.mark.parametrize("alternate", [False, True])
+def test_a_card_pinned_to_a_key_is_bound_only_to_the_node_with_that_key(alternate):
+    (a_ssh, a_pem), (_, b_pem), (_, c_pem) = _key_pair(), _key_pair(), _key_pair()
+    grid = KeyedGrid(honest(names={1: "a", 2: "b", 3: "a"}), {1: a_pem, 2: b_pem, 3: c_pem},
+                     node_ids=(1, 2, 3), alternate=alternate)
+    strategy, events = run(experiment(**{"nodes.a.public_key": a_ssh}), grid)
+    assert strategy.roster.owners == {"a": 1, "b": 2}  # whatever the order the answers came in
+    assert [set(h.node_metrics) for h in strategy.history] == [{"a", "b"}] * 3
+    assert 3 not in [m.metadata.dst_node_id for m in grid.pushed if m.metadata.message_type == "train"]
+    (left,) = [f for k, f in events if k == "node_left_out"]
+    assert left["node_id"] == 3 and "pinned to the SuperNode key SHA256:" in left["reason"]
+
+
+def test_a_pinned_card_without_node_keys_refuses_the_run_and_says_why():
+    a_ssh, _ = _key_pair()
+    grid = FakeGrid(honest())  # a simulation's grid: no node keys
+    run(experiment(**{"nodes.a.public_key": a_ssh}), grid,
+        raises=(FederationError, r"(?s)model card 'a' has no SuperNode.*node id 1 is left out: .*pinned.*"
+                                 r"no node keys: an authenticated deployment"))
+    assert not grid.train_messages(0)
+
+
+def test_a_public_key_that_cannot_be_read_is_a_config_error():
+    with pytest.raises(ConfigError, match=r"nodes\[a\]\.public_key: not an OpenSSH public key line"):
+        experiment(**{"nodes.a.public_key": "ssh-ed25519 not-base64"})
