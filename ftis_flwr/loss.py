@@ -28,6 +28,17 @@ counted tokens for ``"token"``) and ``denominator`` counts those sequences or to
 result equals the full-batch gradient of ``loss = loss_sum / denominator`` exactly, for both
 reductions and for ``filter_action="drop"`` (dropped samples are in neither).
 
+**Chunks** (cross-tokenizer samples, :attr:`LossInputs.chunks`; alignment in
+:mod:`ftis_flwr.align`). For a sample scored in the receiver's own tokens, a chunk k is a run of
+receiver tokens covering the same bytes as a run of the sender's, and by the chain rule
+``log pi(k) = sum of its tokens' log-probs`` on either side. Then, for every token t of chunk k:
+``w_t = min(exp(sum_k old - sum_k gen), C)`` (detached); the filter's KL is the mean over chunks of
+k3 (or k1) of ``sum_k gen - sum_k old``; and the token functions see ``gen_t`` replaced by
+``lp_t.detach() - sum_k (lp.detach() - gen)``, so that ``lp - gen`` has the chunk's value with the
+gradient of ``lp_t`` alone (vis: ``rho_k``, per token). The PPO ratio ``exp(lp - old)`` stays per
+receiver token, and the normalisation rules are the token path's. One token per chunk is exactly
+the token path (tests/test_loss_chunks.py, loss and gradients).
+
 **Numerics.** Padding may hold anything (inf, NaN, 1e30): it is replaced with 0 by
 ``torch.where`` *before* any ``exp``, and nothing is ever multiplied by a mask. Real tokens must
 be finite (a clear ``ValueError`` otherwise). Caps, all documented constants below:
@@ -52,6 +63,7 @@ import torch
 
 from ftis_flwr.advantages import FILTER_RULES, FILTER_SCOPES, filter_mask
 from ftis_flwr.config import LossConfig
+from ftis_flwr.loss_chunks import Chunked, validate_chunks
 from ftis_flwr.loss_metrics import LossStats, loss_metrics
 
 KL_MAX_LOG_RATIO = 600.0
@@ -85,6 +97,12 @@ class LossInputs:
     old_logprobs: torch.Tensor | None = None
     """[B, T] detached log-probs under the round-start policy pi_old; None: ``logprobs.detach()``
     (one update per batch). Later updates on the same batch pass the first update's."""
+    chunks: torch.Tensor | None = None
+    """[B, T] integer chunk of each real token (cross-tokenizer samples, :mod:`ftis_flwr.align`):
+    per sample 0, 1, ... in order, a chunk being receiver tokens that cover the same bytes as a
+    run of the sender's. ``gen_logprobs`` then needs only the right *chunk sums* (the sender's
+    log-probs summed per chunk, spread over the chunk's tokens in any way). The importance
+    quantities become chunk-level (see :func:`compute_loss`); None: every token its own chunk."""
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -136,6 +154,8 @@ def _validate(x: LossInputs) -> None:
     if x.sources is not None:
         if len(x.sources) != B or not all(isinstance(s, str) for s in x.sources):
             raise ValueError(f"LossInputs.sources must be {B} strings, got {x.sources!r}")
+    if x.chunks is not None:
+        validate_chunks(x.chunks, m, lp.shape)
 
 
 @dataclass
@@ -273,11 +293,13 @@ def compute_loss(inputs: LossInputs, config: LossConfig, *, metrics: bool = True
     lp_c = inputs.logprobs.detach().cpu().double()
     old_c = inputs.old_logprobs.cpu().double() if has_old else lp_c
     gen_c = inputs.gen_logprobs.detach().cpu().double()
-    log_ratio = torch.where(m_c, old_c - gen_c, 0.0)
     n_tok = m_c.sum(dim=1).double()
-    d = -log_ratio
+    chunked = Chunked(inputs.chunks, m_c)
+    # log pi_old - log pi_gen per chunk, on each of its tokens (a token is its own chunk by default)
+    log_ratio = chunked.spread(torch.where(m_c, old_c - gen_c, 0.0))
+    d = -log_ratio  # read once per chunk, at its first token
     tok_kl = (torch.expm1(d.clamp(max=KL_MAX_LOG_RATIO)) - d) if config.kl_estimator == "k3" else d
-    sample_kl = torch.where(m_c, tok_kl, 0.0).sum(dim=1) / n_tok
+    sample_kl = torch.where(chunked.first, tok_kl, 0.0).sum(dim=1) / chunked.count  # mean over chunks
     adv = inputs.advantages.detach().cpu().double()
     foreign = inputs.foreign.cpu()
     candidates = filter_mask(adv, sample_kl, foreign, threshold=config.kl_threshold,
@@ -293,7 +315,16 @@ def compute_loss(inputs: LossInputs, config: LossConfig, *, metrics: bool = True
     old = torch.where(m, inputs.old_logprobs.to(work), 0.0) if has_old else lp.detach()
     gen = torch.where(m, inputs.gen_logprobs.to(work), 0.0)
     log_c = math.log(config.trunc_c)
-    w = torch.exp((old - gen).clamp(max=log_c + 1.0)).clamp(max=config.trunc_c)
+    if inputs.chunks is not None:
+        # chunk level: w from sum(old - gen) over the chunk, and gen replaced by a per-token value
+        # that makes lp - gen the chunk's sum(lp - gen) (gradient to lp as per token): the token
+        # path exactly when every chunk is one token
+        dev_chunks = chunked.to(dev)
+        w_log = dev_chunks.spread(torch.where(m, old - gen, 0.0))
+        gen = torch.where(m, lp.detach() - dev_chunks.spread(torch.where(m, lp.detach() - gen, 0.0)), 0.0)
+    else:
+        w_log = old - gen
+    w = torch.exp(w_log.clamp(max=log_c + 1.0)).clamp(max=config.trunc_c)
     terms = TokenTerms(lp=lp, gen=gen, w=w, adv=adv_used.to(dev, work)[:, None], old=old)
     tok_loss = token_fn(terms, config)
     if tuple(tok_loss.shape) != tuple(lp.shape):
@@ -313,6 +344,7 @@ def compute_loss(inputs: LossInputs, config: LossConfig, *, metrics: bool = True
         raise FloatingPointError(f"loss method {config.method!r} produced a non-finite loss")
 
     w64 = torch.exp(log_ratio.clamp(max=log_c + 1.0)).clamp(max=config.trunc_c)
+    gen_clip = gen_c if inputs.chunks is None else lp_c - chunked.spread(torch.where(m_c, lp_c - gen_c, 0.0))
     sample_w = torch.where(m_c, w64, 0.0).sum(dim=1) / n_tok
     stats = LossStats(
         loss_sum=loss_sum_value, denominator=denominator, foreign=foreign.numpy(),
@@ -321,7 +353,7 @@ def compute_loss(inputs: LossInputs, config: LossConfig, *, metrics: bool = True
         filtered_negative=f_neg.numpy(), filtered_kl=f_kl.numpy(),
         would_filter=candidates[0].numpy(), counted=counted.numpy(), sample_kl=sample_kl.numpy(),
         n_tokens=m_c.sum(dim=1).numpy(), log_ratio=log_ratio[m_c].numpy(), w=w64[m_c].numpy(),
-        clip=_clip_binds(config, *(torch.where(m_c, t, 0.0) for t in (lp_c, old_c, gen_c)),
+        clip=_clip_binds(config, *(torch.where(m_c, t, 0.0) for t in (lp_c, old_c, gen_clip)),
                          adv_used)[m_c].numpy() if config.method in CLIPPED_RATIO else None)
     out = LossOutputs(loss=loss, loss_sum=loss_sum, denominator=denominator, kept=kept,
                       counted=counted, filtered=filtered, filtered_negative=f_neg,
