@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .token_bytes import TokenBytesError, token_bytes
+
 
 class AlignError(ValueError):
     """Two tokenizations that cannot be aligned (spans that do not tile the text, a tokenizer
@@ -107,11 +109,23 @@ def utf8_offsets(text: str, char_offsets) -> tuple[np.ndarray, np.ndarray]:
 
 def encode_with_spans(tokenizer, text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The receiver's own tokens of a completion text and their UTF-8 byte spans, without special
-    tokens (a BOS never enters a completion's chunks); AlignError for a tokenizer without offsets."""
+    tokens (a BOS never enters a completion's chunks); AlignError for a tokenizer without offsets.
+
+    The spans are the tokens' own bytes (:mod:`ftis_flwr.token_bytes`) where those join to exactly
+    the text: a byte-level BPE that splits a multi-byte character then keeps that boundary, and a
+    tokenizer aligned with itself gets one token a chunk. Otherwise (a metaspace tokenizer that
+    prepends a space, say) they come from the tokenizer's character offsets."""
     if not getattr(tokenizer, "is_fast", False):
         raise AlignError(f"{type(tokenizer).__name__} is not a fast tokenizer: it gives no offsets, so "
                          "its completions cannot be aligned with another tokenizer's")
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids = np.asarray(enc["input_ids"], np.int64)
+    try:
+        pieces = token_bytes(tokenizer, ids)
+    except TokenBytesError:
+        pieces = None
+    if pieces is not None and b"".join(pieces) == text.encode("utf-8") and all(pieces):
+        ends = np.cumsum([len(p) for p in pieces]).astype(np.int64)
+        return ids, ends - np.array([len(p) for p in pieces], np.int64), ends
     starts, ends = utf8_offsets(text, enc["offset_mapping"] if len(ids) else np.zeros((0, 2)))
     return ids, starts, ends

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from . import protocol
 from .advantages import frac_zero_std_groups, g_for_round, pooled_advantages, pooled_rewards
 from .config import ExperimentConfig, ModelCard
 from .engines import make_engine
@@ -133,8 +134,8 @@ class Node:
         if batch:
             metrics.update(self.train(batch, req.round, req.num_rounds))
             for key in [k for k in metrics if k.endswith("/rewards_corrected")]:
-                rejections.append(f"{key.split('/')[0]}: {metrics[key]:.0f} sample(s) came with rewards "
-                                  "that differ from this node's own scoring of their text; its own were used")
+                rejections.append(f"{key.split('/')[0]}: {metrics[key]:.0f} sample(s) {protocol.REWARDS_NOTE} "
+                                  "from this node's own scoring of their text; its own were used")
         metrics["seconds_train"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         self.pending = self.generate(req.prompt_indices, req.group_size, req.round)

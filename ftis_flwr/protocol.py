@@ -37,6 +37,10 @@ INFO = "info"
 """node -> server: ConfigRecord with node, model_id, rejections, worker_pid, worker_starts.
 ``rejections``: list of str, each ``"<source>: <reason>"`` ([""] when there are none)."""
 
+REWARDS_NOTE = "came with rewards that differ"
+"""In a ``rejections`` line ``"<source>: <n> sample(s) came with rewards that differ ..."``: the
+receiver rescored a source's claimed rewards (a ``rewards_corrected`` event, not a rejection)."""
+
 FINISH = "ftis.finish"
 """ConfigRecord server -> node (query message): out_dir where the node saves its final model."""
 

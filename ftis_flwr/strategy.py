@@ -55,9 +55,6 @@ log = logging.getLogger(__name__)
 PROMPT_STRIDE = 1_009
 """Train-index offset per unit of ``rounds.seed`` (indices wrap modulo the train split)."""
 RoundCallback = Callable[[int, dict[str, dict[str, float]], dict[str, float]], None]
-REWARDS_NOTE = "came with rewards that differ"
-"""How a receiver's rejection line about a source's claimed rewards reads (ftis_flwr.node): such a
-line is a ``rewards_corrected`` event, not a reason for ``payload_rejected``."""
 REJECTION_STREAK = 3
 """Rounds in a row a source's groups are rejected by some receiver before the strategy warns."""
 
@@ -288,7 +285,7 @@ class FTISStrategy(Strategy):
                                          for k in ("groups", "samples", "payloads"))
             if groups > 0 or payloads > 0:
                 sources.add(src)
-                why = "; ".join(x for x in r.rejections if x.startswith(f"{src}: ") and REWARDS_NOTE not in x)
+                why = "; ".join(x for x in r.rejections if x.startswith(f"{src}: ") and protocol.REWARDS_NOTE not in x)
                 self.on_event("payload_rejected", round=rnd, node=r.name, source=src, groups=groups,
                               samples=samples, reason=why or "see the receiver's log")
             corrected = r.metrics.get(f"{src}/rewards_corrected", 0.0)

@@ -11,6 +11,7 @@ from transformers import PreTrainedTokenizerFast
 
 from ftis_flwr.align import AlignError, align, encode_with_spans, receiver_cuts
 from ftis_flwr.tiny import build_char_tokenizer
+from ftis_flwr.token_bytes import TokenBytesError, byte_lengths, token_bytes
 
 CORPUS = ["12 + 34 = 46", "100 - 7 = 93", "héllo wörld 中文 🙂", "  spaces   and\ttabs\n\nnew lines",
           "<think> 3 + 4 is 7 </think> <answer> 7 </answer>"] * 50
@@ -139,3 +140,39 @@ def test_real_tokenizers_align_on_random_text(tokenizers, sender, receiver):
             assert c.n == len(lengths)
             if sender == "char":
                 assert c.n == len(ids)
+
+
+# ----------------------------------------------------------------- the sender's bytes per token
+
+
+@pytest.mark.parametrize("name", ["char", "bpe", "unigram"])
+def test_each_generated_tokens_bytes_rebuild_the_text_and_align(tokenizers, name):
+    """A sender's own tokens (as a sampler would emit them: here its encoding of random text) give
+    bytes that join to exactly the text (a metaspace tokenizer's prepended space aside), so their
+    lengths tile it and align with any receiver's tokens, the char-level one's included."""
+    tok = tokenizers[name]
+    for text in texts(seed=7):
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        if tok.unk_token_id in ids:  # a text the sender could not have generated (char: no "é")
+            continue
+        joined = b"".join(token_bytes(tok, ids))
+        want = text.encode()
+        # Metaspace with prepend_scheme="always": a text that does not start with a space gains one
+        ok = joined == want or (name == "unigram" and joined == b" " + want)
+        assert ok, (name, text, tok.convert_ids_to_tokens(ids))
+        lengths = byte_lengths(tok, ids)
+        if name != "unigram" and len(want):
+            r_ids, starts, ends = encode_with_spans(tokenizers["char"], text)
+            chunks = align(lengths[lengths > 0], starts, ends, len(want))
+            check_partition(chunks, int((lengths > 0).sum()), len(r_ids))
+
+
+def test_special_tokens_stand_for_no_bytes_and_a_slow_tokenizer_is_named(tokenizers):
+    tok = tokenizers["bpe"]
+    assert token_bytes(tok, [tok.bos_token_id, tok("1", add_special_tokens=False)["input_ids"][0]]) == [b"", b"1"]
+
+    class Slow:
+        pass
+
+    with pytest.raises(TokenBytesError, match="Slow is not a fast tokenizer"):
+        token_bytes(Slow(), [1])
