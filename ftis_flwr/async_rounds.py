@@ -54,6 +54,8 @@ SCHEDULES = ("sync", "async")
 ASYNC_HELLO_TIMEOUT = 30.0
 """Longest wait for a new SuperNode's HELLO answer while the other nodes' replies wait (a
 deployed SuperNode answers in seconds: its 3 s poll, then a fresh ClientApp process)."""
+PARKED_RETRY = 10.0
+"""Seconds before a round is sent again to a node id that had no route but is listed again."""
 REHELLO_AFTER = 300.0
 """Seconds before a node id that did not answer its HELLO is asked again."""
 
@@ -170,6 +172,7 @@ class AsyncRounds:
         self.final_sent: set[int] = set()       # node ids sent their last (non-generating) round
         self._undelivered: dict[int, int] = {}  # node id -> round whose message found no route, this step
         self._unbuilt: dict[int, str] = {}      # of those, node id -> why its message could not be built
+        self.parked: dict[int, float] = {}      # node id with no route (its SuperNode gone) -> since when
         self.starting: set[int] = set()         # node ids whose first round (of this session) is out
         self._handled: dict[int, float] = {}    # node id -> server seconds its last reply took
         self._rehello: dict[int, float] = {}    # node id that did not answer its HELLO -> ask again at
@@ -188,7 +191,8 @@ class AsyncRounds:
         not ended its round ``num_rounds``: its time trains it and feeds the slower ones. Once all
         have, it takes one final round (an update on what arrived, no generation, evaluation)."""
         last = self.s.cfg.rounds.num_rounds
-        others_running = any(self.done.get(n, -1) < last for n in self.done if n != nid)
+        # a node without a route (parked) is not waited for: it may never come back
+        others_running = any(self.done.get(n, -1) < last for n in self.done if n != nid and n not in self.parked)
         self.done[nid] = rnd
         if rnd < last - 1 or (rnd < last and others_running):
             self._send(nid, rnd + 1, generate=True)
@@ -285,7 +289,11 @@ class AsyncRounds:
         after ``REHELLO_AFTER`` seconds (the others wait while it is asked: at most
         ``ASYNC_HELLO_TIMEOUT``)."""
         s, now = self.s, time.monotonic()
-        unknown = s.roster.unknown(self.grid.get_node_ids())
+        live = set(self.grid.get_node_ids())
+        for nid in [n for n, since in self.parked.items() if n in live and now - since >= PARKED_RETRY]:
+            del self.parked[nid]  # its node id is reachable again: its next round, once more
+            self._next(nid, self.done.get(nid, -1))
+        unknown = s.roster.unknown(live)
         if not any(now >= self._rehello.get(nid, 0.0) for nid in unknown):
             return
         before = dict(s.roster.names)
@@ -312,6 +320,7 @@ class AsyncRounds:
             for mid in lost:  # its groups go again, to the new id
                 self.store.rewind(name, self.inflight.pop(mid))
             self._undelivered.pop(old, None)
+            self.parked.pop(old, None)
             last = self.done.pop(old, -1)
             final = old in self.final_sent
             self.final_sent.discard(old)
@@ -380,8 +389,8 @@ class AsyncRounds:
         s._sent = {mid: x.nid for mid, x in self.inflight.items()}
         s._lost = {x.nid: f"no reply within the {x.deadline - x.sent_at:.0f} s round timeout" for x in late.values()}
         for nid in self._undelivered:
-            s._lost[nid] = self._unbuilt.pop(nid, None) or ("the message could not be delivered "
-                                                           "(push_messages returned no id for it)")
+            s._lost[nid] = self._unbuilt.get(nid) or ("the message could not be delivered (push_messages "
+                                                     "returned no id for it); the node waits for a route")
         round_of = {x.nid: x.rnd for x in self.inflight.values()}
         round_of.update(self._undelivered)
         for r in replies:
@@ -406,12 +415,19 @@ class AsyncRounds:
             add_idle({name: metrics}, span)
             metrics["round_seconds"] = span
             metrics["wall_seconds"] = now - self.t0
-        finished = [(nid, round_of[nid]) for nid in [*ended, *self._undelivered]]
+        # a message that found no route (the SuperNode is gone) does not end a round: the node is
+        # parked at its last ended round until its card moves to a new node id or its id is back,
+        # instead of burning one round (and its prompts) per step while it is away
+        unroutable = [nid for nid in self._undelivered if nid not in self._unbuilt]
+        for nid in unroutable:
+            self.parked.setdefault(nid, now)
+            self.ok[nid] = False
+        finished = [(nid, round_of[nid]) for nid in [*ended, *self._undelivered] if nid not in unroutable]
         for nid, _ in finished:
             self.last_reply[nid] = now
             self.ok[nid] = s.roster.name(nid) in outcome.node_metrics
             self.starting.discard(nid)
-        self._undelivered = {}
+        self._undelivered, self._unbuilt = {}, {}
         outcome.server_metrics["round_seconds"] = max(spans) if spans else 0.0
         train, evals = flatten(outcome)
         s._result.train_metrics_clientapp[step] = MetricRecord(train)

@@ -370,3 +370,40 @@ def test_a_run_resumes_without_a_card_whose_supernode_is_away_and_takes_it_back(
     assert not [e for e in events if e["event"] == "node_failed"]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert set(summary["checkpoints"]) == {"a", "b"}
+
+
+class Unroutable(FakeGrid):
+    """b's SuperNode (id 2) is gone after its round 1: its messages find no route (no message id)
+    while a (id 1) is sent ``away`` more rounds; then b's SuperNode is back as id 3."""
+
+    def __init__(self, away: int = 4):
+        super().__init__(honest(names={1: "a", 2: "b", 3: "b"}))
+        self.away, self.gone_at = away, None
+
+    def push_messages(self, messages):
+        to_a = [m for m in self.pushed if m.metadata.dst_node_id == 1 and m.metadata.message_type == "train"]
+        b_done = any(m.metadata.dst_node_id == 2 and m.metadata.message_type == "train"
+                     and m.content[protocol.ROUND]["round"] == 1 for m in self.pushed)
+        if b_done and self.gone_at is None:
+            self.gone_at = len(to_a)
+            self.undeliverable.add(2)
+        if self.gone_at is not None and len(to_a) >= self.gone_at + self.away and 3 not in self.node_ids:
+            self.node_ids = [1, 3]
+        return super().push_messages(messages)
+
+
+def test_a_node_without_a_route_waits_at_its_round_instead_of_burning_rounds():
+    """Found by benchmarks/chaos.py: a SuperNode away made each step count an undeliverable
+    message as an ended round, so the node raced through hundreds of failed rounds (and prompts)
+    in seconds and came back far past the schedule, with the others waiting on it. Now it fails
+    once, waits at its last ended round, and continues from there under its new node id."""
+    grid = Unroutable()
+    strategy, events = run(experiment(ASYNC, **{"rounds.num_rounds": 6}), grid)
+    failed = [f for k, f in events if k == "node_failed" and f["node"] == "b"]
+    assert len(failed) == 1 and "waits for a route" in failed[0]["reason"], failed
+    b_rounds = [r for _, r in node_rounds(strategy)["b"]]
+    assert b_rounds == list(range(len(b_rounds))) and b_rounds[-1] <= 7, b_rounds  # no round skipped or burned
+    to_3 = [m.content[protocol.ROUND]["round"] for m in grid.pushed
+            if m.metadata.dst_node_id == 3 and m.metadata.message_type == "train"]
+    assert to_3[0] == 2, to_3  # right after its round 1, the last it ended
+    assert strategy.checkpoints == {"a": "/ckpt/a", "b": "/ckpt/b"}
