@@ -15,7 +15,7 @@ What the driver does while ``flwr run`` trains the study (default: the four-node
 Then it checks what the run left: every round (step) exactly once in ``metrics.jsonl``; per node,
 ``updates`` strictly increasing over its rows (no update applied twice) and its final value within
 its trained rounds (logged rows after round 0, plus at most one per failed round: an update can
-land while its reply is lost). It prints the faults injected, rounds lost and the recovery time
+land while its reply is lost); and at most two failed node rounds per fault injected. It prints the faults injected, rounds lost and the recovery time
 of each fault (until the faulted node's next logged round, or the resumed run's first), and the
 final accuracies. ``main(argv)`` returns all of it as a dict. Every process it starts is stopped
 by its pid (process group) at the end, also on failure; only 127.0.0.1 is used.
@@ -154,8 +154,9 @@ def kill_worker(cache: Path, run_name: str, card: str) -> int | None:
     return pid
 
 
-def check(records: list[dict], events: list[dict], cards: list[str]) -> dict:
-    """What the run left, checked: each round once, updates never repeated, counters explained."""
+def check(records: list[dict], events: list[dict], cards: list[str], faults: int = 0) -> dict:
+    """What the run left, checked: each round once, updates never repeated, counters explained,
+    and at most two failed node rounds per fault injected (an away node must not burn rounds)."""
     out: dict = {"rounds_once": [r["round"] for r in records] == list(range(len(records)))}
     failed: dict[str, int] = {c: 0 for c in cards}
     for e in events:
@@ -173,8 +174,9 @@ def check(records: list[dict], events: list[dict], cards: list[str]) -> dict:
                           "strictly_increasing": all(b > a for a, b in zip(ups, ups[1:])),
                           "counter_explained": trained <= final <= trained + failed[card]}
     out["nodes"] = per_node
-    out["ok"] = out["rounds_once"] and all(n["strictly_increasing"] and n["counter_explained"]
-                                           for n in per_node.values())
+    out["failures_bounded"] = sum(failed.values()) <= 2 * faults
+    out["ok"] = out["rounds_once"] and out["failures_bounded"] and all(
+        n["strictly_increasing"] and n["counter_explained"] for n in per_node.values())
     return out
 
 
@@ -258,7 +260,8 @@ def main(argv: list[str] | None = None) -> dict:
     records, events = rows(run_dir), load_events(run_dir) if run_dir else []
     result = {"workdir": str(work), "run_dir": str(run_dir), "schedule": a.schedule, "seed": a.seed,
               "faults_planned": faults, "returncode": returncode, "wall_seconds": time.monotonic() - t0,
-              "check": check(records, events, cards), "injected": _recovery(injected, records, run_dir),
+              "check": check(records, events, cards, len(injected)),
+              "injected": _recovery(injected, records, run_dir),
               "final_accuracy": _final_accuracy(run_dir)}
     result["ok"] = result["check"]["ok"] and returncode == 0 and bool(result["final_accuracy"])
     if a.out is not None:
