@@ -41,7 +41,7 @@ def test_a_deployment_under_faults_completes_and_logs_every_round_once(tmp_path)
     assert kinds == ["server_stopped", "supernode_away", "worker_killed"], (res["injected"], logs)
     assert res["returncode"] == 0, logs
     check = res["check"]
-    assert check["rounds_once"], logs
+    assert check["rounds_once"] and check["failures_bounded"], logs
     for name, node in check["nodes"].items():
         assert node["strictly_increasing"] and node["counter_explained"], (name, node, logs)
     for fault in res["injected"]:
