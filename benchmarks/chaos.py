@@ -332,7 +332,11 @@ def _final_accuracy(run_dir: Path | None) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stopped: still stop what it started
+    def _stopped(*_):  # stopped: still stop what it started, and let a second signal not cut that short
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        sys.exit(143)
+
+    signal.signal(signal.SIGTERM, _stopped)
     if sys.argv[1:2] == ["--report"]:  # python benchmarks/chaos.py --report DIR: every DIR/*.json
         print(report([json.loads(p.read_text()) for p in sorted(Path(sys.argv[2]).glob("*.json"))]), end="")
         sys.exit(0)
