@@ -315,16 +315,11 @@ def compute_loss(inputs: LossInputs, config: LossConfig, *, metrics: bool = True
     old = torch.where(m, inputs.old_logprobs.to(work), 0.0) if has_old else lp.detach()
     gen = torch.where(m, inputs.gen_logprobs.to(work), 0.0)
     log_c = math.log(config.trunc_c)
-    if inputs.chunks is not None:
-        # chunk level: w from sum(old - gen) over the chunk, and gen replaced by a per-token value
-        # that makes lp - gen the chunk's sum(lp - gen) (gradient to lp as per token): the token
-        # path exactly when every chunk is one token
-        dev_chunks = chunked.to(dev)
-        w_log = dev_chunks.spread(torch.where(m, old - gen, 0.0))
-        gen = torch.where(m, lp.detach() - dev_chunks.spread(torch.where(m, lp.detach() - gen, 0.0)), 0.0)
-    else:
-        w_log = old - gen
-    w = torch.exp(w_log.clamp(max=log_c + 1.0)).clamp(max=config.trunc_c)
+    # chunk level (the token path when every token is its own chunk): w from sum(old - gen) over
+    # the chunk, then gen replaced so that lp - gen is the chunk's sum(lp - gen), per-token gradient
+    dev_chunks = chunked.to(dev)
+    w = torch.exp(dev_chunks.spread(old - gen).clamp(max=log_c + 1.0)).clamp(max=config.trunc_c)
+    gen = dev_chunks.chunk_gen(lp.detach(), gen)
     terms = TokenTerms(lp=lp, gen=gen, w=w, adv=adv_used.to(dev, work)[:, None], old=old)
     tok_loss = token_fn(terms, config)
     if tuple(tok_loss.shape) != tuple(lp.shape):
@@ -344,8 +339,8 @@ def compute_loss(inputs: LossInputs, config: LossConfig, *, metrics: bool = True
         raise FloatingPointError(f"loss method {config.method!r} produced a non-finite loss")
 
     w64 = torch.exp(log_ratio.clamp(max=log_c + 1.0)).clamp(max=config.trunc_c)
-    gen_clip = gen_c if inputs.chunks is None else lp_c - chunked.spread(torch.where(m_c, lp_c - gen_c, 0.0))
     sample_w = torch.where(m_c, w64, 0.0).sum(dim=1) / n_tok
+    gen_clip = chunked.chunk_gen(lp_c, gen_c)  # vis clips lp - gen: the chunk's, as in the loss
     stats = LossStats(
         loss_sum=loss_sum_value, denominator=denominator, foreign=foreign.numpy(),
         sources=None if inputs.sources is None else list(inputs.sources),

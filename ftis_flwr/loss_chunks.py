@@ -54,3 +54,10 @@ class Chunked:
         sums = torch.zeros(x.shape[0], self.width, dtype=x.dtype, device=x.device)
         sums.scatter_add_(1, self.idx, torch.where(self.m.to(x.device), x, 0.0))
         return torch.where(self.m.to(x.device), sums.gather(1, self.idx), 0.0)
+
+    def chunk_gen(self, lp: torch.Tensor, gen: torch.Tensor) -> torch.Tensor:
+        """Per-token generator log-probs that make ``lp - gen`` each token's chunk sum of it
+        (``lp`` detached: the gradient stays each token's own); ``gen`` when tokens are chunks."""
+        if self.idx is None:
+            return gen
+        return torch.where(self.m.to(lp.device), lp - self.spread(lp - gen), 0.0)

@@ -146,7 +146,6 @@ class Summary:
         }, "summary")
 
 
-
 def _change(points: list[tuple[int, float | None]], start: int | None = None) -> Change:
     """First and last finite point; with ``start``, a series not evaluated in round ``start``
     has no first value (``no_start``)."""

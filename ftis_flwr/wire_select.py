@@ -38,32 +38,9 @@ class WireSelectError(ValueError):
 
 
 def _v1(arrays: ArrayRecord, meta: ConfigRecord) -> tuple[dict[str, np.ndarray], int]:
-    """Format 1's arrays (as numpy) and group count, with the offsets' structure checked."""
-    version = meta.get("format_version")
-    if version not in FORMATS:
-        raise WireSelectError(f"format_version {version!r} cannot be cut by ftis_flwr.wire_select, which "
-                              f"reads format(s) {', '.join(map(str, FORMATS))}")
-    missing = [k for k in _V1_ARRAYS if k not in arrays]
-    if missing:
-        raise WireSelectError(f"format 1 payload lacks arrays {missing}")
-    try:
-        a = {k: arrays[k].numpy() for k in _V1_ARRAYS}
-    except Exception as exc:  # a corrupt buffer is the sender's fault, named as such
-        raise WireSelectError(f"format 1 payload cannot be read: {exc}") from None
-    ids = meta.get("prompt_id")
-    if not isinstance(ids, list):
-        raise WireSelectError("format 1 meta 'prompt_id' is not a list")
-    n = len(ids)
-    g_off, c_off, p_off = a["group_offsets"], a["completion_offsets"], a["prompt_offsets"]
-    for key, off, count, total in (("prompt_offsets", p_off, n, len(a["prompt_ids"])),
-                                   ("group_offsets", g_off, n, len(c_off) - 1),
-                                   ("completion_offsets", c_off, len(c_off) - 1, len(a["completion_ids"]))):
-        if (off.ndim != 1 or len(off) != count + 1 or off[0] != 0 or off[-1] != total
-                or (count and np.diff(off).min() < 0)):
-            raise WireSelectError(f"format 1 {key} does not describe {count} ranges of {total} elements")
-    if len(a["logprobs"]) != len(a["completion_ids"]) or len(a["rewards"]) != len(c_off) - 1:
-        raise WireSelectError("format 1 logprobs/rewards lengths disagree with the completions")
-    return a, n
+    """Format 1's arrays as numpy, in their wire dtypes (a cut keeps them), and the group count;
+    only after :func:`ftis_flwr.rollouts.read_payload` has checked keys, dtypes and offsets."""
+    return {k: arrays[k].numpy() for k in _V1_ARRAYS}, len(meta["prompt_id"])
 
 
 def _v2(arrays: ArrayRecord, meta: ConfigRecord, wire: WireConfig
