@@ -99,7 +99,7 @@ def step_payload(msg: Message) -> dict:
         "round": int(cfg["round"]), "num_rounds": int(cfg["num_rounds"]),
         "prompt_indices": [int(i) for i in json.loads(str(cfg["prompt_indices"]))],
         "group_size": int(cfg["group_size"]), "evaluate": bool(cfg["evaluate"]),
-        "foreign_payloads": foreign,
+        "send_text": bool(cfg.get("send_text", False)), "foreign_payloads": foreign,
     }
 
 
@@ -120,6 +120,7 @@ def train(msg: Message, context: Context) -> Message:
         protocol.GROUPS_META: reply["meta"],
         protocol.METRICS: MetricRecord({k: float(v) for k, v in reply["metrics"].items()}),
         protocol.INFO: ConfigRecord({"node": reply["node"], "model_id": reply["model_id"],
+                                     "tokenizer_fp": reply.get("tokenizer_fp", ""),
                                      "rejections": list(reply["rejections"]) or [""],
                                      "worker_pid": handle.pid, "worker_starts": starts}),
     })

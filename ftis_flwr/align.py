@@ -24,6 +24,12 @@ import numpy as np
 from .token_bytes import TokenBytesError, token_bytes
 
 
+CROSS_TOKENIZER_MODES = ("auto", "always", "off")
+"""``exchange.cross_tokenizer``: when a foreign sample takes the text (chunk) path."""
+CROSS_TOKENIZER_RATIOS = ("chunk", "sequence")
+"""``loss.cross_tokenizer_ratio``: per aligned chunk, or one per completion from mean log-probs."""
+
+
 class AlignError(ValueError):
     """Two tokenizations that cannot be aligned (spans that do not tile the text, a tokenizer
     without offsets); the message says which."""

@@ -57,6 +57,11 @@ class LossConfig:
     reduction: str = "sequence"
     """"sequence" (default, paper): mean over a sequence's tokens, then over sequences;
     "token": sum of token losses / number of tokens (Dr.GRPO-style)."""
+    cross_tokenizer_ratio: str = "chunk"
+    """How a sample from a peer with another tokenizer is weighted (cross-tokenizer F-TIS,
+    SPEC §4): "chunk" (default) takes w and the filter's KL per aligned chunk (the chain rule over
+    byte-aligned runs of tokens); "sequence" uses one ratio per completion from the two sides'
+    per-token *mean* log-probs (as HACPO, arXiv 2603.02604), kept as the ablation."""
 
 
 @dataclass
@@ -196,6 +201,12 @@ class ExchangeConfig:
     round; a node that has taken ``rounds.num_rounds`` rounds keeps going until every node has,
     then takes a final round. The importance weights already correct for the older policy that
     sampled a group. A stopped run resumes as a synchronous one does. See ftis_flwr.async_rounds."""
+    cross_tokenizer: str = "auto"
+    """Peers whose tokenizers differ (cross-tokenizer F-TIS, SPEC §4): "auto" (default) trains
+    on their samples through the completion text aligned into chunks, and on same-tokenizer
+    peers' token ids as before; "always" takes the text path for every foreign sample (between
+    identical tokenizers it trains exactly as the token path); "off" refuses a peer with another
+    tokenizer (the run stops before round 1 with the two cards named)."""
     max_staleness: int = 0
     """Async only: a foreign group is forwarded only while its source has taken at most this many
     updates since generating it; older ones are dropped and counted
@@ -240,9 +251,13 @@ class ModelCard:
     """Node name, used in logs and on the wire."""
     source: str = "tiny"
     """"tiny" (built and warm-started locally, offline), a local directory, or a hub id."""
+    tiny_tokenizer: str = "char"
+    """tiny source only: "char" (default: one token per character, shared by the default's
+    models) or "bpe" (a byte-level BPE trained offline on the arithmetic data, whose tokens span
+    several characters: a tiny peer with *another* tokenizer, for cross-tokenizer runs)."""
     tiny_size: str = "small"
     """tiny source only: "small" (~0.5M params: hidden 128, 2 layers) or "large" (~1.6M params:
-    hidden 192, 3 layers). Both share the character-level tokenizer."""
+    hidden 192, 3 layers). The tokenizer is tiny_tokenizer's."""
     warmstart_ops: str = "+-"
     """tiny source only: operations seen in supervised warm-start ("+", "-" or "+-")."""
     warmstart_steps: int = 2500

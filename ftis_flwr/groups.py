@@ -35,6 +35,17 @@ class Group:
     node: str
     model_id: str
     tokenizer_fp: str
+    texts: list[bytes] | None = None
+    """Cross-tokenizer path (SPEC §4), for receivers with another tokenizer: each completion's
+    text as UTF-8 bytes, what its tokens stand for (a final end-of-turn token stands for none)."""
+    byte_lengths: list[np.ndarray] | None = None
+    """With ``texts``: per completion, the bytes of its text each token covers, in order: >= 1,
+    except a final end-of-turn token's 0 (so a last length of 0 says the completion ended its
+    turn; a truncated one has none). They add up to the text's length."""
+    chunks: list[np.ndarray] | None = None
+    """Receiver side only, never on the wire: after alignment (:mod:`ftis_flwr.align`) the group
+    is in the receiver's tokens and each completion's tokens carry their chunk index 0, 1, ...;
+    its ``logprobs`` then hold the sender's log-prob of each chunk on the chunk's last token."""
 
     @property
     def size(self) -> int:
@@ -83,6 +94,38 @@ class Group:
             )
         if not np.all(np.isfinite(rewards)):
             raise PayloadError(f"{where}: rewards contain non-finite values")
+        if (self.texts is None) != (self.byte_lengths is None):
+            raise PayloadError(f"{where}: texts and byte_lengths come together or not at all")
+        if self.texts is not None:
+            if len(self.texts) != len(self.completions) or len(self.byte_lengths) != len(self.completions):
+                raise PayloadError(f"{where}: {len(self.completions)} completions but {len(self.texts)} "
+                                   f"texts and {len(self.byte_lengths)} byte-length arrays")
+            for i, (ids, text, lengths) in enumerate(zip(self.completions, self.texts, self.byte_lengths)):
+                why = text_fault(text, np.asarray(lengths), len(ids))
+                if why:
+                    raise PayloadError(f"{where}: completion {i}: {why}")
+
+
+def text_fault(text: bytes, lengths: np.ndarray, n_tokens: int) -> str:
+    """Why one completion's text and byte lengths break the wire rules (``Group.byte_lengths``),
+    or "" when they meet them."""
+    if not isinstance(text, (bytes, bytearray)):
+        return f"text must be bytes, got {type(text).__name__}"
+    if lengths.ndim != 1 or lengths.dtype.kind not in "iu" or len(lengths) != n_tokens:
+        return f"byte lengths must be a 1-D integer array of {n_tokens} (one per token)"
+    inner = lengths[:-1]
+    if (inner <= 0).any():
+        return (f"token {int(np.argmax(inner <= 0))} covers {int(inner.min())} bytes (only a final "
+                "end-of-turn token covers none)")
+    if lengths[-1] < 0:
+        return f"the last token covers {int(lengths[-1])} bytes"
+    if int(lengths.sum()) != len(text):
+        return f"byte lengths add up to {int(lengths.sum())}, the text has {len(text)} bytes"
+    try:
+        bytes(text).decode("utf-8")
+    except UnicodeDecodeError as e:
+        return f"text is not valid UTF-8 ({e.reason} at byte {e.start})"
+    return ""
 
 
 def _check_ids(ids: np.ndarray, vocab_size: int | None, where: str) -> None:

@@ -1,8 +1,8 @@
 """Model cards -> policies: tiny offline Qwen2 models (:mod:`ftis_flwr.tiny`) or real LLMs.
 
-``source == "tiny"``: a ~0.5M/1.6M-parameter Qwen2 with a shared character-level tokenizer,
-shipped with the package or warm-started here (:func:`ftis_flwr.tiny.warm_start`). Otherwise the
-source is a local directory, a ``.gguf`` file or a hub id, loaded with transformers.
+``source == "tiny"``: a ~0.5M/1.6M-parameter Qwen2 with a character-level (or byte-level BPE)
+tokenizer, shipped with the package or warm-started here (:func:`ftis_flwr.tiny.warm_start`).
+Otherwise the source is a local directory, a ``.gguf`` file or a hub id, loaded with transformers.
 
 Tokenizers are returned with a pad token and ``padding_side = "left"``, so batched
 ``generate`` continues every prompt right after its last token; training code builds its own
@@ -38,10 +38,12 @@ _GENERIC_TOKENIZERS = ("PreTrainedTokenizerFast", "TokenizersBackend")
 
 
 def load_tokenizer(path: str | Path, **kwargs: Any) -> Any:
-    """A saved tokenizer; generic fast tokenizers (like the char one) bypass AutoTokenizer.
+    """A saved tokenizer; generic fast tokenizers (the tiny models' char and BPE ones) bypass
+    AutoTokenizer.
 
     transformers 5's AutoTokenizer swaps in Qwen2Tokenizer next to a qwen2 config and ignores a
-    custom tokenizer.json (FACTS.md), which would silently drop characters.
+    custom tokenizer.json (FACTS.md), which would silently drop characters (char) or split text
+    into other ids (the tiny BPE: Qwen2's rule splits numbers into single digits).
     """
     cfg_file = Path(path) / "tokenizer_config.json"
     if cfg_file.is_file():
@@ -246,9 +248,9 @@ def save_policy(policy: Policy, out_dir: Path) -> Path:
     else:
         how = ("Full model:\n  from transformers import AutoModelForCausalLM\n"
                f"  model = AutoModelForCausalLM.from_pretrained({str(out_dir)!r})")
-    tok_note = ("It is the character-level tokenizer: load it with\n"
+    tok_note = ("It is a tiny model's own tokenizer (character-level or byte-level BPE): load it with\n"
                 f"  PreTrainedTokenizerFast.from_pretrained({str(out_dir)!r})\n"
-                "(AutoTokenizer would substitute Qwen2Tokenizer and drop characters)."
+                "(AutoTokenizer would substitute Qwen2Tokenizer: other ids, dropped characters)."
                 if char_tok else "Load it with AutoTokenizer.from_pretrained(out_dir).")
     (out_dir / "README.txt").write_text(_README.format(kind="LoRA" if is_lora else "full",
                                                        model_id=policy.model_id, how=how,

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from . import protocol
+from .aligned import AlignError, AlignStats, to_own_tokens
 from .advantages import frac_zero_std_groups, g_for_round, pooled_advantages, pooled_rewards
 from .config import ExperimentConfig, ModelCard
 from .engines import make_engine
@@ -30,8 +31,9 @@ from .logprobs import completion_logprobs, pack_batch
 from .loss import LossInputs, compute_loss
 from .loss_metrics import LossStats, clip_frac, loss_metrics, own_gap
 from .models import compute_context, load_policy, save_policy, stop_token_ids
-from .groups import Group, PayloadError, tokenizer_fingerprint
+from .groups import Group, PayloadError, text_fault, tokenizer_fingerprint
 from .tasks import make_task
+from .token_bytes import TokenBytesError, completion_text
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +68,9 @@ class StepRequest:
     """What the server forwarded from other nodes' last round, already decoded and validated."""
     rejected: dict[str, tuple[int, int]] = field(default_factory=dict)
     """Source -> (groups, samples) of its payload that failed decoding (counted, never silent)."""
+    send_text: bool = False
+    """Put the completions' texts on the wire: a peer with another tokenizer (or
+    ``exchange.cross_tokenizer=always``) trains on them through the text (the server decides)."""
 
 
 @dataclass
@@ -99,9 +104,10 @@ class Node:
         self.tokenizer = self.policy.tokenizer
         self.vocab_size = len(self.tokenizer)
         """The sampling vocabulary: the tokenizer's tokens, never the model's spare output rows."""
+        self.stop_ids = stop_token_ids(self.tokenizer, self.model, card.stop_tokens)
+        """Ids that end a completion; the first is this node's end-of-turn token in aligned text."""
         self.engine = make_engine(card.engine, self.model, self.tokenizer, vocab_size=self.vocab_size,
-                                  eos_token_ids=stop_token_ids(self.tokenizer, self.model, card.stop_tokens),
-                                  card=card)
+                                  eos_token_ids=self.stop_ids, card=card)
         self.compute = compute_context(card)
         self.generate_metrics: dict[str, float] = {}
         self.fingerprint = tokenizer_fingerprint(self.tokenizer)
@@ -138,7 +144,7 @@ class Node:
                                   "from this node's own scoring of their text; its own were used")
         metrics["seconds_train"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        self.pending = self.generate(req.prompt_indices, req.group_size, req.round)
+        self.pending = self.generate(req.prompt_indices, req.group_size, req.round, send_text=req.send_text)
         metrics["seconds_generate"] = time.perf_counter() - t0
         metrics.update(self.generate_metrics)
         if self.pending:
@@ -148,7 +154,11 @@ class Node:
             metrics.update(self.evaluate())
             metrics["seconds_eval"] = time.perf_counter() - t0
         self.round = req.round
-        return StepResult(groups=self.pending, metrics=metrics, rejections=rejections)
+        sent = self.pending
+        if req.send_text:  # a payload carries every group's texts or none: the rest stay home
+            sent = [g for g in self.pending if g.texts is not None]
+            metrics["groups_unsent_no_text"] = float(len(self.pending) - len(sent))
+        return StepResult(groups=sent, metrics=metrics, rejections=rejections)
 
     # ---------------------------------------------------------------- helpers
     def _prompt_tokens(self, problem) -> np.ndarray:
@@ -170,9 +180,19 @@ class Node:
         for rec in received:
             src, seen = rec.source, set()
             assigned = {self.task.train_problem(i).id for i in rec.prompt_indices}
+            stats, t0 = AlignStats(), time.perf_counter()
             for g in rec.groups:
                 reason = self._why_unusable(g, src, assigned, seen)
                 seen.add(g.prompt_id)
+                if reason is None and self._text_path(g):
+                    try:
+                        g, one = to_own_tokens(
+                            g, self.tokenizer, self._prompt_tokens(self.task.problem(g.prompt_id)),
+                            self.stop_ids[0], max_tokens=self.cfg.wire.max_tokens_per_completion,
+                            ratio=self.cfg.loss.cross_tokenizer_ratio)
+                        stats.add(one)
+                    except AlignError as exc:
+                        reason = f"cannot align its text with this node's tokens: {exc}"
                 if reason is None:
                     usable.append(g)
                     continue
@@ -181,6 +201,11 @@ class Node:
                 entry = rejected.setdefault((src, reason), [0, 0, g.prompt_id])
                 entry[0] += 1
                 entry[1] += g.size
+            if stats.receiver_tokens:  # the text path's diagnostics (SPEC §4)
+                metrics[f"{src}/xtok_tokens"] = float(stats.receiver_tokens)
+                metrics[f"{src}/xtok_chunks_per_token"] = stats.chunks / stats.receiver_tokens
+                metrics[f"{src}/xtok_multi_token_share"] = stats.multi_tokens / stats.receiver_tokens
+                metrics[f"{src}/xtok_align_seconds"] = time.perf_counter() - t0
         for (src, reason), (n, samples, first) in rejected.items():
             text = f"{src}: {n} group(s), {samples} sample(s) rejected: {reason} (first: {first!r})"
             reasons.append(text)
@@ -204,9 +229,17 @@ class Node:
             problem = self.task.problem(g.prompt_id)
         except KeyError as exc:
             return f"unknown prompt id: {exc}"
+        if self._text_path(g):  # its prompt is in the sender's tokens: this node renders its own
+            return None
         if not np.array_equal(self._prompt_tokens(problem), g.prompt_tokens):
             return "prompt tokens differ from this node's encoding of the prompt"
         return None
+
+    def _text_path(self, g: Group) -> bool:
+        """A foreign group this node trains on through its text (``exchange.cross_tokenizer``)."""
+        if g.node == self.card.name:
+            return False
+        return g.tokenizer_fp != self.fingerprint or self.cfg.exchange.cross_tokenizer == "always"
 
     def _rewards(self, group: Group) -> np.ndarray:
         """Recomputed from the decoded text: a node never trusts a reward it did not compute."""
@@ -303,20 +336,22 @@ class Node:
         return [g.prompt_id if horizontal else f"{g.node}|{g.prompt_id}|{i}" for i, g in enumerate(groups)]
 
     def _samples(self, groups: list[Group], rewards: list[np.ndarray]) -> list[tuple]:
-        """(prompt, completion, gen_lp, advantage, foreign, source) per sample, in group order."""
+        """(prompt, completion, gen_lp, advantage, foreign, source, chunks) per sample, in group
+        order; ``chunks`` None on the token path."""
         adv_cfg = self.cfg.advantage
         advs = pooled_advantages(rewards, self._group_keys(groups), scale=adv_cfg.scale_rewards,
                                  eps=adv_cfg.eps)
         samples = []
         for g, adv in zip(groups, advs):
             foreign = g.node != self.card.name
-            for c, lp, a in zip(g.completions, g.logprobs, adv):
-                samples.append((g.prompt_tokens, c, lp, float(a), foreign, g.node))
+            chunks = g.chunks if g.chunks is not None else [None] * g.size
+            for c, lp, a, ch in zip(g.completions, g.logprobs, adv, chunks):
+                samples.append((g.prompt_tokens, c, lp, float(a), foreign, g.node, ch))
         return samples
 
     def _loss_inputs(self, chunk, old: torch.Tensor | None = None) -> LossInputs:
         """One micro-batch's forward; ``old``: its pi_old log-probs from the round's first update."""
-        prompts, comps, gens, advs, foreign, sources = zip(*chunk)
+        prompts, comps, gens, advs, foreign, sources, chunks = zip(*chunk)
         batch = pack_batch(list(prompts), list(comps), pad_id=self.tokenizer.pad_token_id)
         device = self.model.device
         with self.compute():
@@ -325,6 +360,14 @@ class Node:
         gen = torch.zeros_like(lp, dtype=torch.float32)
         for i, g in enumerate(gens):
             gen[i, : len(g)] = torch.from_numpy(np.asarray(g, dtype=np.float32))
+        chunk_ids = None
+        if any(c is not None for c in chunks):
+            chunk_ids = torch.zeros(lp.shape, dtype=torch.long)
+            for i, (c, comp) in enumerate(zip(chunks, comps)):
+                chunk_ids[i, : len(comp)] = torch.arange(len(comp)) if c is None else torch.from_numpy(c)
+            if self.cfg.loss.cross_tokenizer_ratio == "sequence":
+                gen = self._sequence_gen(gen, old if old is not None else lp.detach(), chunks, comps)
+            chunk_ids = chunk_ids.to(device)
         return LossInputs(
             logprobs=lp.float(),
             gen_logprobs=gen,
@@ -333,10 +376,28 @@ class Node:
             foreign=torch.tensor(foreign, dtype=torch.bool, device=device),
             sources=list(sources),
             old_logprobs=None if old is None else old.to(device),
+            chunks=chunk_ids,
         )
 
+    @staticmethod
+    def _sequence_gen(gen: torch.Tensor, old: torch.Tensor, chunks, comps) -> torch.Tensor:
+        """``loss.cross_tokenizer_ratio=sequence``: a text-path sample is one chunk whose tokens
+        hold the sender's mean token log-prob; choose per-token values whose chunk sum of
+        ``old - gen`` is ``mean(old) - mean(sender)`` (one HACPO-style ratio of means)."""
+        gen = gen.clone()
+        old = old.detach().to(gen.device).float()
+        for i, (c, comp) in enumerate(zip(chunks, comps)):
+            if c is None:
+                continue
+            n = len(comp)
+            d = old[i, :n].mean() - gen[i, :n].mean()
+            gen[i, :n] = old[i, :n] - d / n
+        return gen
+
     # --------------------------------------------------------------- generate
-    def generate(self, indices: list[int], n: int, round_idx: int) -> list[Group]:
+    def generate(self, indices: list[int], n: int, round_idx: int, *, send_text: bool = False) -> list[Group]:
+        """G completions per prompt, with rewards; ``send_text``: each group also carries its
+        completions' texts and byte lengths where it can (else ``texts`` stays None)."""
         if not indices:
             return []
         r = self.cfg.rollout
@@ -361,9 +422,31 @@ class Node:
                 log.warning("node %s drops its own group %s: %s", self.card.name, problem.id, exc)
                 continue
             g.rewards = self._rewards(g)
+            if send_text:
+                self._attach_texts(g)
             groups.append(g)
         self.generate_metrics = {"groups_dropped_unencodable": float(dropped)}
         return groups
+
+    def _attach_texts(self, g: Group) -> None:
+        """Texts and byte lengths of ``g``'s completions (``Group.texts``), or none with a warning
+        when one cannot be put on the wire (a token that stands for no text; a completion cut
+        inside a multi-byte character is not valid UTF-8)."""
+        texts, lengths = [], []
+        for ids in g.completions:
+            try:
+                text, lens = completion_text(self.tokenizer, ids, self.stop_ids)
+            except TokenBytesError as exc:
+                why = str(exc)
+            else:
+                why = text_fault(text, lens, len(ids))
+            if why:
+                log.warning("node %s: group %s goes without its texts (peers of another tokenizer "
+                            "cannot use it): %s", self.card.name, g.prompt_id, why)
+                return
+            texts.append(text)
+            lengths.append(lens)
+        g.texts, g.byte_lengths = texts, lengths
 
     # --------------------------------------------------------------- evaluate
     def evaluate(self) -> dict[str, float]:

@@ -15,7 +15,8 @@ run is refused). It builds nothing, so it is answered in seconds."""
 
 ROUND = "ftis.round"
 """ConfigRecord server -> node: round, num_rounds, prompt_indices (JSON list), group_size,
-evaluate, experiment (JSON of the resolved ExperimentConfig), run_name, and ``foreign``: JSON
+evaluate, experiment (JSON of the resolved ExperimentConfig), run_name, ``send_text`` (put the
+completions' texts on the wire: a peer has another tokenizer, or one is not known yet), and ``foreign``: JSON
 {source: train indices the server assigned to that source in the round its groups come from}.
 ``foreign`` is the provenance stamp: the server names each source from the Flower node id that
 sent the groups, so a receiver never has to trust the groups' own ``node`` label."""
@@ -34,7 +35,7 @@ METRICS = "metrics"
 """node -> server: MetricRecord of the round (train, filter, eval, timing)."""
 
 INFO = "info"
-"""node -> server: ConfigRecord with node, model_id, rejections, worker_pid, worker_starts.
+"""node -> server: ConfigRecord with node, model_id, tokenizer_fp, rejections, worker_pid, worker_starts.
 ``rejections``: list of str, each ``"<source>: <reason>"`` ([""] when there are none)."""
 
 REWARDS_NOTE = "came with rewards that differ"

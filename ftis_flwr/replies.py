@@ -46,6 +46,8 @@ class TrainReply:
     rejections: list[str]
     nbytes: int
     ntokens: int
+    tokenizer_fp: str = ""
+    """The node's tokenizer fingerprint as it reports it ("" if it does not)."""
 
 
 @dataclass
@@ -97,9 +99,10 @@ def read_train_reply(content: RecordDict, wire: WireConfig | None = None) -> Tra
     if isinstance(starts, (int, float)) and not isinstance(starts, bool):
         metrics["worker_starts"] = float(starts)
     nbytes = check_payload(arrays, meta, wire or WireConfig())
+    fp = info.get("tokenizer_fp", "")
     return TrainReply(name=name, arrays=arrays, meta=meta, metrics=metrics,
                       rejections=[x for x in rejections if x], nbytes=nbytes,
-                      ntokens=completion_tokens(arrays))
+                      ntokens=completion_tokens(arrays), tokenizer_fp=fp if isinstance(fp, str) else "")
 
 
 def check_payload(arrays: ArrayRecord, meta: ConfigRecord, wire: WireConfig) -> int:

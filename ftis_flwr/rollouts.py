@@ -27,7 +27,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord
 
 from ftis_flwr import wire_arrays, wire_compact
 from ftis_flwr.config import WireConfig
-from ftis_flwr.groups import Group, PayloadError, _first_bad_logprob
+from ftis_flwr.groups import Group, PayloadError, _first_bad_logprob, text_fault
 from ftis_flwr.wire_arrays import (  # noqa: F401 (re-exported: format 1's names)
     FORMAT_VERSION,
     NPY_HEADER_MAX,
@@ -61,6 +61,13 @@ def encode_groups(
             g.validate(vocab_size)
         except PayloadError as e:
             raise PayloadError(f"group {i}: {e}") from None
+    with_text = {g.texts is not None for g in groups}
+    if len(with_text) > 1:
+        raise PayloadError("some groups carry their texts and some do not: a payload carries all or none")
+    text = None
+    if with_text == {True}:
+        text = (np.frombuffer(b"".join(t for g in groups for t in g.texts), np.uint8),
+                _flat([np.asarray(b) for g in groups for b in g.byte_lengths], np.int64))
     completions = [c for g in groups for c in g.completions]
     flat_lp = _flat([np.asarray(lp, np.float32) for g in groups for lp in g.logprobs], np.float32)
     if format == "compact":
@@ -73,12 +80,13 @@ def encode_groups(
             group_offsets=_offsets([g.size for g in groups]),
             logprobs=flat_lp,
             rewards=_flat([np.asarray(g.rewards) for g in groups], np.float32),
+            text=None if text is None else text[0], byte_lengths=None if text is None else text[1],
         )
         blob = wire_compact.pack(fields, id_bits=wire_compact.bits_for(vocab_size - 1),
                                  codec=logprob_dtype, compress=compress, check_range=True)
         return ArrayRecord({WIRE_KEY: Array.from_numpy_ndarray(np.frombuffer(blob, np.uint8))}), \
             ConfigRecord()
-    return wire_arrays.encode(groups, completions, flat_lp, logprob_dtype, tok_dtype)
+    return wire_arrays.encode(groups, completions, flat_lp, logprob_dtype, tok_dtype, text)
 
 
 def _group_at(group_offsets: np.ndarray, completion: int) -> int:
@@ -92,11 +100,16 @@ def decode_groups(
     expected_fp: str,
     vocab_size: int,
     wire: WireConfig,
+    cross_tokenizer: str = "off",
 ) -> list[Group]:
-    """Validate a received payload completely, then build its groups; PayloadError on any fault."""
+    """Validate a received payload completely, then build its groups; PayloadError on any fault.
+
+    ``cross_tokenizer`` (``exchange.cross_tokenizer``): "off" refuses groups of another
+    tokenizer; otherwise they are accepted when they carry their texts (their ids are then the
+    sender's, checked only to be >= 0: the receiver trains on the text)."""
     f = _read_fields(arrays, meta, wire)
-    _check_fingerprints(f, expected_fp)
-    check_fields(f, wire, vocab_size=vocab_size)
+    same = _check_fingerprints(f, expected_fp, cross_tokenizer)
+    check_fields(f, wire, vocab_size=vocab_size if same else None)
     return _build(f)
 
 
@@ -119,13 +132,22 @@ def _read_fields(arrays: ArrayRecord, meta: ConfigRecord, wire: WireConfig) -> F
     return wire_arrays.read(arrays, meta, wire)
 
 
-def _check_fingerprints(f: Fields, expected_fp: str) -> None:
+def _check_fingerprints(f: Fields, expected_fp: str, cross_tokenizer: str = "off") -> bool:
+    """True when every group is of the receiver's tokenizer; PayloadError for a group of another
+    one unless ``cross_tokenizer`` allows it and the payload carries the texts."""
+    same = True
     for g, fp in enumerate(f.strings["tokenizer_fp"]):
-        if fp != expected_fp:
-            raise PayloadError(
-                f"group {g} (prompt_id {f.strings['prompt_id'][g]!r}): tokenizer fingerprint {fp!r} "
-                f"differs from this node's {expected_fp!r}"
-            )
+        if fp == expected_fp:
+            continue
+        same = False
+        where = (f"group {g} (prompt_id {f.strings['prompt_id'][g]!r}): tokenizer fingerprint {fp!r} "
+                 f"differs from this node's {expected_fp!r}")
+        if cross_tokenizer == "off":
+            raise PayloadError(f"{where} (exchange.cross_tokenizer=off refuses another tokenizer; 'auto' "
+                               "trains on it through the completion text)")
+        if f.text is None:
+            raise PayloadError(f"{where}, and the payload carries no completion text to align")
+    return same
 
 
 def _compact_bytes(arrays: ArrayRecord, meta: ConfigRecord, wire: WireConfig) -> memoryview:
@@ -222,6 +244,25 @@ def check_fields(f: Fields, wire: WireConfig, *, vocab_size: int | None = None) 
     if not np.all(np.isfinite(f.rewards)):
         c = int(np.argmax(~np.isfinite(f.rewards)))
         raise PayloadError(f"{name(_group_at(g_off, c))}: non-finite reward")
+    if (f.text is None) != (f.byte_lengths is None):
+        raise PayloadError("a payload carries texts and byte lengths together or neither")
+    if f.text is not None:
+        if len(f.byte_lengths) != len(f.completion_ids):
+            raise PayloadError(f"{len(f.byte_lengths)} byte lengths for {len(f.completion_ids)} completion tokens")
+        if len(f.byte_lengths) and (f.byte_lengths.min() < 0 or f.byte_lengths.sum() != len(f.text)):
+            raise PayloadError(f"byte lengths (min {f.byte_lengths.min()}) add up to {f.byte_lengths.sum()}, "
+                               f"the texts hold {len(f.text)} bytes")
+        at = _flat_offsets(f.byte_lengths)
+        text = f.text.tobytes()
+        for c in range(n_comp):
+            lo, hi = int(c_off[c]), int(c_off[c + 1])
+            why = text_fault(text[at[lo]:at[hi]], f.byte_lengths[lo:hi], hi - lo)
+            if why:
+                raise PayloadError(f"{name_completion(c)}: {why}")
+
+
+def _flat_offsets(lengths: np.ndarray) -> np.ndarray:
+    return _offsets(np.asarray(lengths, np.int64))
 
 
 def _build(f: Fields) -> list[Group]:
@@ -242,6 +283,12 @@ def _build(f: Fields) -> list[Group]:
                 tokenizer_fp=strs["tokenizer_fp"][g],
             )
         )
+    if f.text is not None:
+        at, text = _flat_offsets(f.byte_lengths), f.text.tobytes()
+        for g, group in enumerate(groups):
+            cs = range(int(g_off[g]), int(g_off[g + 1]))
+            group.texts = [text[at[c_off[c]]:at[c_off[c + 1]]] for c in cs]
+            group.byte_lengths = [f.byte_lengths[c_off[c]:c_off[c + 1]].copy() for c in cs]
     return groups
 
 

@@ -100,6 +100,8 @@ class FTISStrategy(Strategy):
         self.step_word = "round"
         """What a history entry is called in logs: "step" under the asynchronous schedule."""
         self.checkpoints: dict[str, str] = {}
+        self.tokenizers: dict[str, str] = {}
+        """Card -> tokenizer fingerprint, as each node reported it: who needs completion texts."""
 
     # ------------------------------------------------------------ resume
     def restore(self, state: ServerState) -> None:
@@ -201,8 +203,33 @@ class FTISStrategy(Strategy):
             "evaluate": self._evaluate_now(rnd) if evaluate is None else evaluate,
             "experiment": self._experiment_json,
             "run_name": self.run_name, "foreign": json.dumps(foreign),
+            "send_text": self.send_text(self.roster.name(nid)),
         })
         return Message(content=content, dst_node_id=nid, message_type=MessageType.TRAIN)
+
+    def send_text(self, name: str) -> bool:
+        """Whether node ``name`` puts its completions' texts on the wire (``exchange.cross_tokenizer``):
+        "always"; never "off" or training alone; "auto" while some other card's tokenizer differs
+        from its own or is not known yet (a first round, a card not seen yet)."""
+        mode = self.cfg.exchange.cross_tokenizer
+        if mode != "auto" or self.cfg.advantage.mode == "alone":
+            return mode == "always" and self.cfg.advantage.mode != "alone"
+        mine = self.tokenizers.get(name)
+        return mine is None or any(self.tokenizers.get(c.name) != mine for c in self.cfg.nodes if c.name != name)
+
+    def check_tokenizers(self) -> None:
+        """``exchange.cross_tokenizer=off``: FederationError once two cards report different
+        tokenizers (after round 0's replies, so before any node trains on the other's ids)."""
+        if self.cfg.exchange.cross_tokenizer != "off" or self.cfg.advantage.mode == "alone":
+            return
+        by_fp: dict[str, list[str]] = {}
+        for name, fp in sorted(self.tokenizers.items()):
+            by_fp.setdefault(fp, []).append(name)
+        if len(by_fp) > 1:
+            kinds = "; ".join(f"{', '.join(names)} (tokenizer {fp})" for fp, names in by_fp.items())
+            raise FederationError(f"the nodes' tokenizers differ: {kinds}. exchange.cross_tokenizer=off "
+                                  "trains only between equal tokenizers; set it to 'auto' to train on "
+                                  "the others' completions through their text (SPEC §4)")
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -249,6 +276,8 @@ class FTISStrategy(Strategy):
             outcome.node_metrics[r.name] = {**r.metrics, "payload_bytes": float(r.nbytes),
                                             **self._received.get(nid, {})}
             self.budget.note(r.name, r.metrics)
+            if r.tokenizer_fp:
+                self.tokenizers[r.name] = r.tokenizer_fp
             rejected |= self._note_rejections(server_round, nid, r)
         for nid, reason in outcome.failures.items():
             name = self.roster.name(nid)
@@ -453,6 +482,7 @@ class FTISStrategy(Strategy):
                                  limit, what=f"round {rnd}")
             self._lost.update(self._unsent)
             self.aggregate_train(rnd, replies)
+            self.check_tokenizers()
             outcome = self.history[-1]
             outcome.server_metrics["round_seconds"] = time.perf_counter() - t0
             add_idle(outcome.node_metrics, outcome.server_metrics["round_seconds"])

@@ -1,10 +1,10 @@
 """The offline tiny models: a character tokenizer, toy Qwen2 configs and their warm-start.
 
-A ``source: tiny`` model card names a ~0.5M (``small``) or ~1.6M (``large``) parameter Qwen2 that
-shares one character-level tokenizer. It is trained from scratch by a short supervised run on
-generated arithmetic (:func:`train_tiny`) up to a target accuracy, its weights rounded to
-bfloat16 values, and cached under ``<cache>/tiny/<name>`` outside the repository (the Flower app
-bundle is capped at 10 MB).
+A ``source: tiny`` model card names a ~0.5M (``small``) or ~1.6M (``large``) parameter Qwen2 on
+one character-level tokenizer (or the byte-level BPE of :mod:`ftis_flwr.tiny_bpe`), trained from
+scratch by a short supervised run on generated arithmetic (:func:`train_tiny`) up to a target
+accuracy, its weights rounded to bfloat16 values, and cached under ``<cache>/tiny/<name>`` outside
+the repository (the Flower app bundle is capped at 10 MB).
 
 **Shipped warm-starts.** Warm-starting takes 1-6 minutes per model on a 2-core CPU, and its
 result differs between CPU models. The default preset's models are therefore shipped with the
@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from tokenizers import Regex, Tokenizer, decoders, models as tok_models, pre_tokenizers
+from tokenizers import Regex, Tokenizer, decoders, pre_tokenizers
+from tokenizers import models as tok_models
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config
 
 from .config import ModelCard, default_cache_dir
@@ -45,6 +46,9 @@ WARMSTART_VERSION = "2"
 SPECIAL_TOKENS = ("<pad>", "<eos>", "<unk>")
 CHARS = string.digits + "+-=*" + " " + string.ascii_lowercase + ".,:;!?()'\"#_%$\n" + "<>/"
 """The character vocabulary, in id order after the special tokens. Append only: ids must never move."""
+TINY_TOKENIZERS = ("char", "bpe")
+"""``ModelCard.tiny_tokenizer``: the character-level one, or the offline byte-level BPE
+(:mod:`ftis_flwr.tiny_bpe`)."""
 TINY_MAX_POSITIONS = 64
 TINY_SIZES: dict[str, dict[str, int]] = {
     "small": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -111,7 +115,8 @@ def warmstart_key(card: ModelCard, task: ArithmeticTask) -> dict[str, Any]:
     weights = op_weights(card.warmstart_ops)  # a plain mix keeps its old key (shipped models)
     ops = "".join(parse_ops(card.warmstart_ops)) if weights is None else \
         "".join(f"{op}{w}" for op, w in weights.items())
-    return {"version": WARMSTART_VERSION, "size": card.tiny_size,
+    from .tiny_bpe import tokenizer_key  # char cards: no entry, their (shipped) keys unchanged
+    return {**tokenizer_key(card.tiny_tokenizer), "version": WARMSTART_VERSION, "size": card.tiny_size,
             "ops": ops, "steps": int(card.warmstart_steps),
             "seed": int(card.seed), "task_seed": int(task.seed), "lr": WARMSTART_LR,
             "batch": WARMSTART_BATCH, "betas": list(WARMSTART_BETAS), "warmup": WARMSTART_WARMUP,
@@ -129,7 +134,8 @@ def warmstart_dir(card: ModelCard, task: ArithmeticTask, cache_dir: Path | None 
     key = warmstart_key(card, task)
     ops = {"+": "add", "-": "sub", "+-": "addsub"}.get(key["ops"]) or \
         key["ops"].replace("+", "add").replace("-", "sub")  # weighted: "+3-1" -> "add3sub1"
-    name = f"{key['size']}-{ops}-{key['steps']}steps-seed{key['seed']}-{digest(key)}"
+    tok = key["tokenizer"].split("-")[0] + "-" if "tokenizer" in key else ""  # "bpe-"
+    name = f"{key['size']}-{tok}{ops}-{key['steps']}steps-seed{key['seed']}-{digest(key)}"
     return check_cache_root(Path(cache_dir) if cache_dir else default_cache_dir()) / "tiny" / name
 
 
@@ -191,7 +197,8 @@ def train_tiny(card: ModelCard, task: ArithmeticTask, log_every: int | None = No
     evaluate along the way; its time is not counted). The returned weights are rounded to
     bfloat16 values (:func:`round_to_bf16`), as cached and shipped models are.
     """
-    tok = build_char_tokenizer()
+    from .tiny_bpe import build_tiny_tokenizer
+    tok = build_tiny_tokenizer(card.tiny_tokenizer)
     problems = task.warmstart_problems(card.warmstart_ops)
     ids, mask, labels = _encode_examples(tok, problems)
     steps = int(card.warmstart_steps)
@@ -318,12 +325,13 @@ def _install_shipped(card: ModelCard, weights: Path, manifest: dict[str, Any], o
     """Verify a shipped warm-start's hash and key, then write it as a full model folder."""
     from safetensors.torch import load_file
 
+    from .tiny_bpe import build_tiny_tokenizer
     digest = sha256_file(weights)
     if digest != manifest.get("sha256"):
         raise ValueError(f"shipped warm-start {weights} has SHA-256 {digest}, its manifest says "
                          f"{manifest.get('sha256')}: the file is damaged; reinstall the package or "
                          f"delete it to train the model here")
-    tok = build_char_tokenizer()
+    tok = build_tiny_tokenizer(card.tiny_tokenizer)
     config = tiny_config(card.tiny_size, len(tok), tok.pad_token_id, tok.eos_token_id)
     model = AutoModelForCausalLM.from_config(config)
     state = {k: v.to(torch.float32) for k, v in load_file(str(weights)).items()}
@@ -394,8 +402,8 @@ def warm_start(card: ModelCard, task: ArithmeticTask, cache_dir: Path | None = N
 
 # ------------------------------------------------------------------------------ shipping
 
-SHIPPED_PRESETS = ("cpu-pair",)
-"""Presets whose tiny models are shipped with the package (the README's default run)."""
+SHIPPED_PRESETS = ("cpu-pair", "cpu-xtok")
+"""Presets whose tiny models are shipped (the README's default run, its cross-tokenizer variant)."""
 
 
 def ship(presets: tuple[str, ...] = SHIPPED_PRESETS, out_dir: Path | None = None,
@@ -403,7 +411,8 @@ def ship(presets: tuple[str, ...] = SHIPPED_PRESETS, out_dir: Path | None = None
     """Write the shipped warm-starts of ``presets``' tiny cards (bf16 safetensors + manifest).
 
     Each model comes from the cache when it is there, else is trained now; the manifest keeps
-    its warm-start key, report and SHA-256. Returns the weight files written.
+    its warm-start key, report and SHA-256; one already there (same name, so same key) whose
+    hash verifies is kept as it is. Returns the weight files written or kept.
     """
     from safetensors.torch import save_file
 
@@ -419,19 +428,24 @@ def ship(presets: tuple[str, ...] = SHIPPED_PRESETS, out_dir: Path | None = None
         for card in exp.nodes:
             if card.source != "tiny":
                 continue
+            name = warmstart_dir(card, task, cache_dir).name
+            weights, meta = out_dir / f"{name}.safetensors", out_dir / f"{name}.json"
+            written.append(weights)
+            if weights.is_file() and meta.is_file() and \
+                    json.loads(meta.read_text()).get("sha256") == sha256_file(weights):
+                print(f"kept {weights} (shipped already)", flush=True)
+                continue
             folder = warm_start(card, task, cache_dir)
             model = AutoModelForCausalLM.from_pretrained(str(folder))
-            state = {k: v.to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()
-                     if k != "lm_head.weight"}
-            weights = out_dir / f"{folder.name}.safetensors"
-            save_file(state, str(weights))
+            save_file({k: v.to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()
+                       if k != "lm_head.weight"}, str(weights))
+            weights.chmod(0o644)  # safetensors writes 0600: installed copies must be readable
             report = json.loads((folder / MARKER).read_text())
             report.pop("losses", None)
             report.pop("shipped", None)
             manifest = {"name": folder.name, "preset": preset, "card": card.name,
                         "sha256": sha256_file(weights), "report": report}
-            (out_dir / f"{folder.name}.json").write_text(json.dumps(manifest, indent=1) + "\n")
-            written.append(weights)
+            meta.write_text(json.dumps(manifest, indent=1) + "\n")
             print(f"shipped {weights} ({weights.stat().st_size / 1e6:.1f} MB)", flush=True)
     return written
 

@@ -56,16 +56,19 @@ def _decoder_kinds(tokenizer) -> set[str]:
     return kinds
 
 
-def token_bytes(tokenizer, ids) -> list[bytes]:
-    """The bytes of each token in ``ids`` (b"" for special tokens)."""
+def token_bytes(tokenizer, ids, *, specials: str = "empty") -> list[bytes]:
+    """The bytes of each token in ``ids``: b"" for special tokens, or their own text
+    (``specials="content"``, e.g. ``<|im_start|>``: what a decode without skipping them shows)."""
     kinds = _decoder_kinds(tokenizer)
     special = set(getattr(tokenizer, "all_special_ids", []) or [])
     pieces = tokenizer.convert_ids_to_tokens([int(i) for i in ids])
     table = _byte_level_table() if "ByteLevel" in kinds else None
     out = []
     for i, piece in zip(ids, pieces):
-        if int(i) in special or piece is None:
+        if piece is None:
             out.append(b"")
+        elif int(i) in special:
+            out.append(piece.encode("utf-8") if specials == "content" else b"")
         elif table is not None:
             try:
                 out.append(bytes(table[ch] for ch in piece))
@@ -84,3 +87,18 @@ def token_bytes(tokenizer, ids) -> list[bytes]:
 def byte_lengths(tokenizer, ids) -> np.ndarray:
     """[n] int64 bytes per token of ``ids`` (0 for special tokens): what a sender puts on the wire."""
     return np.fromiter((len(b) for b in token_bytes(tokenizer, ids)), np.int64, len(ids))
+
+
+def completion_text(tokenizer, ids, stop_ids) -> tuple[bytes, np.ndarray]:
+    """(text, byte lengths) a sender puts on the wire for one generated completion
+    (``Group.texts`` / ``Group.byte_lengths``): a final token in ``stop_ids`` is the end of the
+    turn and covers 0 bytes; a special token inside the completion stands for its own text.
+    TokenBytesError when some other token covers no byte (it could not be aligned)."""
+    ids = [int(i) for i in ids]
+    eot = bool(ids) and ids[-1] in set(int(i) for i in stop_ids)
+    pieces = token_bytes(tokenizer, ids[:-1] if eot else ids, specials="content")
+    empty = [k for k, p in enumerate(pieces) if not p]
+    if empty:
+        raise TokenBytesError(f"token {ids[empty[0]]} at position {empty[0]} stands for no text")
+    lengths = [len(p) for p in pieces] + ([0] if eot else [])
+    return b"".join(pieces), np.asarray(lengths, np.int64)

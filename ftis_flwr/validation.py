@@ -40,12 +40,15 @@ CHOICE_OWNERS: dict[str, tuple[str, str]] = {
     "task.name": ("ftis_flwr.tasks", "TASK_NAMES"),
     "exchange.select": ("ftis_flwr.budget", "SELECT_RULES"),
     "exchange.schedule": ("ftis_flwr.async_rounds", "SCHEDULES"),
+    "exchange.cross_tokenizer": ("ftis_flwr.align", "CROSS_TOKENIZER_MODES"),
+    "loss.cross_tokenizer_ratio": ("ftis_flwr.align", "CROSS_TOKENIZER_RATIOS"),
 }
 """Experiment key -> (owner module, attribute holding the allowed values)."""
 
 CARD_CHOICE_OWNERS: dict[str, tuple[str, str]] = {
     "engine": ("ftis_flwr.engines", "ENGINES"),
     "tiny_size": ("ftis_flwr.tiny", "TINY_SIZES"),
+    "tiny_tokenizer": ("ftis_flwr.tiny", "TINY_TOKENIZERS"),
     "g.kind": ("ftis_flwr.advantages", "G_KINDS"),
 }
 """Model-card key -> (owner module, attribute holding the allowed values)."""

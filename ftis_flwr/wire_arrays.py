@@ -7,6 +7,8 @@ the reference the compact format is measured against. Layout, n groups, c comple
   ``completion_ids`` (flat), ``completion_offsets`` int64 [c+1], ``group_offsets`` int64 [n+1]
   (completion index ranges per group), ``logprobs`` (flat, same length as ``completion_ids``),
   ``rewards`` float32 [c] (logging only: receivers recompute rewards from text).
+- optional, together (cross-tokenizer payloads): ``text`` uint8 (the completions' UTF-8 texts,
+  concatenated) and ``byte_lengths`` int32 (one per completion token, see ``Group.byte_lengths``).
 - meta: ``format_version``, ``token_dtype`` (uint8 / uint16 / int32, the smallest that holds the
   vocabulary), ``logprob_dtype`` (fp32 / fp16 / bf16; bf16 travels as the uint16 upper half of
   the fp32 bit pattern, rounded to nearest even), and per-group lists of str ``prompt_id``,
@@ -62,8 +64,10 @@ def token_dtype_for(vocab_size: int) -> str:
 
 
 def encode(groups: list[Group], completions: list[np.ndarray], flat_lp: np.ndarray,
-           logprob_dtype: str, tok_dtype: str) -> tuple[ArrayRecord, ConfigRecord]:
-    """Checked groups -> format 1 records (the caller validated every group)."""
+           logprob_dtype: str, tok_dtype: str, text: tuple[np.ndarray, np.ndarray] | None = None
+           ) -> tuple[ArrayRecord, ConfigRecord]:
+    """Checked groups -> format 1 records (the caller validated every group); ``text``: the
+    flat (text, byte_lengths) of a cross-tokenizer payload."""
     arrays = {
         "prompt_ids": _flat([g.prompt_tokens for g in groups], tok_dtype),
         "prompt_offsets": _offsets([len(g.prompt_tokens) for g in groups]),
@@ -73,6 +77,8 @@ def encode(groups: list[Group], completions: list[np.ndarray], flat_lp: np.ndarr
         "logprobs": encode_logprobs(flat_lp, logprob_dtype),
         "rewards": _flat([np.asarray(g.rewards) for g in groups], np.float32),
     }
+    if text is not None:
+        arrays["text"], arrays["byte_lengths"] = text[0].astype(np.uint8), text[1].astype(np.int32)
     record = ArrayRecord({k: Array.from_numpy_ndarray(v) for k, v in arrays.items()})
     meta: dict = {
         "format_version": FORMAT_VERSION,
@@ -122,7 +128,9 @@ def read(arrays: ArrayRecord, meta: ConfigRecord, wire: WireConfig) -> Fields:
                   prompt_offsets=a["prompt_offsets"],
                   completion_ids=a["completion_ids"].astype(np.int64),
                   completion_offsets=a["completion_offsets"], group_offsets=a["group_offsets"],
-                  logprobs=decode_logprobs(a["logprobs"], lp_dtype), rewards=a["rewards"])
+                  logprobs=decode_logprobs(a["logprobs"], lp_dtype), rewards=a["rewards"],
+                  text=a.get("text"),
+                  byte_lengths=None if "byte_lengths" not in a else a["byte_lengths"].astype(np.int64))
 
 
 def declared_length(arrays: ArrayRecord, key: str) -> int:
@@ -138,7 +146,10 @@ def _read_arrays(arrays: ArrayRecord, tok_dtype: str, lp_dtype: str) -> dict[str
     missing = [k for k in _ARRAY_KEYS if k not in keys]
     if missing:
         raise PayloadError(f"arrays missing keys {missing}")
-    extra = sorted(keys - set(_ARRAY_KEYS))
+    text_keys = {"text", "byte_lengths"} & keys
+    if text_keys and len(text_keys) != 2:
+        raise PayloadError(f"arrays have {sorted(text_keys)} without {sorted({'text', 'byte_lengths'} - text_keys)}")
+    extra = sorted(keys - set(_ARRAY_KEYS) - text_keys)
     if extra:
         raise PayloadError(f"arrays have unexpected keys {extra}")
     want = {
@@ -150,6 +161,8 @@ def _read_arrays(arrays: ArrayRecord, tok_dtype: str, lp_dtype: str) -> dict[str
         "logprobs": np.dtype(_LOGPROB_WIRE_DTYPE[lp_dtype]),
         "rewards": np.dtype(np.float32),
     }
+    if text_keys:
+        want.update({"text": np.dtype(np.uint8), "byte_lengths": np.dtype(np.int32)})
     out = {}
     for key, dtype in want.items():
         try:

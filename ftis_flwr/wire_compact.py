@@ -21,6 +21,12 @@ cost a bit each). With the zlib flag (set by a sender only where the stream is s
 header is one zlib stream, which is
 inflated to at most the declared body size (itself capped) and must end exactly there.
 
+Text (flag bit 3, cross-tokenizer F-TIS: for receivers with another tokenizer): an 8-byte
+extension after the header (``<2I``: text bytes, bits per byte length), and two more body
+sections after the rewards: each completion token's byte length (bit-packed; a final
+end-of-turn token's is 0) and the completions' UTF-8 texts, concatenated (each completion's
+share is the sum of its tokens' lengths).
+
 This module is pure bytes <-> :class:`Fields`; the semantic checks (offsets, vocabulary, log-prob
 signs, caps per group) are format-independent and live in :mod:`ftis_flwr.rollouts`.
 """
@@ -43,6 +49,9 @@ LP_CODECS = ("fp32", "fp16", "bf16")
 COMPRESSORS = ("none", "zlib")
 STR_KEYS = ("prompt_id", "node", "model_id", "tokenizer_fp")
 _ZLIB = 4
+_TEXT = 8
+EXT = struct.Struct("<2I")
+"""The text extension after the header: text bytes, bits per token byte length."""
 _MAX_WIDTH = 32
 _MAX_ID_BITS = 31  # int32 ids, as format 1
 
@@ -63,6 +72,10 @@ class Fields:
     group_offsets: np.ndarray
     logprobs: np.ndarray
     rewards: np.ndarray
+    text: np.ndarray | None = None
+    """uint8: the completions' texts, concatenated (cross-tokenizer payloads only)."""
+    byte_lengths: np.ndarray | None = None
+    """int64, one per completion token: the bytes of the text it covers (with ``text``)."""
 
 
 # ---- numbers: bit packing and 16-bit log-probs -------------------------------------------------
@@ -159,7 +172,8 @@ def _section_sizes(h: dict) -> list[tuple[str, int]]:
         ("completion ids", packed_len(t, h["id_bits"])),
         ("log-probs", t * _LP_WIRE[h["codec"]].itemsize),
         ("rewards", 4 * k + packed_len(c, bits_for(max(k - 1, 0))) if k else 4 * c),
-    ]
+    ] + ([("byte lengths", packed_len(t, h["length_bits"])), ("text", h["text_bytes"])]
+         if h["text"] else [])
 
 
 def pack(fields: Fields, *, id_bits: int, codec: str = "fp32", compress: str = "none",
@@ -208,15 +222,22 @@ def pack(fields: Fields, *, id_bits: int, codec: str = "fp32", compress: str = "
         lp.tobytes(),
         reward_bytes,
     ])
+    ext = b""
+    if fields.text is not None:
+        lengths = np.asarray(fields.byte_lengths, np.int64)
+        length_bits = bits_for(int(lengths.max()) if len(lengths) else 0)
+        text = np.asarray(fields.text, np.uint8).tobytes()
+        ext = EXT.pack(len(text), length_bits)
+        body += pack_bits(lengths, length_bits) + text
     packed = zlib.compress(body, level) if compress == "zlib" else body
     if len(packed) >= len(body):  # zlib only where it pays: tiny or random bodies go as they are
         packed = body
-    flags = LP_CODECS.index(codec) | (_ZLIB if packed is not body else 0)
+    flags = LP_CODECS.index(codec) | (_ZLIB if packed is not body else 0) | (_TEXT if ext else 0)
     header = HEADER.pack(MAGIC, VERSION, flags, id_bits, 0, n, len(clen),
                          len(fields.completion_ids), len(fields.prompt_ids), len(table),
                          int(str_lens.sum()), k if use_palette else 0, len(body),
                          _widths_word(widths))
-    return header + packed
+    return header + ext + packed
 
 
 def read_header(buf: bytes | memoryview) -> dict:
@@ -230,15 +251,25 @@ def read_header(buf: bytes | memoryview) -> dict:
         raise PayloadError(f"compact payload: magic {magic!r}, expected {MAGIC!r}")
     if version != VERSION:
         raise PayloadError(f"compact payload: version {version}, this receiver reads {VERSION}")
-    if flags & ~(_ZLIB | 3) or (flags & 3) >= len(LP_CODECS) or zero:
+    if flags & ~(_ZLIB | _TEXT | 3) or (flags & 3) >= len(LP_CODECS) or zero:
         raise PayloadError(f"compact payload: unknown flags {flags:#04x} / reserved byte {zero}")
     w = tuple((widths >> sh) & 0xFF for sh in (0, 8, 16, 24))
     if id_bits > _MAX_ID_BITS or max(w) > _MAX_WIDTH:
         raise PayloadError(f"compact payload: bit widths {id_bits} (ids) / {w} exceed "
                            f"{_MAX_ID_BITS} / {_MAX_WIDTH}")
+    text_bytes, length_bits = 0, 0
+    if flags & _TEXT:
+        if len(buf) < HEADER.size + EXT.size:
+            raise PayloadError(f"compact payload: {len(buf)} bytes, shorter than its header and "
+                               f"{EXT.size}-byte text extension")
+        text_bytes, length_bits = EXT.unpack_from(buf, HEADER.size)
+        if length_bits > _MAX_WIDTH:
+            raise PayloadError(f"compact payload: {length_bits} bits per byte length exceed {_MAX_WIDTH}")
     return {"codec": LP_CODECS[flags & 3], "zlib": bool(flags & _ZLIB), "id_bits": id_bits,
             "groups": n, "completions": c, "tokens": t, "prompt_tokens": p, "strings": s,
-            "string_bytes": sb, "palette": k, "body_bytes": body, "widths": w}
+            "string_bytes": sb, "palette": k, "body_bytes": body, "widths": w,
+            "text": bool(flags & _TEXT), "text_bytes": text_bytes, "length_bits": length_bits,
+            "header_bytes": HEADER.size + (EXT.size if flags & _TEXT else 0)}
 
 
 def check_token_cap(tokens: int, wire: WireConfig) -> None:
@@ -277,7 +308,7 @@ def unpack(buf: bytes | memoryview, wire: WireConfig) -> Fields:
     if h["body_bytes"] != expected:
         raise PayloadError(f"compact payload: header declares a {h['body_bytes']}-byte body, its "
                            f"counts need {expected}")
-    rest = buf[HEADER.size :]
+    rest = buf[h["header_bytes"] :]
     if h["zlib"]:
         body = _inflate(rest, expected)
     elif len(rest) != expected:
@@ -331,9 +362,14 @@ def unpack(buf: bytes | memoryview, wire: WireConfig) -> Fields:
         rewards = palette[ridx].view(np.float32)
     else:
         rewards = np.frombuffer(sec["rewards"], "<f4").astype(np.float32)
+    text = byte_lengths = None
+    if h["text"]:
+        byte_lengths = unpack_bits(sec["byte lengths"], t, h["length_bits"], "byte lengths")
+        text = np.frombuffer(sec["text"], np.uint8)
     return Fields(strings=fields_str, prompt_ids=prompt_ids, prompt_offsets=offsets(plen),
                   completion_ids=completion_ids, completion_offsets=offsets(clen),
-                  group_offsets=offsets(gsize), logprobs=logprobs, rewards=rewards)
+                  group_offsets=offsets(gsize), logprobs=logprobs, rewards=rewards,
+                  text=text, byte_lengths=byte_lengths)
 
 
 def offsets(lengths) -> np.ndarray:

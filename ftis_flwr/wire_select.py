@@ -31,6 +31,8 @@ FORMATS = (1, 2)
 """The ``format_version`` values this module can cut."""
 _V1_ARRAYS = ("prompt_ids", "prompt_offsets", "completion_ids", "completion_offsets",
               "group_offsets", "logprobs", "rewards")
+_TEXT_ARRAYS = ("text", "byte_lengths")
+"""Present together or not at all (cross-tokenizer payloads): cut per completion like the rest."""
 
 
 class WireSelectError(ValueError):
@@ -40,7 +42,8 @@ class WireSelectError(ValueError):
 def _v1(arrays: ArrayRecord, meta: ConfigRecord) -> tuple[dict[str, np.ndarray], int]:
     """Format 1's arrays as numpy, in their wire dtypes (a cut keeps them), and the group count;
     only after :func:`ftis_flwr.rollouts.read_payload` has checked keys, dtypes and offsets."""
-    return {k: arrays[k].numpy() for k in _V1_ARRAYS}, len(meta["prompt_id"])
+    keys = _V1_ARRAYS + (_TEXT_ARRAYS if "text" in arrays.keys() else ())
+    return {k: arrays[k].numpy() for k in keys}, len(meta["prompt_id"])
 
 
 def _v2(arrays: ArrayRecord, meta: ConfigRecord, wire: WireConfig
@@ -52,7 +55,7 @@ def _v2(arrays: ArrayRecord, meta: ConfigRecord, wire: WireConfig
         f = wc.unpack(blob, wire)
     except PayloadError as exc:
         raise WireSelectError(f"compact payload cannot be read: {exc}") from None
-    a = {k: getattr(f, k) for k in _V1_ARRAYS}
+    a = {k: getattr(f, k) for k in _V1_ARRAYS + (_TEXT_ARRAYS if f.text is not None else ())}
     return a, len(f.group_offsets) - 1, header, f
 
 
@@ -131,6 +134,10 @@ class Cuttable:
             "logprobs": cut(a["logprobs"], tokens),
             "rewards": a["rewards"][np.asarray(comps, dtype=np.int64)],
         }
+        if "text" in a:
+            at = wc.offsets(a["byte_lengths"])  # byte position of each token's start
+            out["byte_lengths"] = cut(a["byte_lengths"], tokens)
+            out["text"] = cut(a["text"], [(at[lo], at[hi]) for lo, hi in tokens])
         return _repack(self, out, [self._per_group(g) for g in keep])
 
     def _per_group(self, g: int) -> dict[str, object]:
@@ -172,19 +179,20 @@ def merge(reads: list[Cuttable]) -> tuple[ArrayRecord, ConfigRecord]:
     def shape(r: Cuttable) -> tuple:
         head = None if r._compact is None else tuple(r._compact[0][k] for k in ("id_bits", "codec", "zlib"))
         keys = tuple(sorted(r._per_group(0))) if r.n else None
-        return head, tuple(r._a[k].dtype.str for k in _V1_ARRAYS), keys
+        return head, tuple(r._a[k].dtype.str for k in _V1_ARRAYS), keys, "text" in r._a
 
     shapes = {shape(r) for r in reads if r.n}
     if len(shapes) > 1:
         raise WireSelectError(f"payloads of one source cannot be joined: they were packed differently "
                               f"({sorted(map(str, shapes))})")
-    out = {}
-    for key in ("prompt_ids", "completion_ids", "logprobs", "rewards"):
-        out[key] = np.concatenate([r._a[key] for r in reads]).astype(first._a[key].dtype, copy=False)
-    for key in ("prompt_offsets", "completion_offsets", "group_offsets"):
-        lengths = np.concatenate([np.diff(r._a[key]) for r in reads]).astype(np.int64)
-        out[key] = wc.offsets(lengths).astype(first._a[key].dtype, copy=False)
     like = next((r for r in reads if r.n), first)
+    used = [r for r in reads if r.n] or [first]  # an empty payload adds nothing (may lack text)
+    out = {}
+    for key in ("prompt_ids", "completion_ids", "logprobs", "rewards") + (_TEXT_ARRAYS if "text" in like._a else ()):
+        out[key] = np.concatenate([r._a[key] for r in used]).astype(like._a[key].dtype, copy=False)
+    for key in ("prompt_offsets", "completion_offsets", "group_offsets"):
+        lengths = np.concatenate([np.diff(r._a[key]) for r in used]).astype(np.int64)
+        out[key] = wc.offsets(lengths).astype(like._a[key].dtype, copy=False)
     return _repack(like, out, [r._per_group(g) for r in reads for g in range(r.n)])
 
 

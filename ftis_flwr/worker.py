@@ -499,7 +499,8 @@ def step_from_payloads(node, payload: dict[str, Any]) -> dict[str, Any]:
     for src, (arrays, meta, indices) in payload.pop("foreign_payloads", {}).items():
         try:
             groups = decode_groups(arrays, meta, expected_fp=node.fingerprint,
-                                   vocab_size=node.vocab_size, wire=node.cfg.wire)
+                                   vocab_size=node.vocab_size, wire=node.cfg.wire,
+                                   cross_tokenizer=node.cfg.exchange.cross_tokenizer)
         except PayloadError as exc:
             n_groups, n_samples = rejected[src] = payload_size(arrays, meta)
             reasons.append(f"{src}: payload rejected ({n_groups} group(s), {n_samples} sample(s)): {exc}")
@@ -513,7 +514,7 @@ def step_from_payloads(node, payload: dict[str, Any]) -> dict[str, Any]:
                                  compress=wire.compress)
     return {"arrays": arrays, "meta": meta, "metrics": result.metrics,
             "rejections": reasons + result.rejections,
-            "node": node.card.name, "model_id": node.policy.model_id}
+            "node": node.card.name, "model_id": node.policy.model_id, "tokenizer_fp": node.fingerprint}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -36,6 +36,9 @@ Not a claim of the paper, tested the same way where ``sweeps/extra-rule.yaml`` r
 
 - (rule) filter rule "or" ends level with "and" (the authors' rule): setup ``<name>-or`` (F-TIS
   with ``loss.filter_rule=or``) against setup ``<name>``'s F-TIS, same seeds.
+- (ratio) between peers of different tokenizers, F-TIS with chunk ratios ends above F-TIS with one
+  HACPO-style ratio of means per completion (``sweeps/xtok.yaml``, ``xtok-seq.yaml``): setup
+  ``<name>-seq`` (``loss.cross_tokenizer_ratio=sequence``) against setup ``<name>``'s F-TIS.
 
 F-TIS means F-TIS vertical at the reference g in every claim but (g).
 
@@ -184,6 +187,9 @@ def claims(results: list[dict], id_split: str = "test", ood_split: str = "ood",
         if setup.endswith(RULE_SUFFIX) and setup[:-len(RULE_SUFFIX)] in setups:
             rows += _rule_rows(results, setup, setup[:-len(RULE_SUFFIX)], nodes, ftis, id_split)
             continue
+        if setup.endswith(RATIO_SUFFIX) and setup[:-len(RATIO_SUFFIX)] in setups:
+            rows += _ratio_rows(results, setup, setup[:-len(RATIO_SUFFIX)], nodes, ftis, id_split)
+            continue
         alone_id, alone_ood = finals(results, setup, "alone", id_split), finals(results, setup, "alone", ood_split)
         nois_id = finals(results, setup, "nois vertical", id_split)
         if nois_id and alone_id:
@@ -239,6 +245,23 @@ def _rule_rows(results: list[dict], setup: str, base: str, nodes: list[str], fti
         d = paired(with_or, with_and, node)
         rows.append(f"| {base} | (rule) \"or\" level with \"and\" (ID) | {node} | {fmt_points(d)} | {len(d)} | "
                     f"{verdict(d, 'level')} |")
+    return rows
+
+
+RATIO_SUFFIX = "-seq"
+
+
+def _ratio_rows(results: list[dict], setup: str, base: str, nodes: list[str], ftis: str | None,
+                id_split: str) -> list[str]:
+    """(ratio): ``<base>``'s F-TIS (chunk ratios) above ``<base>-seq``'s (sequence ratio) at the end."""
+    if ftis is None:
+        return []
+    rows = []
+    chunk, sequence = finals(results, base, ftis, id_split), finals(results, setup, ftis, id_split)
+    for node in nodes:
+        d = paired(chunk, sequence, node)
+        rows.append(f"| {base} | (ratio) chunk ratios above a sequence ratio (ID) | {node} | {fmt_points(d)} | "
+                    f"{len(d)} | {verdict(d, 'above')} |")
     return rows
 
 

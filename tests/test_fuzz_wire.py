@@ -37,7 +37,18 @@ EXTREMES = (0, 1, -1, 2**31 - 1, 2**32 - 1, 2**63 - 1, -(2**63), float("nan"), f
 MUTATIONS_PER_PAYLOAD = 60
 
 
-def groups(rng: np.random.Generator) -> list[Group]:
+TEXT_CHARS = "ab 1+=é€😀\n"
+
+
+def _text(rng: np.random.Generator, n_tokens: int) -> tuple[bytes, np.ndarray]:
+    """A UTF-8 text tiled into ``n_tokens`` byte lengths (whole characters; a final 0 at times,
+    a completion that ended its turn)."""
+    eot = n_tokens > 1 and rng.random() < 0.5
+    chars = [str(rng.choice(list(TEXT_CHARS))).encode() for _ in range(n_tokens - eot)]
+    return b"".join(chars), np.asarray([len(c) for c in chars] + [0] * eot, np.int64)
+
+
+def groups(rng: np.random.Generator, text: bool = False) -> list[Group]:
     out = []
     for g in range(int(rng.integers(0, 4))):
         size = int(rng.integers(1, 5))
@@ -46,6 +57,9 @@ def groups(rng: np.random.Generator) -> list[Group]:
                          completions=comps, logprobs=[-rng.exponential(1.0, len(c)).astype(np.float32) for c in comps],
                          rewards=rng.choice([0.0, 0.5, 1.0], size).astype(np.float32), node="src",
                          model_id="m-src", tokenizer_fp=FP))
+        if text:
+            tiles = [_text(rng, len(c)) for c in comps]
+            out[-1].texts, out[-1].byte_lengths = [t for t, _ in tiles], [b for _, b in tiles]
     return out
 
 
@@ -53,7 +67,7 @@ def payloads(seed: int):
     rng = np.random.default_rng(seed)
     for fmt in ("compact", "arrays"):
         for codec in ("fp16", "fp32", "bf16"):
-            yield encode_groups(groups(rng), vocab_size=VOCAB, format=fmt, logprob_dtype=codec,
+            yield encode_groups(groups(rng, text=codec != "fp32"), vocab_size=VOCAB, format=fmt, logprob_dtype=codec,
                                 compress=str(rng.choice(["zlib", "none"])))
 
 
@@ -136,6 +150,16 @@ def read_all(arrays: ArrayRecord, meta: ConfigRecord, rng: np.random.Generator) 
         decoded = None
     for g in decoded or []:
         g.validate(VOCAB)  # a decode is a correct one: every group meets the rules
+    try:  # a receiver of another tokenizer reads the same bytes through the texts
+        other = decode_groups(arrays, meta, expected_fp="f" * 16, vocab_size=VOCAB, wire=WIRE,
+                              cross_tokenizer="auto")
+    except PayloadError:
+        other = None
+    for g in other or []:
+        g.validate(None)
+        assert g.texts is not None
+        for t in g.texts:
+            t.decode("utf-8")  # a text a receiver accepted is valid UTF-8
     try:
         read_payload(arrays, meta, WIRE)
         server_ok = True
@@ -162,6 +186,7 @@ def read_all(arrays: ArrayRecord, meta: ConfigRecord, rng: np.random.Generator) 
         assert [g.prompt_id for g in again] == [decoded[k].prompt_id for k in keep]
         for a, b in zip(again, [decoded[k] for k in keep]):
             assert all(np.array_equal(x, y) for x, y in zip(a.completions, b.completions))
+            assert a.texts == b.texts
     budget = ForeignBudget(ExchangeConfig(max_foreign_groups=1, select="reward_variance"), wire=WIRE)
     budget.select("dst", 1, {"src": (arrays, meta, list(range(cut.n)))})
     return "decoded" if decoded is not None else "rejected"

@@ -568,7 +568,8 @@ def _duplicated(node, idx):
 def _oversized(node, idx):
     tok = node.tokenizer("1", add_special_tokens=False)["input_ids"][0]
     return [dataclasses.replace(g, completions=[np.full(4, tok)] * 3, rewards=np.zeros(3, np.float32),
-                                logprobs=[np.full(4, -0.5, np.float32)] * 3) for g in node.pending]
+                                logprobs=[np.full(4, -0.5, np.float32)] * 3, texts=None, byte_lengths=None)
+            for g in node.pending]
 
 
 def on_wire(edit):
@@ -612,7 +613,11 @@ def _ragged(node, arrays, meta):
 
 @on_wire
 def _wrong_tokenizer(node, arrays, meta):
+    """Another tokenizer and no texts (with texts, exchange.cross_tokenizer=auto trains on the
+    groups through them: tests/test_cross_node.py)."""
     meta["tokenizer_fp"] = ["f" * 16] * len(meta["tokenizer_fp"])
+    for key in ("text", "byte_lengths"):
+        arrays.pop(key, None)
 
 
 @pytest.mark.parametrize("tamper,groups,samples,used,reason", [

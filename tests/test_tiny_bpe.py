@@ -1,0 +1,157 @@
+"""The tiny models' byte-level BPE (ftis_flwr/tiny_bpe.py): shipped asset, round trips, keys, preset."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from ftis_flwr import tiny
+from ftis_flwr.config import ModelCard, load_experiment
+from ftis_flwr.groups import tokenizer_fingerprint
+from ftis_flwr.models import load_policy, load_tokenizer, save_policy
+from ftis_flwr.tasks import ArithmeticTask
+from ftis_flwr.tiny import build_char_tokenizer, find_shipped, warmstart_dir, warmstart_key
+from ftis_flwr.tiny_bpe import (
+    bpe_asset_id,
+    bpe_asset_path,
+    build_bpe_tokenizer,
+    build_tiny_tokenizer,
+    to_json,
+    train_bpe_tokenizer,
+)
+from ftis_flwr.token_bytes import token_bytes
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+ODD_TEXTS = ["", " 12 + 34 = 46", "What is 2 plus 3?\n", "héllo wörld ✓", "  two  spaces "]
+
+
+@pytest.fixture(scope="module")
+def task() -> ArithmeticTask:
+    return ArithmeticTask(seed=1234)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_bpe_tokenizer()
+
+
+def task_texts(task: ArithmeticTask, n: int = 300) -> list[str]:
+    out = []
+    for split in ("train", "test", "ood"):
+        for p in task.problems(split)[:n]:
+            out += [p.question, p.gold, p.question + p.gold]
+    return out
+
+
+def bpe_card(**kw) -> ModelCard:
+    return ModelCard(**{"name": "bpe", "tiny_tokenizer": "bpe", "warmstart_ops": "+-",
+                        "warmstart_target": 0.6, "seed": 2, **kw})
+
+
+def test_the_shipped_tokenizer_is_what_training_gives_now():
+    """Deterministic training, and the asset is up to date (else: python -m ftis_flwr.tiny_bpe --ship)."""
+    first = to_json(train_bpe_tokenizer())
+    assert first == bpe_asset_path().read_text(encoding="utf-8")
+    assert to_json(train_bpe_tokenizer()) == first
+
+
+def test_conventions_match_the_char_tokenizer(tok):
+    char = build_char_tokenizer()
+    assert 320 <= len(tok) <= 400
+    assert [tok.convert_ids_to_tokens(i) for i in (0, 1, 2)] == ["<pad>", "<eos>", "<unk>"]
+    for attr in ("pad_token_id", "eos_token_id", "unk_token_id", "padding_side", "model_max_length",
+                 "clean_up_tokenization_spaces"):
+        assert getattr(tok, attr) == getattr(char, attr), attr
+    assert build_tiny_tokenizer("bpe").get_vocab() == tok.get_vocab()
+    assert build_tiny_tokenizer("char").get_vocab() == char.get_vocab()
+    with pytest.raises(ValueError, match="tiny_tokenizer"):
+        build_tiny_tokenizer("wordpiece")
+
+
+def test_tokens_span_several_characters(tok, task):
+    multi = [t for t in tok.get_vocab() if len(t) > 1 and not t.startswith("<")]
+    assert {"12", "37", "99"} <= set(multi)
+    prompts = [p.question for p in task.problems("test")]
+    n_tok = sum(len(tok(q, add_special_tokens=False)["input_ids"]) for q in prompts)
+    assert n_tok < 0.8 * sum(len(q) for q in prompts)
+    assert tok.convert_ids_to_tokens(tok("37+48=", add_special_tokens=False)["input_ids"]) == ["37", "+", "48", "="]
+
+
+def test_decode_and_token_bytes_give_the_text_back(tok, task):
+    for text in task_texts(task) + ODD_TEXTS:
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        assert tok.decode(ids) == text
+        assert b"".join(token_bytes(tok, ids)) == text.encode("utf-8")
+    assert token_bytes(tok, [tok.eos_token_id, tok.pad_token_id]) == [b"", b""]
+
+
+def test_a_saved_tokenizer_reloads_with_the_same_ids(tok, task, tmp_path):
+    tok.save_pretrained(tmp_path)
+    tiny.tiny_config("small", len(tok), tok.pad_token_id, tok.eos_token_id).save_pretrained(tmp_path)
+    again = load_tokenizer(tmp_path)  # next to a qwen2 config: AutoTokenizer would split digits
+    for text in task_texts(task, 50) + ODD_TEXTS:
+        assert again(text, add_special_tokens=False)["input_ids"] == tok(text, add_special_tokens=False)["input_ids"]
+    assert tokenizer_fingerprint(again) == tokenizer_fingerprint(tok)
+
+
+def test_fingerprints_and_warmstart_keys_differ_from_the_char_ones(tok, task):
+    assert tokenizer_fingerprint(tok) != tokenizer_fingerprint(build_char_tokenizer())
+    char_card, card = ModelCard(name="c", warmstart_target=0.6), bpe_card()
+    assert "tokenizer" not in warmstart_key(char_card, task)
+    key = warmstart_key(card, task)
+    assert key["tokenizer"] == bpe_asset_id() and key["tokenizer"].startswith("bpe-")
+    assert {k: v for k, v in key.items() if k != "tokenizer"} == \
+        warmstart_key(ModelCard(name="c", warmstart_target=0.6, seed=2), task)
+    assert warmstart_dir(card, task).name.startswith("small-bpe-addsub-")
+    assert "bpe" not in warmstart_dir(char_card, task).name
+
+
+def test_the_xtok_preset_reuses_the_small_model_and_ships_the_bpe_one(task):
+    exp = load_experiment("cpu-xtok")
+    assert exp.exchange.cross_tokenizer == "auto"
+    cards = {c.name: c for c in exp.nodes}
+    assert {c.tiny_tokenizer for c in exp.nodes} == {"char", "bpe"}
+    pair_small = next(c for c in load_experiment("cpu-pair").nodes if c.name == "small")
+    assert warmstart_dir(cards["small"], task).name == warmstart_dir(pair_small, task).name
+    for card in exp.nodes:
+        name = warmstart_dir(card, task).name
+        shipped = find_shipped(name)
+        assert shipped is not None, f"{name} is not shipped: python -m ftis_flwr.tiny --ship --presets cpu-xtok"
+        assert shipped[1]["report"]["key"] == warmstart_key(card, task)
+    assert "cpu-xtok" in tiny.SHIPPED_PRESETS
+
+
+def test_the_shipped_bpe_model_installs_without_training(task, tmp_path, monkeypatch):
+    def boom(*a, **k):
+        raise AssertionError("trained a model that is shipped")
+
+    monkeypatch.setattr(tiny, "train_tiny", boom)
+    card = next(c for c in load_experiment("cpu-xtok").nodes if c.tiny_tokenizer == "bpe")
+    policy = load_policy(card, task=task, cache_dir=tmp_path)  # warm_start: the shipped model
+    path = Path(policy.base)
+    assert json.loads((path / tiny.MARKER).read_text())["shipped"].endswith(f"{path.name}.safetensors")
+    assert ":tiny-small-bpe-addsub-" in policy.model_id
+    tok = policy.tokenizer
+    assert tok.get_vocab() == build_bpe_tokenizer().get_vocab() and tok.padding_side == "left"
+    assert policy.model.config.vocab_size == len(tok)
+    check = task.warmstart_problems(card.warmstart_ops)[:tiny.WARMSTART_CHECK_SIZE]
+    acc = tiny.exact_match(policy.model, *tiny._encode_examples(tok, check))
+    assert acc >= 0.9 * card.warmstart_target, acc
+    out = save_policy(policy, tmp_path / "saved")
+    assert "byte-level BPE" in (out / "README.txt").read_text()
+    again = load_tokenizer(out)
+    assert again("37+48=85")["input_ids"] == tok("37+48=85")["input_ids"] and len(tok("37+48=85")["input_ids"]) == 5
+    assert torch.equal(AutoModelForCausalLM.from_pretrained(out).model.embed_tokens.weight,
+                       policy.model.model.embed_tokens.weight)
+
+
+def test_the_asset_travels_in_the_flower_app_bundle():
+    from flwr.cli.build import get_filtered_fab_paths
+
+    rel = bpe_asset_path().resolve().relative_to(Path(tiny.__file__).resolve().parent.parent).as_posix()
+    assert get_filtered_fab_paths({rel: b"", "pyproject.toml": b""}, {}) == [rel]
