@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from ftis_flwr.aligned import to_own_tokens  # noqa: E402
 from ftis_flwr.align import align, encode_with_spans  # noqa: E402
+from ftis_flwr.aligned import to_own_tokens  # noqa: E402
 from ftis_flwr.config import load_experiment  # noqa: E402
 from ftis_flwr.node import Node, Received  # noqa: E402
 from ftis_flwr.rollouts import encode_groups, payload_bytes  # noqa: E402

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from .align import AlignError, Chunks, align, encode_with_spans
 from .groups import Group
@@ -90,3 +91,18 @@ def to_own_tokens(g: Group, tokenizer, prompt: np.ndarray, eot_id: int, *, max_t
                 rewards=g.rewards, node=g.node, model_id=g.model_id, tokenizer_fp=g.tokenizer_fp,
                 chunks=chunk_ids)
     return out, stats
+
+
+def sequence_gen(gen: torch.Tensor, old: torch.Tensor, chunks, comps) -> torch.Tensor:
+    """``loss.cross_tokenizer_ratio=sequence``: a text-path sample is one chunk whose tokens
+    hold the sender's mean token log-prob; choose per-token values whose chunk sum of
+    ``old - gen`` is ``mean(old) - mean(sender)`` (one HACPO-style ratio of means)."""
+    gen = gen.clone()
+    old = old.detach().to(gen.device).float()
+    for i, (c, comp) in enumerate(zip(chunks, comps)):
+        if c is None:
+            continue
+        n = len(comp)
+        d = old[i, :n].mean() - gen[i, :n].mean()
+        gen[i, :n] = old[i, :n] - d / n
+    return gen

@@ -23,33 +23,20 @@ import numpy as np
 import torch
 
 from . import protocol
-from .aligned import AlignError, AlignStats, to_own_tokens
 from .advantages import frac_zero_std_groups, g_for_round, pooled_advantages, pooled_rewards
+from .aligned import sequence_gen
 from .config import ExperimentConfig, ModelCard
 from .engines import make_engine
+from .groups import Group, PayloadError, text_fault, tokenizer_fingerprint
+from .intake import Received, usable  # noqa: F401 (Received: the node's input type)
 from .logprobs import completion_logprobs, pack_batch
 from .loss import LossInputs, compute_loss
 from .loss_metrics import LossStats, clip_frac, loss_metrics, own_gap
 from .models import compute_context, load_policy, save_policy, stop_token_ids
-from .groups import Group, PayloadError, text_fault, tokenizer_fingerprint
 from .tasks import make_task
 from .token_bytes import TokenBytesError, completion_text
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Received:
-    """One source's groups as the server forwarded them.
-
-    Provenance is the server's: ``source`` is the node the server received the groups from, and
-    ``prompt_indices`` the train indices it assigned to that source in the round they were made.
-    A group whose own ``node`` label or prompt disagrees is rejected (:meth:`Node._usable`).
-    """
-
-    source: str
-    groups: list[Group]
-    prompt_indices: list[int]
 
 
 @dataclass
@@ -84,10 +71,6 @@ class StepResult:
 def sampling_seed(card_seed: int, run_seed: int, round_idx: int) -> int:
     """The torch seed of one node's sampling in one round: distinct per card, run and round."""
     return (int(card_seed) * 1_000_003 + int(run_seed) * 7_919_000_047 + int(round_idx)) % (2**63)
-
-
-class GroupRejected(ValueError):
-    """A received group that this node cannot use (unknown prompt, mismatched prompt tokens)."""
 
 
 class Node:
@@ -171,75 +154,8 @@ class Node:
 
     def _usable(self, received: list[Received], metrics: dict[str, float],
                 reasons: list[str]) -> list[Group]:
-        """Foreign groups this node may train on: provenance, assignment and prompt tokens checked.
-
-        Every rejected group is counted in ``<source>/groups_rejected`` and ``samples_rejected``
-        under the server's stamp, and each (source, reason) is reported once in ``reasons``.
-        """
-        usable, rejected = [], {}  # (source, reason) -> [groups, samples, first prompt id]
-        for rec in received:
-            src, seen = rec.source, set()
-            assigned = {self.task.train_problem(i).id for i in rec.prompt_indices}
-            stats, t0 = AlignStats(), time.perf_counter()
-            for g in rec.groups:
-                reason = self._why_unusable(g, src, assigned, seen)
-                seen.add(g.prompt_id)
-                if reason is None and self._text_path(g):
-                    try:
-                        g, one = to_own_tokens(
-                            g, self.tokenizer, self._prompt_tokens(self.task.problem(g.prompt_id)),
-                            self.stop_ids[0], max_tokens=self.cfg.wire.max_tokens_per_completion,
-                            ratio=self.cfg.loss.cross_tokenizer_ratio)
-                        stats.add(one)
-                    except AlignError as exc:
-                        reason = f"cannot align its text with this node's tokens: {exc}"
-                if reason is None:
-                    usable.append(g)
-                    continue
-                for key, n in (("groups_rejected", 1), ("samples_rejected", g.size)):
-                    metrics[f"{src}/{key}"] = metrics.get(f"{src}/{key}", 0.0) + n
-                entry = rejected.setdefault((src, reason), [0, 0, g.prompt_id])
-                entry[0] += 1
-                entry[1] += g.size
-            if stats.receiver_tokens:  # the text path's diagnostics (SPEC §4)
-                metrics[f"{src}/xtok_tokens"] = float(stats.receiver_tokens)
-                metrics[f"{src}/xtok_chunks_per_token"] = stats.chunks / stats.receiver_tokens
-                metrics[f"{src}/xtok_multi_token_share"] = stats.multi_tokens / stats.receiver_tokens
-                metrics[f"{src}/xtok_align_seconds"] = time.perf_counter() - t0
-        for (src, reason), (n, samples, first) in rejected.items():
-            text = f"{src}: {n} group(s), {samples} sample(s) rejected: {reason} (first: {first!r})"
-            reasons.append(text)
-            log.warning("node %s: %s", self.card.name, text)
-        return usable
-
-    def _why_unusable(self, g: Group, src: str, assigned: set[str], seen: set[str]) -> str | None:
-        """Why a group forwarded from ``src`` cannot be trained on, or None; cheapest checks first."""
-        if src == self.card.name:
-            return "the server stamped these groups with this node's own name"
-        if g.node != src:
-            return f"labelled as made by {g.node!r}, but the server received it from {src!r}"
-        if g.prompt_id not in assigned:
-            return f"prompt id not assigned to {src} in the round it was generated"
-        if g.prompt_id in seen:
-            return "prompt id used more than once in one round"
-        longest = max(len(c) for c in g.completions)
-        if longest > self.cfg.rollout.max_new_tokens:  # no honest engine samples past the cap
-            return f"a completion of {longest} tokens exceeds rollout.max_new_tokens={self.cfg.rollout.max_new_tokens}"
-        try:
-            problem = self.task.problem(g.prompt_id)
-        except KeyError as exc:
-            return f"unknown prompt id: {exc}"
-        if self._text_path(g):  # its prompt is in the sender's tokens: this node renders its own
-            return None
-        if not np.array_equal(self._prompt_tokens(problem), g.prompt_tokens):
-            return "prompt tokens differ from this node's encoding of the prompt"
-        return None
-
-    def _text_path(self, g: Group) -> bool:
-        """A foreign group this node trains on through its text (``exchange.cross_tokenizer``)."""
-        if g.node == self.card.name:
-            return False
-        return g.tokenizer_fp != self.fingerprint or self.cfg.exchange.cross_tokenizer == "always"
+        """Foreign groups this node may train on (:func:`ftis_flwr.intake.usable`)."""
+        return usable(self, received, metrics, reasons)
 
     def _rewards(self, group: Group) -> np.ndarray:
         """Recomputed from the decoded text: a node never trusts a reward it did not compute."""
@@ -366,7 +282,7 @@ class Node:
             for i, (c, comp) in enumerate(zip(chunks, comps)):
                 chunk_ids[i, : len(comp)] = torch.arange(len(comp)) if c is None else torch.from_numpy(c)
             if self.cfg.loss.cross_tokenizer_ratio == "sequence":
-                gen = self._sequence_gen(gen, old if old is not None else lp.detach(), chunks, comps)
+                gen = sequence_gen(gen, old if old is not None else lp.detach(), chunks, comps)
             chunk_ids = chunk_ids.to(device)
         return LossInputs(
             logprobs=lp.float(),
@@ -378,21 +294,6 @@ class Node:
             old_logprobs=None if old is None else old.to(device),
             chunks=chunk_ids,
         )
-
-    @staticmethod
-    def _sequence_gen(gen: torch.Tensor, old: torch.Tensor, chunks, comps) -> torch.Tensor:
-        """``loss.cross_tokenizer_ratio=sequence``: a text-path sample is one chunk whose tokens
-        hold the sender's mean token log-prob; choose per-token values whose chunk sum of
-        ``old - gen`` is ``mean(old) - mean(sender)`` (one HACPO-style ratio of means)."""
-        gen = gen.clone()
-        old = old.detach().to(gen.device).float()
-        for i, (c, comp) in enumerate(zip(chunks, comps)):
-            if c is None:
-                continue
-            n = len(comp)
-            d = old[i, :n].mean() - gen[i, :n].mean()
-            gen[i, :n] = old[i, :n] - d / n
-        return gen
 
     # --------------------------------------------------------------- generate
     def generate(self, indices: list[int], n: int, round_idx: int, *, send_text: bool = False) -> list[Group]:

@@ -16,7 +16,8 @@ assert not leaked, leaked[:5]
 
 @pytest.mark.parametrize("modules,banned", [
     ("ftis_flwr.node, ftis_flwr.loss, ftis_flwr.advantages, ftis_flwr.groups, ftis_flwr.node_state, "
-     "ftis_flwr.align, ftis_flwr.loss_chunks, ftis_flwr.token_bytes",
+     "ftis_flwr.align, ftis_flwr.loss_chunks, ftis_flwr.token_bytes, ftis_flwr.aligned, ftis_flwr.intake, "
+     "ftis_flwr.tiny_bpe",
      ("flwr",)),
     ("server_app.server_app, ftis_flwr.strategy", ("clients",)),
 ])

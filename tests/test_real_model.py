@@ -102,3 +102,55 @@ def test_both_models_changed_and_checkpoints_reload(federation):
             logits = model(input_ids=torch.tensor([probe["input_ids"]])).logits[0, -1].float()
         torch.testing.assert_close(logits[probe["top_ids"]], torch.tensor(probe["top_logits"]),
                                    rtol=0, atol=1e-4)
+
+
+def test_smollm2_text_aligns_with_the_tiny_tokenizers(federation):
+    """Cross-tokenizer alignment on a real tokenizer (SmolLM2's 49,152-token byte-level BPE, from the
+    federation's converted folder) against the tiny char-level and byte-level BPE ones, both ways,
+    over seeded random texts with multi-byte characters, whitespace runs and digits: every chunk
+    covers the same bytes on both sides; SmolLM2 with itself is one token a chunk; no BOS enters
+    a completion; an empty completion (end of turn only) is one chunk of the two end-of-turn
+    tokens, and a truncated one gets no end-of-turn token."""
+    import numpy as np
+
+    from ftis_flwr.align import align, encode_with_spans
+    from ftis_flwr.aligned import to_own_tokens
+    from ftis_flwr.groups import Group
+    from ftis_flwr.models import load_tokenizer
+    from ftis_flwr.tiny_bpe import build_tiny_tokenizer
+    from ftis_flwr.token_bytes import completion_text
+
+    _, root, _ = federation
+    (folder,) = [p for p in (root / "cache" / "gguf").iterdir() if p.is_dir()]  # beside its lock file
+    toks = {"smollm2": load_tokenizer(folder), "char": build_tiny_tokenizer("char"),
+            "bpe": build_tiny_tokenizer("bpe")}
+    rng = np.random.default_rng(23)
+    pieces = ["12", "+", "=", " ", "  ", "\n", "\n\n", "\t", "é", "€", "😀", "中文", "the", " answer", "<think>",
+              "x", "Z", "0.5", "-", "'"]
+    texts = ["".join(rng.choice(pieces, int(rng.integers(1, 30)))) for _ in range(150)]
+    for sender, s_tok in toks.items():
+        eot = s_tok.eos_token_id
+        for text in texts:
+            ids = s_tok(text, add_special_tokens=False)["input_ids"]
+            wire_text, lengths = completion_text(s_tok, ids + [eot], [eot])
+            assert lengths[-1] == 0 and int(lengths.sum()) == len(wire_text)
+            for receiver, r_tok in toks.items():
+                r_ids, starts, ends = encode_with_spans(r_tok, wire_text.decode("utf-8"))
+                if r_tok.bos_token_id is not None and len(r_ids):
+                    assert r_ids[0] != r_tok.bos_token_id or text.startswith(r_tok.bos_token)
+                ch = align(lengths[:-1], starts, ends, len(wire_text))
+                s_bytes = np.bincount(ch.sender, weights=lengths[:-1], minlength=ch.n)
+                assert np.array_equal(s_bytes, np.bincount(ch.receiver, weights=ends - starts, minlength=ch.n))
+                if sender == receiver == "smollm2":
+                    assert ch.n == len(ids) == len(r_ids)  # itself: one token a chunk
+    smol = toks["smollm2"]
+    for lengths, text, want in (([0], b"", [smol.eos_token_id]), ([3, 2], b"12 +=", None)):
+        g = Group("p", np.array([1]), [np.arange(len(lengths))], [np.full(len(lengths), -0.5, np.float32)],
+                  np.zeros(1, np.float32), "b", "m", "f", texts=[text], byte_lengths=[np.array(lengths)])
+        out, _ = to_own_tokens(g, smol, np.array([1, 2]), smol.eos_token_id, max_tokens=64)
+        comp, chunks = out.completions[0], out.chunks[0]
+        if want is not None:  # only the end of the turn: one chunk, the sender's log-prob on it
+            assert comp.tolist() == want and chunks.tolist() == [0] and out.logprobs[0].tolist() == [-0.5]
+        else:  # truncated: the text's own tokens, no end-of-turn token appended
+            assert smol.eos_token_id not in comp.tolist() and chunks[-1] == chunks.max()
+            assert float(out.logprobs[0].sum()) == -1.0
