@@ -273,12 +273,14 @@ class ModelCard:
     seed: int = 0
     """Seed of the model's initialisation, warm-start data and sampling."""
     dtype: str = "float32"
-    """Weights dtype: float32 (default, paper), bfloat16 or float16. Adam's state follows it, so
+    """Weights dtype: float32 (default, paper), bfloat16, float16 or "auto" (bfloat16 where the
+    node's device computes it natively, float32 elsewhere: the node logs which it chose). Adam's state follows it, so
     a fully fine-tuned node needs float32 for small learning rates (a bf16 weight cannot move by
     1e-6 of itself); a LoRA node's adapters are float32 whatever this is (peft)."""
     compute_dtype: str = ""
     """Matmul precision of generation and the learner's forward, through ``torch.autocast``,
-    while the weights stay in ``dtype``: "" (default: ``dtype``), "bfloat16" or "float16".
+    while the weights stay in ``dtype``: "" (default: ``dtype``), "bfloat16", "float16" or "auto"
+    (bfloat16 where the device computes it natively, else ``dtype``).
     bfloat16 on a CPU with AVX-512 BF16 ran SmolLM2-135M ~1.2-1.7x faster than float32 here."""
     device: str = "cpu"
     """"cpu", "cuda" or "cuda:N" (the worker pins CUDA_VISIBLE_DEVICES to N)."""

@@ -24,6 +24,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from . import sources
 from .config import ModelCard, default_cache_dir
+from .dtypes import BF16_CPU_FLAGS, cpu_has_native_bf16, resolve_dtypes  # noqa: F401 (re-exported)
 from .tiny import digest, warm_start
 
 log = logging.getLogger(__name__)
@@ -85,25 +86,6 @@ def stop_token_ids(tokenizer: Any, model: Any, extra: list[str] | tuple[str, ...
     return ids
 
 
-BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
-"""x86 CPU flags (``/proc/cpuinfo``) of native bfloat16 arithmetic. Without them torch runs a
-bfloat16 matmul 40-60x slower than float32 (``python benchmarks/bf16_matmul.py``, AMD EPYC
-with AVX2 only: 355 ms against 5.6 ms idle, 434 against 10.5 under load), and the cpu-smollm2
-federation's first update took ~35 min instead of ~1."""
-
-
-def cpu_has_native_bf16() -> bool:
-    """Whether this CPU computes in bfloat16 natively (see :data:`BF16_CPU_FLAGS`); True when it
-    cannot be told (not Linux, or not x86: ARM's bf16 support is not checked here)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return True
-    if "flags" not in flags:  # not an x86 cpuinfo
-        return True
-    return any(f" {flag}" in flags for flag in BF16_CPU_FLAGS)
-
-
 def warn_slow_bf16(card: ModelCard) -> str | None:
     """A warning when a CPU card computes in bfloat16 on a CPU without native bfloat16 (the
     setting is kept: the user chose it); None otherwise."""
@@ -161,6 +143,9 @@ def _load_base(source: str, dtype: torch.dtype, cache_dir: Path) -> tuple[Any, A
 
 def load_policy(card: ModelCard, *, task: Any = None, cache_dir: Path | None = None) -> Policy:
     """Build the policy of a model card (warm-starting tiny models on first use)."""
+    card, note = resolve_dtypes(card)
+    if note:
+        log.info(note)
     if card.dtype not in _DTYPES:
         raise ValueError(f"dtype {card.dtype!r} is not one of {', '.join(_DTYPES)}")
     cache_dir = default_cache_dir(str(cache_dir or ""))

@@ -32,6 +32,7 @@ from .intake import Received, usable  # noqa: F401 (Received: the node's input t
 from .logprobs import completion_logprobs, pack_batch
 from .loss import LossInputs, compute_loss
 from .loss_metrics import LossStats, clip_frac, loss_metrics, own_gap
+from .dtypes import resolve_dtypes
 from .models import compute_context, load_policy, save_policy, stop_token_ids
 from .tasks import make_task
 from .token_bytes import TokenBytesError, completion_text
@@ -77,6 +78,9 @@ class Node:
     """A node's whole training state, driven one round at a time."""
 
     def __init__(self, card: ModelCard, experiment: ExperimentConfig, *, cache_dir: Path | None = None):
+        card, self.dtype_note = resolve_dtypes(card)  # "auto": bfloat16 only where it is native
+        if self.dtype_note:
+            log.warning(self.dtype_note)
         self.card = card
         self.cfg = experiment
         torch.set_num_threads(card.torch_threads)
@@ -101,6 +105,8 @@ class Node:
         self.pending: list[Group] = []
         self.updates = 0
         self.round = -1
+        self.steps_run = 0
+        """Rounds this process has run (a resumed node restores ``round``, not this)."""
         """The last round this node completed (-1: none yet); ftis_flwr.node_state saves it."""
         self._prompt_cache: dict[str, np.ndarray] = {}
         log.info("node %s ready: %s (%d/%d trainable params)", card.name, self.policy.model_id,
@@ -109,6 +115,9 @@ class Node:
     # ------------------------------------------------------------------ round
     def step(self, req: StepRequest) -> StepResult:
         metrics: dict[str, float] = {"round": float(req.round)}
+        if not self.steps_run:  # the first round this process runs: what "auto" chose, once
+            metrics["weights_bfloat16"] = float(self.card.dtype == "bfloat16")
+            metrics["compute_bfloat16"] = float((self.card.compute_dtype or self.card.dtype) == "bfloat16")
         for src, (n_groups, n_samples) in req.rejected.items():
             metrics[f"{src}/payloads_rejected"] = 1.0
             metrics[f"{src}/groups_rejected"] = float(n_groups)
@@ -137,6 +146,7 @@ class Node:
             metrics.update(self.evaluate())
             metrics["seconds_eval"] = time.perf_counter() - t0
         self.round = req.round
+        self.steps_run += 1
         sent = self.pending
         if req.send_text:  # a payload carries every group's texts or none: the rest stay home
             sent = [g for g in self.pending if g.texts is not None]

@@ -18,6 +18,7 @@ import argparse
 from dataclasses import dataclass
 
 from .config import ExperimentConfig, ModelCard, load_experiment
+from .dtypes import resolve_dtypes
 
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 GIB = 1024 ** 3
@@ -107,6 +108,7 @@ def estimate(card: ModelCard, exp: ExperimentConfig) -> Estimate | None:
     arch = architecture(card.source)
     if arch is None:
         return None
+    card, _ = resolve_dtypes(card)  # "auto" as this machine resolves it
     w = _BYTES[card.dtype]
     total = arch.params()
     trainable = arch.lora_params(card.lora_config.r, list(card.lora_config.target_modules)) \

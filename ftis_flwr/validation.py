@@ -55,7 +55,7 @@ CARD_CHOICE_OWNERS: dict[str, tuple[str, str]] = {
 
 ADVANTAGE_MODES = ("vertical", "horizontal", "alone")
 """Owned here: the collaboration modes :class:`ftis_flwr.strategy.FTISStrategy` implements."""
-CARD_DTYPES = ("float32", "bfloat16", "float16")
+CARD_DTYPES = ("float32", "bfloat16", "float16", "auto")
 """Owned here until ``ftis_flwr.models`` exposes its dtype table publicly."""
 
 

@@ -46,8 +46,7 @@ def federation(tmp_path_factory):
     overrides = {"rounds.num_rounds": 2, "rounds.prompts_per_node": 1, "rounds.eval_every": 0,
                  "rounds.eval_size": 4,
                  "cache_dir": str(root / "cache"), "run_dir": str(root / "runs")}
-    if not cpu_has_native_bf16():  # bf16 40-60x slower than fp32 there: round 1 alone took 35 min
-        overrides.update({"nodes.0.compute_dtype": "", "nodes.1.dtype": "float32"})
+    # the preset's dtypes are "auto": float32 on a CPU without native bfloat16 (bf16 there: 35 min a round)
     exp = load_experiment("cpu-smollm2", overrides=overrides)
     return exp, root, simulate(exp)
 
