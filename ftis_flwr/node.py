@@ -26,13 +26,13 @@ from . import protocol
 from .advantages import frac_zero_std_groups, g_for_round, pooled_advantages, pooled_rewards
 from .aligned import sequence_gen
 from .config import ExperimentConfig, ModelCard
+from .dtypes import resolve_dtypes
 from .engines import make_engine
 from .groups import Group, PayloadError, text_fault, tokenizer_fingerprint
 from .intake import Received, usable  # noqa: F401 (Received: the node's input type)
 from .logprobs import completion_logprobs, pack_batch
 from .loss import LossInputs, compute_loss
 from .loss_metrics import LossStats, clip_frac, loss_metrics, own_gap
-from .dtypes import resolve_dtypes
 from .models import compute_context, load_policy, save_policy, stop_token_ids
 from .tasks import make_task
 from .token_bytes import TokenBytesError, completion_text

@@ -11,7 +11,6 @@ import torch
 from conftest import simulate
 
 from ftis_flwr.config import load_experiment
-from ftis_flwr.models import cpu_has_native_bf16
 from ftis_flwr.reporting import load_metrics
 
 pytestmark = pytest.mark.slow
