@@ -100,6 +100,7 @@ def step_payload(msg: Message) -> dict:
         "prompt_indices": [int(i) for i in json.loads(str(cfg["prompt_indices"]))],
         "group_size": int(cfg["group_size"]), "evaluate": bool(cfg["evaluate"]),
         "send_text": bool(cfg.get("send_text", False)), "foreign_payloads": foreign,
+        "next_within": float(cfg.get("next_within", 0.0)),
     }
 
 

@@ -225,14 +225,13 @@ class AsyncRounds:
             if staleness:
                 extra.update(foreign_staleness_mean=sum(staleness) / len(staleness),
                              foreign_staleness_max=float(max(staleness)))
-            msg = s.message(nid, rnd, prompts, others, evaluate=evaluate, **extra)
+            msg = s.message(nid, rnd, prompts, others, evaluate=evaluate, limit=self._limit(nid), **extra)
         except Exception as exc:  # this node's round fails; its groups go out with its next one
             self.store.rewind(name, Sent(nid, rnd, 0.0, 0.0, given_before, dropped_before))
             self._unbuilt[nid] = s.unsent(nid, rnd, exc)
             self._undelivered[nid] = rnd
             return
-        # a node's first round of a run (or of a resumed run) builds or restores it: a longer deadline
-        limit = max(self.timeout, s.cfg.rounds.startup_timeout) if nid in self.starting else self.timeout
+        limit = self._limit(nid)
         now = time.monotonic()
         ids = list(self.grid.push_messages([msg]))
         s._received[nid]["server_send_seconds"] = time.perf_counter() - t_send
@@ -241,6 +240,12 @@ class AsyncRounds:
             self._undelivered[nid] = rnd
             return
         self.inflight[mid] = Sent(nid, rnd, now + limit, now, given_before, dropped_before)
+
+    def _limit(self, nid: int) -> float:
+        """How long the server waits for node ``nid``'s reply: a node's first round of a run (or of
+        a resumed run) builds or restores it, so it gets the longer start-up deadline."""
+        s = self.s
+        return max(self.timeout, s.cfg.rounds.startup_timeout) if nid in self.starting else self.timeout
 
     # ---------------------------------------------------------------- loop
     def run(self) -> None:

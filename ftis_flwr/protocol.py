@@ -16,7 +16,9 @@ run is refused). It builds nothing, so it is answered in seconds."""
 ROUND = "ftis.round"
 """ConfigRecord server -> node: round, num_rounds, prompt_indices (JSON list), group_size,
 evaluate, experiment (JSON of the resolved ExperimentConfig), run_name, ``send_text`` (put the
-completions' texts on the wire: a peer has another tokenizer, or one is not known yet), and ``foreign``: JSON
+completions' texts on the wire: a peer has another tokenizer, or one is not known yet),
+``next_within`` (seconds from this message within which the node's next message comes while the
+run goes on: its worker exits when none has come by then), and ``foreign``: JSON
 {source: train indices the server assigned to that source in the round its groups come from}.
 ``foreign`` is the provenance stamp: the server names each source from the Flower node id that
 sent the groups, so a receiver never has to trust the groups' own ``node`` label."""

@@ -59,6 +59,18 @@ REJECTION_STREAK = 3
 """Rounds in a row a source's groups are rejected by some receiver before the strategy warns."""
 
 
+NEXT_MARGIN = 30.0
+"""Seconds the server may take between a round's deadline and its next messages (aggregating,
+saving its state and the round's reports, cutting payloads) beyond a HELLO to new SuperNodes."""
+
+
+def next_within(limit: float) -> float:
+    """Seconds from a round message within which the node's next message comes while the run goes
+    on: the round's wait, a HELLO to SuperNodes that joined meanwhile, and :data:`NEXT_MARGIN`.
+    A node's worker that hears nothing by then exits (the run ended without a STOP reaching it)."""
+    return float(limit + min(limit, HELLO_TIMEOUT) + NEXT_MARGIN)
+
+
 class FTISStrategy(Strategy):
     """Collaborative GRPO rounds: vertical (default), horizontal or alone (SPEC §2)."""
 
@@ -100,6 +112,8 @@ class FTISStrategy(Strategy):
         self.step_word = "round"
         """What a history entry is called in logs: "step" under the asynchronous schedule."""
         self.checkpoints: dict[str, str] = {}
+        self._round_limit = experiment.rounds.round_timeout
+        """How long the server waits for the replies of the round in flight (synchronous rounds)."""
         self.tokenizers: dict[str, str] = {}
         """Card -> tokenizer fingerprint, as each node reported it: who needs completion texts."""
 
@@ -181,10 +195,11 @@ class FTISStrategy(Strategy):
                       key=lambda nid: order.get(self.roster.names[nid], len(order)))
 
     def message(self, nid: int, rnd: int, prompts: list[int], others: dict, evaluate: bool | None = None,
-                **received: float) -> Message:
+                limit: float | None = None, **received: float) -> Message:
         """Node ``nid``'s message of its round ``rnd``: its prompt indices and ``others`` (source
         -> payload), cut to the budget; records what was forwarded (``_forwarded``, ``_received``
-        plus ``received``'s extra per-node figures). ``evaluate``: default, the schedule's."""
+        plus ``received``'s extra per-node figures). ``evaluate``: default, the schedule's;
+        ``limit``: how long the server waits for this round's reply (default: the round's)."""
         content, foreign, groups, nbytes = RecordDict(), {}, 0, 0
         if self.cfg.advantage.mode != "alone":
             for src, (arr, meta, indices) in self.budget.select(self.roster.name(nid), rnd, others).items():
@@ -204,6 +219,7 @@ class FTISStrategy(Strategy):
             "experiment": self._experiment_json,
             "run_name": self.run_name, "foreign": json.dumps(foreign),
             "send_text": self.send_text(self.roster.name(nid)),
+            "next_within": next_within(self._round_limit if limit is None else limit),
         })
         return Message(content=content, dst_node_id=nid, message_type=MessageType.TRAIN)
 
@@ -478,6 +494,7 @@ class FTISStrategy(Strategy):
                 self.introduce(grid, hello_timeout, first=False)  # SuperNodes that joined since
             # the first round of a run builds (or restores) every node: its own, longer deadline
             limit = max(timeout, self.cfg.rounds.startup_timeout) if rnd == self._first_round else timeout
+            self._round_limit = limit
             replies = self._send(grid, list(self.configure_train(rnd, ArrayRecord(), ConfigRecord(), grid)),
                                  limit, what=f"round {rnd}")
             self._lost.update(self._unsent)

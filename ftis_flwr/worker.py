@@ -291,6 +291,11 @@ class _Server:
         self.spec = json.loads((directory / "spec.json").read_text())
         self.idle_timeout = float(self.spec.get("idle_timeout", 900.0))
         self.last_request = time.monotonic()
+        self.deadline: float | None = None
+        """monotonic time by which the next request must come if the run goes on: the server's
+        promise with each round (``next_within``); past it, the run has ended (stopped, failed,
+        or its ServerApp died without a STOP) and the worker exits, freeing its memory."""
+        self.deadline_s = 0.0
         self.busy = False
         self.node = None
         self.load_error: str | None = None
@@ -314,6 +319,12 @@ class _Server:
             time.sleep(1.0)
             if not self.busy and time.monotonic() - self.last_request > self.idle_timeout:
                 log.info("idle for %.0f s: exiting", self.idle_timeout)
+                self._cleanup()
+                os._exit(0)
+            if not self.busy and self.deadline is not None and time.monotonic() > self.deadline:
+                log.warning("no message within %.0f s of the last round's start, as the server promised "
+                            "while the run goes on: the run has ended; exiting (the saved state stays for "
+                            "a resume)", self.deadline_s)
                 self._cleanup()
                 os._exit(0)
 
@@ -380,6 +391,9 @@ class _Server:
         from .node_state import save_state
 
         t0 = time.perf_counter()
+        payload = dict(payload)
+        within = float(payload.pop("next_within", 0.0) or 0.0)
+        self.deadline, self.deadline_s = (time.monotonic() + within, within) if within > 0 else (None, 0.0)
         rnd = int(payload["round"])
         if rnd <= self.node.round:
             log.info("node %s is at round %d and is asked for round %d again: rewinding",
@@ -495,6 +509,7 @@ def step_from_payloads(node, payload: dict[str, Any]) -> dict[str, Any]:
     from .rollouts import PayloadError, decode_groups, encode_groups, payload_size
 
     payload = dict(payload)
+    payload.pop("next_within", None)  # the worker's own business (_Server._step)
     foreign, rejected, reasons = [], {}, []
     for src, (arrays, meta, indices) in payload.pop("foreign_payloads", {}).items():
         try:

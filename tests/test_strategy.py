@@ -748,3 +748,17 @@ def test_a_pinned_card_without_node_keys_refuses_the_run_and_says_why():
 def test_a_public_key_that_cannot_be_read_is_a_config_error():
     with pytest.raises(ConfigError, match=r"nodes\[a\]\.public_key: not an OpenSSH public key line"):
         experiment(**{"nodes.a.public_key": "ssh-ed25519 not-base64"})
+
+
+def test_every_round_message_promises_when_the_next_comes():
+    """``next_within`` (#24): the round's wait (the first round's start-up deadline, then the round
+    timeout) + a HELLO's + NEXT_MARGIN; a worker that hears nothing by then exits
+    (tests/test_worker.py)."""
+    from ftis_flwr.strategy import NEXT_MARGIN, next_within
+
+    grid = FakeGrid(honest())
+    run(experiment(**{"rounds.startup_timeout": 0.5}), grid)
+    promised = {r: {m.content[protocol.ROUND]["next_within"] for m in grid.train_messages(r).values()}
+                for r in (0, 1, 2)}
+    assert promised == {0: {next_within(0.5)}, 1: {next_within(0.3)}, 2: {next_within(0.3)}}
+    assert next_within(0.3) == 0.3 + 0.3 + NEXT_MARGIN and next_within(600) == 600 + 120 + NEXT_MARGIN

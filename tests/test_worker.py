@@ -342,3 +342,29 @@ def test_a_crashed_worker_not_yet_reaped_still_has_its_group_killed():
         except ProcessLookupError:
             pass
         leader.wait(timeout=15)
+
+
+def test_a_worker_exits_when_no_message_comes_in_the_time_the_server_promised(tmp_path, workers):
+    """#24: a run that ends without a STOP reaching the node (its ServerApp killed, ``flwr stop``, a
+    failure) leaves nothing running. Each round message says within how many seconds the next one
+    comes while the run goes on (``next_within``); a worker that hears nothing by then exits,
+    keeping its saved state, long before its idle timeout (an hour here). Why here and not in a
+    Flower simulation: there Ray kills the workers with its actors when the simulation ends (its
+    subreaper: measured, they were gone 5 s after the ServerApp raised), so such a test could not
+    fail; a deployed SuperNode has no such reaper."""
+    exp = load_experiment(overrides={"cache_dir": str(tmp_path / "cache"), "rollout.max_new_tokens": 6,
+                                     "rollout.group_size": 4, "rounds.num_rounds": 3})
+    card = dict(to_dict(exp.nodes[0]), warmstart_steps=60, warmstart_target=0.0)
+    spec = {"card": card, "experiment": to_dict(exp), "cache_dir": str(tmp_path / "cache"), "idle_timeout": 3600}
+    d = worker_dir(tmp_path / "cache", "run8", "a")
+    handle = connect_or_spawn(d, spec)
+    workers.append(handle.pid)
+    t0 = time.monotonic()
+    handle.call("step", {"round": 0, "num_rounds": 3, "prompt_indices": [0, 1], "group_size": 4,
+                         "evaluate": False, "foreign_payloads": {}, "next_within": 20.0}, timeout=300)
+    assert _wait_dead(handle.pid, timeout=120), "the worker outlived the server's promise by 100 s"
+    waited = time.monotonic() - t0
+    assert waited >= 19, f"it exited {waited:.0f} s after the round started, before the promised 20 s"
+    assert "the run has ended" in (d / "worker.log").read_text()
+    assert any((d / "state").iterdir())  # the saved state stays for a resume
+
