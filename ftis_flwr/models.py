@@ -233,7 +233,7 @@ def save_policy(policy: Policy, out_dir: Path) -> Path:
     else:
         how = ("Full model:\n  from transformers import AutoModelForCausalLM\n"
                f"  model = AutoModelForCausalLM.from_pretrained({str(out_dir)!r})")
-    tok_note = ("It is a tiny model's own tokenizer (character-level or byte-level BPE): load it with\n"
+    tok_note = ("It is a tiny model's own tokenizer (character-level, byte-level BPE or unigram): load it with\n"
                 f"  PreTrainedTokenizerFast.from_pretrained({str(out_dir)!r})\n"
                 "(AutoTokenizer would substitute Qwen2Tokenizer: other ids, dropped characters)."
                 if char_tok else "Load it with AutoTokenizer.from_pretrained(out_dir).")

@@ -46,9 +46,9 @@ WARMSTART_VERSION = "2"
 SPECIAL_TOKENS = ("<pad>", "<eos>", "<unk>")
 CHARS = string.digits + "+-=*" + " " + string.ascii_lowercase + ".,:;!?()'\"#_%$\n" + "<>/"
 """The character vocabulary, in id order after the special tokens. Append only: ids must never move."""
-TINY_TOKENIZERS = ("char", "bpe")
-"""``ModelCard.tiny_tokenizer``: the character-level one, or the offline byte-level BPE
-(:mod:`ftis_flwr.tiny_bpe`)."""
+TINY_TOKENIZERS = ("char", "bpe", "unigram")
+"""``ModelCard.tiny_tokenizer``: the character-level one, or the offline byte-level BPE or
+SentencePiece-style unigram (:mod:`ftis_flwr.tiny_bpe`)."""
 TINY_MAX_POSITIONS = 64
 TINY_SIZES: dict[str, dict[str, int]] = {
     "small": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,

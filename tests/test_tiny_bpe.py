@@ -1,27 +1,33 @@
-"""The tiny models' byte-level BPE (ftis_flwr/tiny_bpe.py): shipped asset, round trips, keys, preset."""
+"""The tiny models' byte-level BPE and unigram (ftis_flwr/tiny_bpe.py): shipped assets, round trips, keys,
+preset."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 from ftis_flwr import tiny
+from ftis_flwr.align import encode_with_spans
 from ftis_flwr.config import ModelCard, load_experiment
 from ftis_flwr.groups import tokenizer_fingerprint
 from ftis_flwr.models import load_policy, load_tokenizer, save_policy
 from ftis_flwr.tasks import ArithmeticTask
 from ftis_flwr.tiny import build_char_tokenizer, find_shipped, warmstart_dir, warmstart_key
 from ftis_flwr.tiny_bpe import (
+    asset_id,
+    asset_path,
     bpe_asset_id,
     bpe_asset_path,
     build_bpe_tokenizer,
     build_tiny_tokenizer,
     to_json,
     train_bpe_tokenizer,
+    train_unigram_tokenizer,
 )
 from ftis_flwr.token_bytes import token_bytes
 
@@ -154,4 +160,99 @@ def test_the_asset_travels_in_the_flower_app_bundle():
     from flwr.cli.build import get_filtered_fab_paths
 
     rel = bpe_asset_path().resolve().relative_to(Path(tiny.__file__).resolve().parent.parent).as_posix()
+    assert get_filtered_fab_paths({rel: b"", "pyproject.toml": b""}, {}) == [rel]
+
+
+# ------------------------------------------------------------------------------ unigram
+
+ASCII_TEXTS = ["", " 12 + 34 = 46", "what is 2 plus 3?\n", "  two  spaces ", " 85", "85 "]
+"""Texts in the char tokenizer's alphabet (the unigram has every one of its characters)."""
+
+
+@pytest.fixture(scope="module")
+def uni():
+    return build_tiny_tokenizer("unigram")
+
+
+def pieces(tok, text: str) -> list[str]:
+    return tok.convert_ids_to_tokens(tok(text, add_special_tokens=False)["input_ids"])
+
+
+def test_the_shipped_unigram_is_what_training_gives_now():
+    """Deterministic training, and the asset is up to date (else: python -m ftis_flwr.tiny_bpe --ship)."""
+    first = to_json(train_unigram_tokenizer())
+    assert first == asset_path("unigram").read_text(encoding="utf-8")
+    assert to_json(train_unigram_tokenizer()) == first
+
+
+def test_the_unigram_follows_the_char_tokenizers_conventions(uni):
+    char = build_char_tokenizer()
+    assert 200 <= len(uni) <= 300
+    assert [uni.convert_ids_to_tokens(i) for i in (0, 1, 2)] == ["<pad>", "<eos>", "<unk>"]
+    for attr in ("pad_token_id", "eos_token_id", "unk_token_id", "padding_side", "model_max_length",
+                 "clean_up_tokenization_spaces"):
+        assert getattr(uni, attr) == getattr(char, attr), attr
+    backend = json.loads(uni.backend_tokenizer.to_str())
+    assert backend["model"]["type"] == "Unigram" and backend["model"]["unk_id"] == 2
+    assert backend["pre_tokenizer"]["type"] == backend["decoder"]["type"] == "Metaspace"
+    assert {ch.replace(" ", "▁") for ch in tiny.CHARS} <= set(uni.get_vocab())
+
+
+def test_unigram_pieces_span_several_characters_and_differ_from_the_bpe(uni, tok, task):
+    assert pieces(uni, "37+48=") == ["37+", "48", "="] and pieces(uni, "85") == ["85"]
+    assert pieces(uni, "97+79=") == ["97+", "79", "="] and pieces(uni, "176") == ["1", "76"]
+    prompts = [p.question for p in task.problems("test")]
+    n_tok = sum(len(pieces(uni, q)) for q in prompts)
+    assert n_tok < 0.6 * sum(len(q) for q in prompts)  # 1.9 characters a token (the BPE: 1.5)
+    assert sum(pieces(uni, q) != pieces(tok, q) for q in prompts) > 0.9 * len(prompts)
+
+
+def test_unigram_decode_token_bytes_and_spans_give_the_text_back(uni, task):
+    for text in task_texts(task, 100) + ASCII_TEXTS:
+        ids = uni(text, add_special_tokens=False)["input_ids"]
+        assert uni.decode(ids) == text
+        assert b"".join(token_bytes(uni, ids)) == text.encode("utf-8")
+        got, starts, ends = encode_with_spans(uni, text)
+        assert got.tolist() == ids
+        assert np.array_equal(np.cumsum([0] + [len(b) for b in token_bytes(uni, ids)])[:-1], starts)
+    assert pieces(uni, " 85") == ["▁", "85"]  # a space is its own "▁", nothing prepended
+    assert token_bytes(uni, [uni.eos_token_id, uni.pad_token_id]) == [b"", b""]
+
+
+def test_unigram_characters_outside_its_alphabet_are_unk_with_spans_over_the_text(uni):
+    """No byte fallback: "W", "é", "✓" are <unk> (decoded as such); the spans still tile the text."""
+    for text in ["What is 2 plus 3?\n", "héllo wörld ✓"]:
+        ids, starts, ends = encode_with_spans(uni, text)
+        assert uni.unk_token_id in ids.tolist()
+        assert starts[0] == 0 and ends[-1] == len(text.encode("utf-8"))
+        assert np.array_equal(starts[1:], ends[:-1]) and (ends > starts).all()
+
+
+def test_a_saved_unigram_reloads_with_the_same_ids(uni, task, tmp_path):
+    uni.save_pretrained(tmp_path)
+    tiny.tiny_config("small", len(uni), uni.pad_token_id, uni.eos_token_id).save_pretrained(tmp_path)
+    again = load_tokenizer(tmp_path)
+    for text in task_texts(task, 50) + ASCII_TEXTS:
+        assert again(text, add_special_tokens=False)["input_ids"] == uni(text, add_special_tokens=False)["input_ids"]
+    assert tokenizer_fingerprint(again) == tokenizer_fingerprint(uni)
+
+
+def test_unigram_fingerprint_and_warmstart_key_are_its_own(uni, tok, task):
+    assert tokenizer_fingerprint(uni) not in {tokenizer_fingerprint(tok), tokenizer_fingerprint(build_char_tokenizer())}
+    card = ModelCard(name="uni", tiny_tokenizer="unigram", warmstart_steps=60, seed=3)
+    key = warmstart_key(card, task)
+    assert key["tokenizer"] == asset_id("unigram") and key["tokenizer"].startswith("unigram-")
+    others = [warmstart_key(ModelCard(name="c", warmstart_steps=60, seed=3, tiny_tokenizer=kind), task)
+              for kind in ("char", "bpe")]
+    assert all(key != other for other in others)
+    assert {k: v for k, v in key.items() if k != "tokenizer"} == \
+        {k: v for k, v in others[1].items() if k != "tokenizer"}
+    assert warmstart_dir(card, task).name.startswith("small-unigram-addsub-60steps-seed3-")
+    assert find_shipped(warmstart_dir(card, task).name) is None  # trained where needed, in seconds
+
+
+def test_the_unigram_asset_travels_in_the_flower_app_bundle():
+    from flwr.cli.build import get_filtered_fab_paths
+
+    rel = asset_path("unigram").resolve().relative_to(Path(tiny.__file__).resolve().parent.parent).as_posix()
     assert get_filtered_fab_paths({rel: b"", "pyproject.toml": b""}, {}) == [rel]
