@@ -117,6 +117,11 @@ class Policy:
     model_id: str
     base: str = ""
     """Where the base weights came from (warm-start dir, local dir or hub id): for save/reload."""
+    dtype: str = "float32"
+    """The weights' dtype as loaded ("auto" resolved)."""
+    tokenizer_kind: str = ""
+    """What the tokenizer is, for the saved model's metadata: "tiny char" / "tiny bpe" / "tiny
+    unigram", else the source's own (its class and vocabulary size)."""
 
 
 def _model_id(card: ModelCard, desc: str, base: str) -> str:
@@ -175,8 +180,11 @@ def load_policy(card: ModelCard, *, task: Any = None, cache_dir: Path | None = N
     if card.lora and trainable > total // 2:
         log.warning("node %s: LoRA r=%d trains %d of %d params; lower lora_config.r for this model",
                     card.name, card.lora_config.r, trainable, total)
+    kind = f"tiny {card.tiny_tokenizer}" if card.source == "tiny" else \
+        f"{card.source}'s own ({type(tok).__name__}, {len(tok)} tokens)"
     return Policy(model=model, tokenizer=tok, trainable_params=trainable, total_params=total,
-                  model_id=_model_id(card, desc, Path(base).name), base=str(base))
+                  model_id=_model_id(card, desc, Path(base).name), base=str(base), dtype=card.dtype,
+                  tokenizer_kind=kind)
 
 
 _README = """Saved by ftis-flwr ({kind}); model id {model_id}.
@@ -233,15 +241,17 @@ def save_policy(policy: Policy, out_dir: Path) -> Path:
     else:
         how = ("Full model:\n  from transformers import AutoModelForCausalLM\n"
                f"  model = AutoModelForCausalLM.from_pretrained({str(out_dir)!r})")
-    tok_note = ("It is a tiny model's own tokenizer (character-level, byte-level BPE or unigram): load it with\n"
+    kind = policy.tokenizer_kind or type(policy.tokenizer).__name__
+    tok_note = (f"It is {kind}, saved as its exact tokenizer.json: load it with\n"
                 f"  PreTrainedTokenizerFast.from_pretrained({str(out_dir)!r})\n"
-                "(AutoTokenizer would substitute Qwen2Tokenizer: other ids, dropped characters)."
-                if char_tok else "Load it with AutoTokenizer.from_pretrained(out_dir).")
+                "(AutoTokenizer may substitute the architecture's own tokenizer class, with other ids)."
+                if char_tok else f"It is {kind}: load it with AutoTokenizer.from_pretrained({str(out_dir)!r}).")
     (out_dir / "README.txt").write_text(_README.format(kind="LoRA" if is_lora else "full",
                                                        model_id=policy.model_id, how=how,
                                                        tok_note=tok_note))
     (out_dir / PROBE).write_text(json.dumps(probe_logits(policy.model, policy.tokenizer)))
-    info = {"kind": "lora" if is_lora else "full", "model_id": policy.model_id, "base": base,
-            "tokenizer": "char" if char_tok else "auto"}
+    info = {"kind": "lora" if is_lora else "full", "model_id": policy.model_id, "base": base, "dtype": policy.dtype,
+            "tokenizer": {"kind": kind, "class": type(policy.tokenizer).__name__, "size": len(policy.tokenizer),
+                          "load_with": "PreTrainedTokenizerFast" if char_tok else "AutoTokenizer"}}
     (out_dir / POLICY_INFO).write_text(json.dumps(info, indent=1))
     return out_dir

@@ -168,7 +168,11 @@ def _fmt(x: float | None, spec: str) -> str:
 
 def format_summary_table(summary: Summary) -> str:
     """Markdown tables (accuracy per node/split with a mean row; train reward) + checkpoints."""
-    out = [f"Rounds logged: {summary.rounds}", ""]
+    failed = [r for r in summary.incidents if r["event"] == "node_failed"]
+    lost = "; ".join(f"{r['who']} {r['times']} (round{'s' if len(r['rounds']) > 1 else ''} "
+                     f"{', '.join(map(str, r['rounds'][:8]))}{' ...' if len(r['rounds']) > 8 else ''})"
+                     for r in failed)
+    out = [f"Rounds logged: {summary.rounds}" + (f"; failed node rounds: {lost}" if failed else ""), ""]
     if summary.splits:
         out += ["| node | split | first acc (round) | last acc (round) | change (pts) |",
                 "|---|---|---|---|---|"]

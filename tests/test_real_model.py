@@ -74,14 +74,15 @@ def test_both_models_changed_and_checkpoints_reload(federation):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    exp, _, run_dir = federation
-    cards = {c.name: c for c in exp.nodes}
+    _, _, run_dir = federation
     ckpts = json.loads((run_dir / "summary.json").read_text())["checkpoints"]
     assert set(ckpts) == {"full", "lora"}
     for name, path in ckpts.items():
         info = json.loads(open(os.path.join(path, "ftis_policy.json")).read())
         probe = json.loads(open(os.path.join(path, "ftis_probe.json")).read())
-        dtype = getattr(torch, cards[name].dtype)  # as the card says
+        dtype = getattr(torch, info["dtype"])  # as the node loaded it ("auto" resolved)
+        assert info["tokenizer"]["kind"].startswith("smollm2's own") and info["tokenizer"]["size"] == 49152
+        assert "smollm2's own" in open(os.path.join(path, "README.txt")).read()
 
         def load_base():
             return AutoModelForCausalLM.from_pretrained(info["base"], dtype=dtype)

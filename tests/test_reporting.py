@@ -205,3 +205,4 @@ def test_the_summary_counts_every_failure_and_rejection_the_events_name(tmp_path
     md = (tmp_path / "summary.md").read_text()
     assert "| payload_rejected | b | server | 1 | 1 | 2 | 8 |" in md
     assert "| node_failed | b | - | 1 | 1 | 0 | 0 |" in md
+    assert "Rounds logged: 1; failed node rounds: b 1 (round 1)" in md  # the first line says so too
