@@ -185,10 +185,12 @@ def claims(results: list[dict], id_split: str = "test", ood_split: str = "ood",
     for setup in setups:
         nodes = list(starts(results, setup, id_split))
         if setup.endswith(RULE_SUFFIX) and setup[:-len(RULE_SUFFIX)] in setups:
-            rows += _rule_rows(results, setup, setup[:-len(RULE_SUFFIX)], nodes, ftis, id_split)
+            rows += _variant_rows(results, setup, setup[:-len(RULE_SUFFIX)], nodes, ftis, id_split,
+                                  '(rule) "or" level with "and" (ID)', "level", variant_first=True)
             continue
         if setup.endswith(RATIO_SUFFIX) and setup[:-len(RATIO_SUFFIX)] in setups:
-            rows += _ratio_rows(results, setup, setup[:-len(RATIO_SUFFIX)], nodes, ftis, id_split)
+            rows += _variant_rows(results, setup, setup[:-len(RATIO_SUFFIX)], nodes, ftis, id_split,
+                                  "(ratio) chunk ratios above a sequence ratio (ID)", "above", variant_first=False)
             continue
         alone_id, alone_ood = finals(results, setup, "alone", id_split), finals(results, setup, "alone", ood_split)
         nois_id = finals(results, setup, "nois vertical", id_split)
@@ -232,36 +234,22 @@ def claims(results: list[dict], id_split: str = "test", ood_split: str = "ood",
 
 
 RULE_SUFFIX = "-or"
-
-
-def _rule_rows(results: list[dict], setup: str, base: str, nodes: list[str], ftis: str | None,
-               id_split: str) -> list[str]:
-    """(rule): F-TIS of ``<base>-or`` level with ``<base>``'s F-TIS at the end, per node."""
-    if ftis is None:
-        return []
-    rows = []
-    with_or, with_and = finals(results, setup, ftis, id_split), finals(results, base, ftis, id_split)
-    for node in nodes:
-        d = paired(with_or, with_and, node)
-        rows.append(f"| {base} | (rule) \"or\" level with \"and\" (ID) | {node} | {fmt_points(d)} | {len(d)} | "
-                    f"{verdict(d, 'level')} |")
-    return rows
-
-
 RATIO_SUFFIX = "-seq"
 
 
-def _ratio_rows(results: list[dict], setup: str, base: str, nodes: list[str], ftis: str | None,
-                id_split: str) -> list[str]:
-    """(ratio): ``<base>``'s F-TIS (chunk ratios) above ``<base>-seq``'s (sequence ratio) at the end."""
+def _variant_rows(results: list[dict], setup: str, base: str, nodes: list[str], ftis: str | None,
+                  id_split: str, claim: str, kind: str, variant_first: bool) -> list[str]:
+    """A claim between setup ``<base>`` and its variant ``setup`` (same seeds), F-TIS's final ID
+    accuracy per node; ``variant_first``: the difference is variant - base, else base - variant.
+    (rule): ``<base>-or`` level with ``<base>``; (ratio): ``<base>`` above ``<base>-seq``."""
     if ftis is None:
         return []
+    variant, plain = finals(results, setup, ftis, id_split), finals(results, base, ftis, id_split)
+    a, b = (variant, plain) if variant_first else (plain, variant)
     rows = []
-    chunk, sequence = finals(results, base, ftis, id_split), finals(results, setup, ftis, id_split)
     for node in nodes:
-        d = paired(chunk, sequence, node)
-        rows.append(f"| {base} | (ratio) chunk ratios above a sequence ratio (ID) | {node} | {fmt_points(d)} | "
-                    f"{len(d)} | {verdict(d, 'above')} |")
+        d = paired(a, b, node)
+        rows.append(f"| {base} | {claim} | {node} | {fmt_points(d)} | {len(d)} | {verdict(d, kind)} |")
     return rows
 
 

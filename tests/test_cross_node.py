@@ -8,21 +8,13 @@ the step, same metrics)."""
 import numpy as np
 import pytest
 import torch
+from test_node import YAML  # the same two tiny nodes
 
 from ftis_flwr.config import load_experiment
 from ftis_flwr.node import Node, Received, StepRequest
-from ftis_flwr.roster import FederationError
 from ftis_flwr.rollouts import decode_groups, encode_groups
+from ftis_flwr.roster import FederationError
 from ftis_flwr.strategy import FTISStrategy
-
-YAML = """
-rounds: {num_rounds: 3, prompts_per_node: 4, eval_size: 8}
-rollout: {group_size: 4, max_new_tokens: 6}
-train: {lr: 1e-3, micro_batch_size: 8}
-nodes:
-  - {name: a, tiny_size: small, warmstart_steps: 60, seed: 1}
-  - {name: b, tiny_size: small, warmstart_steps: 60, seed: 2}
-"""
 
 
 @pytest.fixture(scope="module")
