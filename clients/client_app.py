@@ -122,6 +122,7 @@ def train(msg: Message, context: Context) -> Message:
         protocol.METRICS: MetricRecord({k: float(v) for k, v in reply["metrics"].items()}),
         protocol.INFO: ConfigRecord({"node": reply["node"], "model_id": reply["model_id"],
                                      "tokenizer_fp": reply.get("tokenizer_fp", ""),
+                                     "align_fault": reply.get("align_fault", ""),
                                      "rejections": list(reply["rejections"]) or [""],
                                      "worker_pid": handle.pid, "worker_starts": starts}),
     })

@@ -23,7 +23,6 @@ import numpy as np
 
 from .token_bytes import TokenBytesError, token_bytes
 
-
 CROSS_TOKENIZER_MODES = ("auto", "always", "off")
 """``exchange.cross_tokenizer``: when a foreign sample takes the text (chunk) path."""
 CROSS_TOKENIZER_RATIOS = ("chunk", "sequence")
@@ -111,6 +110,25 @@ def utf8_offsets(text: str, char_offsets) -> tuple[np.ndarray, np.ndarray]:
     at = np.concatenate([[0], np.cumsum(per_char)])
     spans = np.asarray(char_offsets, np.int64).reshape(-1, 2)
     return at[spans[:, 0]], at[spans[:, 1]]
+
+
+ALIGN_PROBE = "Hello, world: 12 + 30 = 42.\n  é€ 😀 中文 <think> x"
+"""A text with what alignment must survive (multi-byte characters, whitespace runs, digits)."""
+
+
+def alignment_fault(tokenizer) -> str:
+    """Why ``tokenizer`` cannot take part in cross-tokenizer F-TIS (no offsets, tokens whose bytes
+    cannot be read), or "" when it can: checked on :data:`ALIGN_PROBE` both as a receiver (spans
+    that tile the text) and as a sender (token bytes that rebuild what it encodes)."""
+    try:
+        ids, starts, ends = encode_with_spans(tokenizer, ALIGN_PROBE)
+        receiver_cuts(starts, ends, len(ALIGN_PROBE.encode("utf-8")))
+        token_bytes(tokenizer, ids)
+    except (AlignError, TokenBytesError) as exc:
+        return str(exc)
+    except Exception as exc:  # a tokenizer's own failure is a fault of that tokenizer, named
+        return f"{type(exc).__name__}: {exc}"
+    return ""
 
 
 def encode_with_spans(tokenizer, text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

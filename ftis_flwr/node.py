@@ -24,6 +24,7 @@ import torch
 
 from . import protocol
 from .advantages import frac_zero_std_groups, g_for_round, pooled_advantages, pooled_rewards
+from .align import alignment_fault
 from .aligned import sequence_gen
 from .config import ExperimentConfig, ModelCard
 from .dtypes import resolve_dtypes
@@ -98,6 +99,8 @@ class Node:
         self.compute = compute_context(card)
         self.generate_metrics: dict[str, float] = {}
         self.fingerprint = tokenizer_fingerprint(self.tokenizer)
+        self.align_fault = alignment_fault(self.tokenizer)
+        """Why this node's tokenizer cannot train with another tokenizer ("" when it can)."""
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.base_lr = card.lr if card.lr is not None else experiment.train.lr
         self.optimizer = torch.optim.AdamW(self.params, lr=self.base_lr,

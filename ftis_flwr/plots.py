@@ -1,6 +1,8 @@
 """The run's plot.png: accuracy per held-out split, train reward, and the method's own
 diagnostics (filtered share of received samples, truncated token share, KL of received
-samples), one colour per node, from exactly the rows the reporter logged."""
+samples on a log scale: k3 reaches 1e5 and more for a far sample), and, where peers of other
+tokenizers trained through their text, the share of received tokens in multi-token chunks; one
+colour per node, from exactly the rows the reporter logged."""
 
 from __future__ import annotations
 
@@ -17,7 +19,18 @@ def _ratio(num: str, den: str):
     return get
 
 
-def _panels(splits: list[str]) -> list[tuple[str, object, str, bool]]:
+XTOK_SHARE, XTOK_TOKENS = "/xtok_multi_token_share", "/xtok_tokens"
+
+
+def _xtok_share(m: dict) -> float | None:
+    """A node's share of received (text-path) tokens in multi-token chunks, over its sources."""
+    tokens = {k[: -len(XTOK_TOKENS)]: v for k, v in m.items() if k.endswith(XTOK_TOKENS) and v}
+    if not tokens:
+        return None
+    return sum(m.get(src + XTOK_SHARE, 0.0) * n for src, n in tokens.items()) / sum(tokens.values())
+
+
+def _panels(splits: list[str], rows: list[dict] = ()) -> list[tuple[str, object, str, bool]]:
     """(title, metric getter, y label, sparse: evaluated rounds only)."""
     panels = [(f"Eval accuracy: {s}", (lambda k: lambda m: m.get(k))(f"{ACC_PREFIX}{s}{ACC_SUFFIX}"),
                "accuracy", True) for s in splits]
@@ -25,8 +38,11 @@ def _panels(splits: list[str]) -> list[tuple[str, object, str, bool]]:
         ("Train reward (mean)", lambda m: m.get("reward_mean"), "reward", False),
         ("Filtered share of received samples", _ratio("filtered", "samples_foreign"), "share", False),
         ("Truncated IS weights (token share)", lambda m: m.get("frac_tokens_truncated"), "share", False),
-        ("KL of received samples (mean, k3)", lambda m: m.get("kl_mean_foreign"), "KL", False),
+        ("KL of received samples (mean k3 = E[e^d - d - 1], d = log gen - log pi)",
+         lambda m: m.get("kl_mean_foreign"), "KL (log scale)", False),
     ]
+    if any(_xtok_share(m) is not None for row in rows for m in row["nodes"].values()):
+        panels.append(("Cross-tokenizer: received tokens in multi-token chunks", _xtok_share, "share", False))
     return panels
 
 
@@ -38,7 +54,7 @@ def plot_run(path: Path, title: str, nodes: list[str], splits: list[str], rows: 
     from matplotlib.figure import Figure  # no pyplot: no global backend, no display needed
     from matplotlib.ticker import MaxNLocator
 
-    panels = _panels(splits)
+    panels = _panels(splits, rows)
     cols = min(3, len(panels))
     nrows = math.ceil(len(panels) / cols)
     fig = Figure(figsize=(5.2 * cols, 3.8 * nrows), dpi=110, layout="constrained")
@@ -61,6 +77,9 @@ def plot_run(path: Path, title: str, nodes: list[str], splits: list[str], rows: 
         ax.set_ylabel(ylabel)
         if sparse or ylabel == "share":
             ax.set_ylim(-0.02, 1.02)
+        if ylabel.endswith("(log scale)") and any(y > 0 for line in ax.get_lines() for y in line.get_ydata()
+                                                  if math.isfinite(y)):
+            ax.set_yscale("log")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         if rows and not steps:
             ax.set_xlim(rows[0]["round"] - 0.5, rows[-1]["round"] + 0.5)

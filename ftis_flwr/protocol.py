@@ -37,7 +37,8 @@ METRICS = "metrics"
 """node -> server: MetricRecord of the round (train, filter, eval, timing)."""
 
 INFO = "info"
-"""node -> server: ConfigRecord with node, model_id, tokenizer_fp, rejections, worker_pid, worker_starts.
+"""node -> server: ConfigRecord with node, model_id, tokenizer_fp, align_fault (why its tokenizer cannot
+train with another one, "" when it can), rejections, worker_pid, worker_starts.
 ``rejections``: list of str, each ``"<source>: <reason>"`` ([""] when there are none)."""
 
 REWARDS_NOTE = "came with rewards that differ"

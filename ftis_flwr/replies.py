@@ -48,6 +48,8 @@ class TrainReply:
     ntokens: int
     tokenizer_fp: str = ""
     """The node's tokenizer fingerprint as it reports it ("" if it does not)."""
+    align_fault: str = ""
+    """Why the node's tokenizer cannot be aligned with another ("" when it can or did not say)."""
 
 
 @dataclass
@@ -99,10 +101,11 @@ def read_train_reply(content: RecordDict, wire: WireConfig | None = None) -> Tra
     if isinstance(starts, (int, float)) and not isinstance(starts, bool):
         metrics["worker_starts"] = float(starts)
     nbytes = check_payload(arrays, meta, wire or WireConfig())
-    fp = info.get("tokenizer_fp", "")
+    fp, fault = info.get("tokenizer_fp", ""), info.get("align_fault", "")
     return TrainReply(name=name, arrays=arrays, meta=meta, metrics=metrics,
                       rejections=[x for x in rejections if x], nbytes=nbytes,
-                      ntokens=completion_tokens(arrays), tokenizer_fp=fp if isinstance(fp, str) else "")
+                      ntokens=completion_tokens(arrays), tokenizer_fp=fp if isinstance(fp, str) else "",
+                      align_fault=fault[:300] if isinstance(fault, str) else "")
 
 
 def check_payload(arrays: ArrayRecord, meta: ConfigRecord, wire: WireConfig) -> int:

@@ -115,6 +115,8 @@ class FTISStrategy(Strategy):
         self._round_limit = experiment.rounds.round_timeout
         """How long the server waits for the replies of the round in flight (synchronous rounds)."""
         self.tokenizers: dict[str, str] = {}
+        self.align_faults: dict[str, str] = {}
+        """Card -> why its tokenizer cannot be aligned with another one ("" when it can)."""
         """Card -> tokenizer fingerprint, as each node reported it: who needs completion texts."""
 
     # ------------------------------------------------------------ resume
@@ -234,13 +236,22 @@ class FTISStrategy(Strategy):
         return mine is None or any(self.tokenizers.get(c.name) != mine for c in self.cfg.nodes if c.name != name)
 
     def check_tokenizers(self) -> None:
-        """``exchange.cross_tokenizer=off``: FederationError once two cards report different
-        tokenizers (after round 0's replies, so before any node trains on the other's ids)."""
-        if self.cfg.exchange.cross_tokenizer != "off" or self.cfg.advantage.mode == "alone":
+        """FederationError once two cards report different tokenizers (after round 0's replies,
+        before any node trains on another's samples) where they cannot train together:
+        ``exchange.cross_tokenizer=off``, or a card whose tokenizer cannot be aligned (no offsets,
+        tokens whose bytes cannot be read), named with the reason."""
+        if self.cfg.advantage.mode == "alone":
             return
         by_fp: dict[str, list[str]] = {}
         for name, fp in sorted(self.tokenizers.items()):
             by_fp.setdefault(fp, []).append(name)
+        if len(by_fp) > 1 and self.cfg.exchange.cross_tokenizer != "off":
+            faults = {n: f for n, f in sorted(self.align_faults.items()) if f}
+            if faults:
+                raise FederationError("the nodes' tokenizers differ, and " + "; ".join(
+                    f"card {n!r}'s tokenizer cannot be aligned with another: {f}" for n, f in faults.items())
+                    + ". Give that card a fast tokenizer (tokenizer.json), or train only cards of one tokenizer")
+            return
         if len(by_fp) > 1:
             kinds = "; ".join(f"{', '.join(names)} (tokenizer {fp})" for fp, names in by_fp.items())
             raise FederationError(f"the nodes' tokenizers differ: {kinds}. exchange.cross_tokenizer=off "
@@ -294,6 +305,7 @@ class FTISStrategy(Strategy):
             self.budget.note(r.name, r.metrics)
             if r.tokenizer_fp:
                 self.tokenizers[r.name] = r.tokenizer_fp
+            self.align_faults[r.name] = r.align_fault
             rejected |= self._note_rejections(server_round, nid, r)
         for nid, reason in outcome.failures.items():
             name = self.roster.name(nid)

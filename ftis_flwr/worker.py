@@ -529,7 +529,8 @@ def step_from_payloads(node, payload: dict[str, Any]) -> dict[str, Any]:
                                  compress=wire.compress)
     return {"arrays": arrays, "meta": meta, "metrics": result.metrics,
             "rejections": reasons + result.rejections,
-            "node": node.card.name, "model_id": node.policy.model_id, "tokenizer_fp": node.fingerprint}
+            "node": node.card.name, "model_id": node.policy.model_id, "tokenizer_fp": node.fingerprint,
+            "align_fault": node.align_fault}
 
 
 def main(argv: list[str] | None = None) -> None:

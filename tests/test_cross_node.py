@@ -123,3 +123,18 @@ def test_off_names_both_cards_and_their_tokenizers():
     s.tokenizers.update(b="f2")
     with pytest.raises(FederationError, match=r"a \(tokenizer f1\); b \(tokenizer f2\).*'auto'"):
         s.check_tokenizers()
+
+
+def test_a_card_whose_tokenizer_cannot_be_aligned_stops_a_mixed_run_before_round_one():
+    from transformers import ByT5Tokenizer  # a real Python-backend tokenizer: no offsets
+
+    from ftis_flwr.align import alignment_fault
+
+    assert "ByT5Tokenizer is not a fast tokenizer" in alignment_fault(ByT5Tokenizer())
+    s = FTISStrategy(load_experiment(yaml_text=YAML))
+    s.tokenizers.update(a="f1", b="f1")
+    s.align_faults.update(a="", b=alignment_fault(ByT5Tokenizer()))
+    s.check_tokenizers()  # one tokenizer: nothing to align
+    s.tokenizers.update(b="f2")
+    with pytest.raises(FederationError, match=r"card 'b'.s tokenizer cannot be aligned.*not a fast tokenizer"):
+        s.check_tokenizers()

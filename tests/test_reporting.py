@@ -206,3 +206,16 @@ def test_the_summary_counts_every_failure_and_rejection_the_events_name(tmp_path
     assert "| payload_rejected | b | server | 1 | 1 | 2 | 8 |" in md
     assert "| node_failed | b | - | 1 | 1 | 0 | 0 |" in md
     assert "Rounds logged: 1; failed node rounds: b 1 (round 1)" in md  # the first line says so too
+
+
+def test_the_plot_shows_the_cross_tokenizer_share_only_where_text_path_samples_were_received(tmp_path):
+    from ftis_flwr.plots import _panels, _xtok_share, plot_run
+
+    plain = [{"round": 1, "nodes": {"a": {"kl_mean_foreign": 3e5}}}]
+    xtok = [{"round": 1, "nodes": {"a": {"b/xtok_tokens": 30.0, "b/xtok_multi_token_share": 0.5,
+                                         "c/xtok_tokens": 10.0, "c/xtok_multi_token_share": 0.1}}}]
+    assert _xtok_share(xtok[0]["nodes"]["a"]) == pytest.approx((0.5 * 30 + 0.1 * 10) / 40)
+    assert [t for t, *_ in _panels([], xtok)][-1].startswith("Cross-tokenizer")
+    assert not any(t.startswith("Cross-tokenizer") for t, *_ in _panels([], plain))
+    plot_run(tmp_path / "p.png", "t", ["a"], [], xtok + [{"round": 2, "nodes": {"a": {"kl_mean_foreign": 2.0}}}])
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
