@@ -145,6 +145,12 @@ class TrainConfig:
     """Sequences per forward/backward; gradients are accumulated. Default 16."""
     grad_clip: float = 1.0
     """Max global gradient norm. Default 1.0 (paper)."""
+    share_prompts: bool = True
+    """Run each distinct prompt of a micro-batch once and its completions on its cached keys and
+    values (gradients flow back into the one prompt forward): the same log-probs and gradients
+    (to float32 rounding) on P + G*T tokens instead of G*(P + T). Measured on cpu-smollm2's full
+    node, float32, 3 prompts x 4 completions: 13.5 s against 39.2 s (ftis_flwr/logprobs_shared.py).
+    False: every sample runs its prompt again (the packed path)."""
 
 
 @dataclass

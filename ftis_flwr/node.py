@@ -32,6 +32,7 @@ from .engines import make_engine
 from .groups import Group, PayloadError, text_fault, tokenizer_fingerprint
 from .intake import Received, usable  # noqa: F401 (Received: the node's input type)
 from .logprobs import completion_logprobs, pack_batch
+from .logprobs_shared import shared_prompt_logprobs
 from .loss import LossInputs, compute_loss
 from .loss_metrics import LossStats, clip_frac, loss_metrics, own_gap
 from .models import compute_context, load_policy, save_policy, stop_token_ids
@@ -281,11 +282,16 @@ class Node:
     def _loss_inputs(self, chunk, old: torch.Tensor | None = None) -> LossInputs:
         """One micro-batch's forward; ``old``: its pi_old log-probs from the round's first update."""
         prompts, comps, gens, advs, foreign, sources, chunks = zip(*chunk)
-        batch = pack_batch(list(prompts), list(comps), pad_id=self.tokenizer.pad_token_id)
         device = self.model.device
         with self.compute():
-            lp = completion_logprobs(self.model, batch.to(device), temperature=self.cfg.rollout.temperature,
-                                     vocab_size=self.vocab_size)
+            if self.cfg.train.share_prompts:  # each distinct prompt runs once (ftis_flwr/logprobs_shared.py)
+                lp, mask = shared_prompt_logprobs(self.model, prompts, comps, pad_id=self.tokenizer.pad_token_id,
+                                                  temperature=self.cfg.rollout.temperature, vocab_size=self.vocab_size)
+            else:
+                batch = pack_batch(list(prompts), list(comps), pad_id=self.tokenizer.pad_token_id)
+                lp = completion_logprobs(self.model, batch.to(device), temperature=self.cfg.rollout.temperature,
+                                         vocab_size=self.vocab_size)
+                mask = batch.completion_mask.to(device).bool()
         gen = torch.zeros_like(lp, dtype=torch.float32)
         for i, g in enumerate(gens):
             gen[i, : len(g)] = torch.from_numpy(np.asarray(g, dtype=np.float32))
@@ -301,7 +307,7 @@ class Node:
             logprobs=lp.float(),
             gen_logprobs=gen,
             advantages=torch.tensor(advs, dtype=torch.float32, device=device),
-            mask=batch.completion_mask.to(device).bool(),
+            mask=mask,
             foreign=torch.tensor(foreign, dtype=torch.bool, device=device),
             sources=list(sources),
             old_logprobs=None if old is None else old.to(device),
