@@ -36,6 +36,7 @@ from .logprobs_shared import shared_prompt_logprobs
 from .loss import LossInputs, compute_loss
 from .loss_metrics import LossStats, clip_frac, loss_metrics, own_gap
 from .models import compute_context, load_policy, save_policy, stop_token_ids
+from .plan import memory_warning
 from .tasks import make_task
 from .token_bytes import TokenBytesError, completion_text
 
@@ -88,6 +89,9 @@ class Node:
         torch.set_num_threads(card.torch_threads)
         torch.manual_seed(sampling_seed(card.seed, experiment.rounds.seed, 0))
         self.task = make_task(experiment.task)
+        self.memory_note = memory_warning(card, experiment)  # before building, not killed mid-run
+        if self.memory_note:
+            log.warning(self.memory_note)
         self.policy = load_policy(card, task=self.task, cache_dir=cache_dir)
         self.model = self.policy.model
         self.tokenizer = self.policy.tokenizer

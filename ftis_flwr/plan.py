@@ -9,7 +9,11 @@ learner's largest activation (the float32 logits of one micro-batch over the voc
 dominates at Qwen's 151,936 rows) plus the saved activations of one micro-batch
 (:data:`ACTIVATION_ELEMENTS`). Architectures are read from the hub config when the model is
 cached locally, else from :data:`KNOWN` (the Qwen2.5 family of the paper's presets). The figures
-are estimates: the framework's own buffers and fragmentation come on top (allow ~20%).
+are estimates: the framework's own buffers and fragmentation come on top (allow ~20%). The
+activations are those of the packed path (every sample runs its prompt); with
+``train.share_prompts`` (the default) the learner runs fewer tokens, so the estimate is an upper
+bound there. A node compares its own estimate with what its machine has before it builds
+(:func:`memory_warning`).
 """
 
 from __future__ import annotations
@@ -124,6 +128,37 @@ def estimate(card: ModelCard, exp: ExperimentConfig) -> Estimate | None:
     scores = mb * arch.heads * seq * seq * arch.layers * 4 if act_bytes == 4 else 0
     return Estimate(card.name, total, trainable, total * w, trainable * tw, 2 * trainable * tw,
                     kv, logits + hidden + scores)
+
+
+def available_bytes(device: str) -> float | None:
+    """Memory the device has free now: MemAvailable for "cpu", the free GPU memory for "cuda[:i]";
+    None when it cannot be told."""
+    if device.startswith("cuda"):
+        try:
+            import torch
+
+            return float(torch.cuda.mem_get_info(torch.device(device))[0])
+        except Exception:
+            return None
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def memory_warning(card: ModelCard, exp: ExperimentConfig) -> str | None:
+    """A line saying a card may not fit its machine (its estimate with 20% margin above what the
+    device has free), said by the node before it builds instead of being killed mid-run; None
+    when it fits or cannot be told."""
+    est, free = estimate(card, exp), available_bytes(card.device)
+    if est is None or free is None or est.total * 1.2 <= free:
+        return None
+    return (f"node {card.name}: needs about {est.total * 1.2 / GIB:.1f} GiB (python -m ftis_flwr.plan, with 20% "
+            f"margin; an upper bound with train.share_prompts) and {card.device} has {free / GIB:.1f} GiB free: "
+            "it may be killed mid-run; lower train.micro_batch_size or rollout.batch_size, or use dtype: auto")
 
 
 def placement(exp: ExperimentConfig, estimates: list[Estimate | None]) -> list[str]:

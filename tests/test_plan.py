@@ -31,3 +31,18 @@ def test_lora_needs_far_less_optimizer_memory():
     exp = load_experiment("paper-peft-1.5b")
     full, lora = (estimate(c, exp) for c in exp.nodes)
     assert lora.optimizer < full.optimizer / 10
+
+
+def test_a_card_larger_than_its_machine_is_named_before_it_builds(monkeypatch):
+    import ftis_flwr.plan as plan
+
+    assert plan.available_bytes("cpu") > 0  # this machine's /proc/meminfo
+    exp = load_experiment("paper-size-base")
+    card = exp.nodes[0]
+    monkeypatch.setattr(plan, "available_bytes", lambda device: 8 * GIB)  # the probe: an 8 GiB machine
+    note = plan.memory_warning(card, exp)
+    assert note.startswith(f"node {card.name}: needs about ") and "8.0 GiB free" in note
+    monkeypatch.setattr(plan, "available_bytes", lambda device: 1024 * GIB)
+    assert plan.memory_warning(card, exp) is None
+    monkeypatch.setattr(plan, "available_bytes", lambda device: None)  # cannot be told: silent
+    assert plan.memory_warning(card, exp) is None
