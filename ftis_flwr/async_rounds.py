@@ -403,7 +403,7 @@ class AsyncRounds:
             if x is not None:
                 ended[x.nid] = x
         s.aggregate_train(step, replies)
-        s.check_tokenizers()
+        s.peers.check()
         outcome = s.history[-1]
         for mid in list(self.inflight):
             if self.inflight[mid].nid in ended:

@@ -34,7 +34,14 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 from flwr.serverapp.strategy.result import Result
@@ -44,7 +51,16 @@ from .budget import ForeignBudget, add_idle
 from .config import ExperimentConfig, to_dict
 from .grid_io import HELLO_TIMEOUT, exchange, wait_for_nodes
 from .node_keys import node_keys, pinned_der
-from .replies import BadReply, RejectedPayload, RoundOutcome, TrainReply, flatten, read_train_reply, record
+from .peer_tokenizers import PeerTokenizers
+from .replies import (
+    BadReply,
+    RejectedPayload,
+    RoundOutcome,
+    TrainReply,
+    flatten,
+    read_train_reply,
+    record,
+)
 from .rollouts import payload_bytes
 from .roster import FederationError, Roster, read_hello
 from .server_state import ServerState, ServerStateError, save_server_state
@@ -114,9 +130,8 @@ class FTISStrategy(Strategy):
         self.checkpoints: dict[str, str] = {}
         self._round_limit = experiment.rounds.round_timeout
         """How long the server waits for the replies of the round in flight (synchronous rounds)."""
-        self.tokenizers: dict[str, str] = {}
-        self.align_faults: dict[str, str] = {}
-        """Card -> why its tokenizer cannot be aligned with another one ("" when it can)."""
+        self.peers = PeerTokenizers(experiment)
+        """Each card's tokenizer as its node reports it: who sends texts, who cannot train together."""
         """Card -> tokenizer fingerprint, as each node reported it: who needs completion texts."""
 
     # ------------------------------------------------------------ resume
@@ -220,43 +235,10 @@ class FTISStrategy(Strategy):
             "evaluate": self._evaluate_now(rnd) if evaluate is None else evaluate,
             "experiment": self._experiment_json,
             "run_name": self.run_name, "foreign": json.dumps(foreign),
-            "send_text": self.send_text(self.roster.name(nid)),
+            "send_text": self.peers.send_text(self.roster.name(nid)),
             "next_within": next_within(self._round_limit if limit is None else limit),
         })
         return Message(content=content, dst_node_id=nid, message_type=MessageType.TRAIN)
-
-    def send_text(self, name: str) -> bool:
-        """Whether node ``name`` puts its completions' texts on the wire (``exchange.cross_tokenizer``):
-        "always"; never "off" or training alone; "auto" while some other card's tokenizer differs
-        from its own or is not known yet (a first round, a card not seen yet)."""
-        mode = self.cfg.exchange.cross_tokenizer
-        if mode != "auto" or self.cfg.advantage.mode == "alone":
-            return mode == "always" and self.cfg.advantage.mode != "alone"
-        mine = self.tokenizers.get(name)
-        return mine is None or any(self.tokenizers.get(c.name) != mine for c in self.cfg.nodes if c.name != name)
-
-    def check_tokenizers(self) -> None:
-        """FederationError once two cards report different tokenizers (after round 0's replies,
-        before any node trains on another's samples) where they cannot train together:
-        ``exchange.cross_tokenizer=off``, or a card whose tokenizer cannot be aligned (no offsets,
-        tokens whose bytes cannot be read), named with the reason."""
-        if self.cfg.advantage.mode == "alone":
-            return
-        by_fp: dict[str, list[str]] = {}
-        for name, fp in sorted(self.tokenizers.items()):
-            by_fp.setdefault(fp, []).append(name)
-        if len(by_fp) > 1 and self.cfg.exchange.cross_tokenizer != "off":
-            faults = {n: f for n, f in sorted(self.align_faults.items()) if f}
-            if faults:
-                raise FederationError("the nodes' tokenizers differ, and " + "; ".join(
-                    f"card {n!r}'s tokenizer cannot be aligned with another: {f}" for n, f in faults.items())
-                    + ". Give that card a fast tokenizer (tokenizer.json), or train only cards of one tokenizer")
-            return
-        if len(by_fp) > 1:
-            kinds = "; ".join(f"{', '.join(names)} (tokenizer {fp})" for fp, names in by_fp.items())
-            raise FederationError(f"the nodes' tokenizers differ: {kinds}. exchange.cross_tokenizer=off "
-                                  "trains only between equal tokenizers; set it to 'auto' to train on "
-                                  "the others' completions through their text (SPEC §4)")
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -303,9 +285,7 @@ class FTISStrategy(Strategy):
             outcome.node_metrics[r.name] = {**r.metrics, "payload_bytes": float(r.nbytes),
                                             **self._received.get(nid, {})}
             self.budget.note(r.name, r.metrics)
-            if r.tokenizer_fp:
-                self.tokenizers[r.name] = r.tokenizer_fp
-            self.align_faults[r.name] = r.align_fault
+            self.peers.note(r.name, r.tokenizer_fp, r.align_fault)
             rejected |= self._note_rejections(server_round, nid, r)
         for nid, reason in outcome.failures.items():
             name = self.roster.name(nid)
@@ -511,7 +491,7 @@ class FTISStrategy(Strategy):
                                  limit, what=f"round {rnd}")
             self._lost.update(self._unsent)
             self.aggregate_train(rnd, replies)
-            self.check_tokenizers()
+            self.peers.check()
             outcome = self.history[-1]
             outcome.server_metrics["round_seconds"] = time.perf_counter() - t0
             add_idle(outcome.node_metrics, outcome.server_metrics["round_seconds"])

@@ -101,28 +101,28 @@ def test_sequence_ratio_is_one_ratio_of_means_per_completion(cache):
 def test_the_server_asks_for_texts_only_while_a_peer_needs_them():
     exp = load_experiment(yaml_text=YAML)
     s = FTISStrategy(exp)
-    assert s.send_text("a") and s.send_text("b")  # nothing known yet (round 0)
-    s.tokenizers.update(a="f1")
-    assert s.send_text("a") and s.send_text("b")  # b's tokenizer still unknown
-    s.tokenizers.update(b="f1")
-    assert not s.send_text("a") and not s.send_text("b")  # equal tokenizers: the token path
-    s.tokenizers.update(b="f2")
-    assert s.send_text("a") and s.send_text("b")
-    s.check_tokenizers()  # auto: different tokenizers are fine
+    assert s.peers.send_text("a") and s.peers.send_text("b")  # nothing known yet (round 0)
+    s.peers.fingerprints.update(a="f1")
+    assert s.peers.send_text("a") and s.peers.send_text("b")  # b's tokenizer still unknown
+    s.peers.fingerprints.update(b="f1")
+    assert not s.peers.send_text("a") and not s.peers.send_text("b")  # equal tokenizers: the token path
+    s.peers.fingerprints.update(b="f2")
+    assert s.peers.send_text("a") and s.peers.send_text("b")
+    s.peers.check()  # auto: different tokenizers are fine
     for mode, want in (("always", True), ("off", False)):
         exp_mode = load_experiment(yaml_text=YAML, overrides={"exchange.cross_tokenizer": mode})
-        assert FTISStrategy(exp_mode).send_text("a") is want
+        assert FTISStrategy(exp_mode).peers.send_text("a") is want
     alone = load_experiment(yaml_text=YAML, overrides={"advantage.mode": "alone"})
-    assert not FTISStrategy(alone).send_text("a")
+    assert not FTISStrategy(alone).peers.send_text("a")
 
 
 def test_off_names_both_cards_and_their_tokenizers():
     s = FTISStrategy(load_experiment(yaml_text=YAML, overrides={"exchange.cross_tokenizer": "off"}))
-    s.tokenizers.update(a="f1", b="f1")
-    s.check_tokenizers()
-    s.tokenizers.update(b="f2")
+    s.peers.fingerprints.update(a="f1", b="f1")
+    s.peers.check()
+    s.peers.fingerprints.update(b="f2")
     with pytest.raises(FederationError, match=r"a \(tokenizer f1\); b \(tokenizer f2\).*'auto'"):
-        s.check_tokenizers()
+        s.peers.check()
 
 
 def test_a_card_whose_tokenizer_cannot_be_aligned_stops_a_mixed_run_before_round_one():
@@ -132,9 +132,9 @@ def test_a_card_whose_tokenizer_cannot_be_aligned_stops_a_mixed_run_before_round
 
     assert "ByT5Tokenizer is not a fast tokenizer" in alignment_fault(ByT5Tokenizer())
     s = FTISStrategy(load_experiment(yaml_text=YAML))
-    s.tokenizers.update(a="f1", b="f1")
-    s.align_faults.update(a="", b=alignment_fault(ByT5Tokenizer()))
-    s.check_tokenizers()  # one tokenizer: nothing to align
-    s.tokenizers.update(b="f2")
+    s.peers.fingerprints.update(a="f1", b="f1")
+    s.peers.align_faults.update(a="", b=alignment_fault(ByT5Tokenizer()))
+    s.peers.check()  # one tokenizer: nothing to align
+    s.peers.fingerprints.update(b="f2")
     with pytest.raises(FederationError, match=r"card 'b'.s tokenizer cannot be aligned.*not a fast tokenizer"):
-        s.check_tokenizers()
+        s.peers.check()
