@@ -120,8 +120,8 @@ class Policy:
     dtype: str = "float32"
     """The weights' dtype as loaded ("auto" resolved)."""
     tokenizer_kind: str = ""
-    """What the tokenizer is, for the saved model's metadata: "tiny char" / "tiny bpe" / "tiny
-    unigram", else the source's own (its class and vocabulary size)."""
+    """What the tokenizer is, for the saved model's metadata: one of :data:`TINY_TOKENIZER_NAMES`,
+    else the source's own (its class and vocabulary size)."""
 
 
 def _model_id(card: ModelCard, desc: str, base: str) -> str:
@@ -144,6 +144,11 @@ def _load_base(source: str, dtype: torch.dtype, cache_dir: Path) -> tuple[Any, A
         raise FileNotFoundError(f"model source {source!r} is not an existing directory")
     return (AutoModelForCausalLM.from_pretrained(source, dtype=dtype),
             AutoTokenizer.from_pretrained(source), source)
+
+
+TINY_TOKENIZER_NAMES = {"char": "the tiny models' character-level tokenizer",
+                        "bpe": "the tiny models' byte-level BPE tokenizer",
+                        "unigram": "the tiny models' unigram (SentencePiece-style) tokenizer"}
 
 
 def load_policy(card: ModelCard, *, task: Any = None, cache_dir: Path | None = None) -> Policy:
@@ -180,7 +185,7 @@ def load_policy(card: ModelCard, *, task: Any = None, cache_dir: Path | None = N
     if card.lora and trainable > total // 2:
         log.warning("node %s: LoRA r=%d trains %d of %d params; lower lora_config.r for this model",
                     card.name, card.lora_config.r, trainable, total)
-    kind = f"tiny {card.tiny_tokenizer}" if card.source == "tiny" else \
+    kind = TINY_TOKENIZER_NAMES.get(card.tiny_tokenizer, card.tiny_tokenizer) if card.source == "tiny" else \
         f"{card.source}'s own ({type(tok).__name__}, {len(tok)} tokens)"
     return Policy(model=model, tokenizer=tok, trainable_params=trainable, total_params=total,
                   model_id=_model_id(card, desc, Path(base).name), base=str(base), dtype=card.dtype,
