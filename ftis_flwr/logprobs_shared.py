@@ -23,6 +23,14 @@ import torch
 from .logprobs import _model_device
 
 
+class SharedPromptError(ValueError):
+    """A model whose prompt cache cannot be shared across completions; says what to set instead."""
+
+    def __init__(self, model, why: str):
+        super().__init__(f"{type(model).__name__} cannot score with shared prompts: {why}. Set "
+                         "train.share_prompts: false (every sample then runs its own prompt)")
+
+
 def shared_prompt_logprobs(model: torch.nn.Module, prompts: Sequence[Sequence[int]],
                            completions: Sequence[Sequence[int]], *, pad_id: int, temperature: float = 1.0,
                            vocab_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -49,8 +57,12 @@ def shared_prompt_logprobs(model: torch.nn.Module, prompts: Sequence[Sequence[in
     p_pos = (p_mask.cumsum(-1) - 1).clamp_min(0)
     out = model(input_ids=p_ids, attention_mask=p_mask, position_ids=p_pos, use_cache=True, logits_to_keep=1)
     first = out.logits[:, -1, :].index_select(0, which)  # [B, V]: predicts completion token 0
-    cache = out.past_key_values
-    cache.batch_select_indices(which)  # each sample attends to its own prompt's keys and values
+    cache = getattr(out, "past_key_values", None)
+    try:
+        cache.batch_select_indices(which)  # each sample attends to its own prompt's keys and values
+    except (AttributeError, TypeError, NotImplementedError) as exc:
+        raise SharedPromptError(model, f"its cache ({type(cache).__name__}) cannot be selected per sample "
+                                f"({type(exc).__name__}: {exc})") from None
 
     c_lists = [[int(t) for t in c] for c in completions]
     width_t = max(len(c) for c in c_lists)
@@ -65,8 +77,11 @@ def shared_prompt_logprobs(model: torch.nn.Module, prompts: Sequence[Sequence[in
     if width_t > 1:  # completion tokens 0..T-2 predict tokens 1..T-1
         attn = torch.cat([p_mask.index_select(0, which), c_mask[:, :-1].long()], dim=1)
         pos = p_mask.sum(-1).index_select(0, which)[:, None] + torch.arange(width_t - 1, device=device)
-        rest = model(input_ids=c_ids[:, :-1], attention_mask=attn, position_ids=pos, cache=cache,
-                     use_cache=False).logits
+        try:
+            rest = model(input_ids=c_ids[:, :-1], attention_mask=attn, position_ids=pos, cache=cache,
+                         use_cache=False).logits
+        except TypeError as exc:  # a forward that takes no cache: named, not a trace from deep inside
+            raise SharedPromptError(model, f"its forward takes no cache ({exc})") from None
         logits = torch.cat([first[:, None, :], rest], dim=1)
     else:
         logits = first[:, None, :]

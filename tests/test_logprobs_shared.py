@@ -64,6 +64,23 @@ def test_shared_prompts_give_the_packed_paths_log_probs_and_gradients(lora):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
 
 
+def test_a_model_whose_cache_cannot_be_shared_is_named_with_the_setting_to_change(monkeypatch):
+    """The seam: a cache class without per-sample selection (older or other cache types) is
+    stood in for by making the real DynamicCache's selection refuse, for this test."""
+    from transformers import DynamicCache
+
+    from ftis_flwr.logprobs_shared import SharedPromptError
+
+    def no_selection(self, indices):
+        raise NotImplementedError("no per-sample selection")
+
+    monkeypatch.setattr(DynamicCache, "batch_select_indices", no_selection)
+    prompts, comps = _batch()
+    with pytest.raises(SharedPromptError, match=r"cannot score with shared prompts: its cache \(DynamicCache\)"
+                                                r".*train.share_prompts: false"):
+        shared_prompt_logprobs(_model(False), prompts, comps, pad_id=0)
+
+
 def test_bad_input_is_named():
     model = _model(False)
     with pytest.raises(ValueError, match="empty prompt"):
