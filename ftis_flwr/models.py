@@ -1,7 +1,7 @@
 """Model cards -> policies: tiny offline Qwen2 models (:mod:`ftis_flwr.tiny`) or real LLMs.
 
-``source == "tiny"``: a ~0.5M/1.6M-parameter Qwen2 with a character-level (or byte-level BPE)
-tokenizer, shipped with the package or warm-started here (:func:`ftis_flwr.tiny.warm_start`).
+``source == "tiny"``: a ~0.5M/1.6M-parameter Qwen2 with a character-level (or byte-level BPE,
+or unigram) tokenizer, shipped with the package or warm-started here (:func:`ftis_flwr.tiny.warm_start`).
 Otherwise the source is a local directory, a ``.gguf`` file or a hub id, loaded with transformers.
 
 Tokenizers are returned with a pad token and ``padding_side = "left"``, so batched

@@ -113,9 +113,9 @@ class Node:
         self.pending: list[Group] = []
         self.updates = 0
         self.round = -1
+        """The last round this node completed (-1: none yet); ftis_flwr.node_state saves it."""
         self.steps_run = 0
         """Rounds this process has run (a resumed node restores ``round``, not this)."""
-        """The last round this node completed (-1: none yet); ftis_flwr.node_state saves it."""
         self._prompt_cache: dict[str, np.ndarray] = {}
         log.info("node %s ready: %s (%d/%d trainable params)", card.name, self.policy.model_id,
                  self.policy.trainable_params, self.policy.total_params)

@@ -252,17 +252,13 @@ def check_fields(f: Fields, wire: WireConfig, *, vocab_size: int | None = None) 
         if len(f.byte_lengths) and (f.byte_lengths.min() < 0 or f.byte_lengths.sum() != len(f.text)):
             raise PayloadError(f"byte lengths (min {f.byte_lengths.min()}) add up to {f.byte_lengths.sum()}, "
                                f"the texts hold {len(f.text)} bytes")
-        at = _flat_offsets(f.byte_lengths)
+        at = _offsets(f.byte_lengths)
         text = f.text.tobytes()
         for c in range(n_comp):
             lo, hi = int(c_off[c]), int(c_off[c + 1])
             why = text_fault(text[at[lo]:at[hi]], f.byte_lengths[lo:hi], hi - lo)
             if why:
                 raise PayloadError(f"{name_completion(c)}: {why}")
-
-
-def _flat_offsets(lengths: np.ndarray) -> np.ndarray:
-    return _offsets(np.asarray(lengths, np.int64))
 
 
 def _build(f: Fields) -> list[Group]:
@@ -284,7 +280,7 @@ def _build(f: Fields) -> list[Group]:
             )
         )
     if f.text is not None:
-        at, text = _flat_offsets(f.byte_lengths), f.text.tobytes()
+        at, text = _offsets(f.byte_lengths), f.text.tobytes()
         for g, group in enumerate(groups):
             cs = range(int(g_off[g]), int(g_off[g + 1]))
             group.texts = [text[at[c_off[c]]:at[c_off[c + 1]]] for c in cs]

@@ -132,7 +132,6 @@ class FTISStrategy(Strategy):
         """How long the server waits for the replies of the round in flight (synchronous rounds)."""
         self.peers = PeerTokenizers(experiment)
         """Each card's tokenizer as its node reports it: who sends texts, who cannot train together."""
-        """Card -> tokenizer fingerprint, as each node reported it: who needs completion texts."""
 
     # ------------------------------------------------------------ resume
     def restore(self, state: ServerState) -> None:

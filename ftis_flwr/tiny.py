@@ -81,6 +81,13 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
     backend = Tokenizer(tok_models.WordLevel(vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     backend.decoder = decoders.Fuse()
+    return as_tiny_tokenizer(backend)
+
+
+def as_tiny_tokenizer(backend: Tokenizer) -> PreTrainedTokenizerFast:
+    """A tiny model's ``tokenizers`` backend as a transformers tokenizer, with the tiny models'
+    conventions: specials ``<pad> <eos> <unk>``, left padding (batched generation), no clean-up
+    of spaces, ``model_max_length`` :data:`TINY_MAX_POSITIONS`."""
     tok = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>",
                                   unk_token="<unk>", clean_up_tokenization_spaces=False,
                                   model_max_length=TINY_MAX_POSITIONS)

@@ -26,7 +26,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from .tasks.arithmetic import ArithmeticTask
-from .tiny import CHARS, SPECIAL_TOKENS, TINY_MAX_POSITIONS, TINY_TOKENIZERS, build_char_tokenizer, shipped_dirs
+from .tiny import CHARS, SPECIAL_TOKENS, TINY_TOKENIZERS, as_tiny_tokenizer, build_char_tokenizer, shipped_dirs
 
 BPE_VOCAB_SIZE = 384
 """3 special tokens + the 256 bytes + 125 merges: every 2-digit number and the commonest 3-digit
@@ -44,12 +44,16 @@ ASSETS = {"bpe": ASSET_NAME, "unigram": UNIGRAM_ASSET_NAME}
 """The shipped tokenizer of each ``tiny_tokenizer`` but "char" (which is built in code)."""
 
 
-def training_texts(seed: int = BPE_TASK_SEED) -> list[str]:
-    """``question + answer`` (``"37+48=85"``) of the warm-start problems and the task's train
-    split, each text once, in order (the two are the same list for the default task)."""
+def _problems(seed: int) -> list:
+    """The warm-start problems and the task's train split (the same list for the default task):
+    what both tokenizers are trained on."""
     task = ArithmeticTask(seed=seed)
-    problems = task.warmstart_problems("+-") + task.problems("train")
-    return list(dict.fromkeys(p.question + p.gold for p in problems))
+    return task.warmstart_problems("+-") + task.problems("train")
+
+
+def training_texts(seed: int = BPE_TASK_SEED) -> list[str]:
+    """``question + answer`` (``"37+48=85"``) of :func:`_problems`, each text once, in order."""
+    return list(dict.fromkeys(p.question + p.gold for p in _problems(seed)))
 
 
 def train_bpe_tokenizer(vocab_size: int = BPE_VOCAB_SIZE) -> Tokenizer:
@@ -75,9 +79,7 @@ def unigram_training_texts(seed: int = BPE_TASK_SEED) -> list[str]:
     """The problems of :func:`training_texts`, question and answer apart (``"37+48="``, ``"85"``):
     the texts a tiny model encodes. Metaspace splits only at spaces, so on the joined text the
     unigram learns pieces across the prompt's end (``"+93=1"``) that never occur in use."""
-    task = ArithmeticTask(seed=seed)
-    problems = task.warmstart_problems("+-") + task.problems("train")
-    return [t for pair in dict.fromkeys((p.question, p.gold) for p in problems) for t in pair]
+    return [t for pair in dict.fromkeys((p.question, p.gold) for p in _problems(seed)) for t in pair]
 
 
 def train_unigram_tokenizer(vocab_size: int = UNIGRAM_VOCAB_SIZE) -> Tokenizer:
@@ -152,14 +154,9 @@ def bpe_asset_id() -> str:
 
 
 def build_shipped_tokenizer(kind: str = "bpe") -> PreTrainedTokenizerFast:
-    """A shipped tokenizer as a transformers one, with the char tokenizer's conventions:
-    pad/eos/unk set, left padding, no clean-up of spaces, ``model_max_length`` 64."""
-    backend = Tokenizer.from_str(_asset(kind).decode("utf-8"))
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>",
-                                  unk_token="<unk>", clean_up_tokenization_spaces=False,
-                                  model_max_length=TINY_MAX_POSITIONS)
-    tok.padding_side = "left"
-    return tok
+    """A shipped tokenizer as a transformers one, with the char tokenizer's conventions
+    (:func:`ftis_flwr.tiny.as_tiny_tokenizer`)."""
+    return as_tiny_tokenizer(Tokenizer.from_str(_asset(kind).decode("utf-8")))
 
 
 def build_bpe_tokenizer() -> PreTrainedTokenizerFast:

@@ -84,11 +84,6 @@ def token_bytes(tokenizer, ids, *, specials: str = "empty") -> list[bytes]:
     return out
 
 
-def byte_lengths(tokenizer, ids) -> np.ndarray:
-    """[n] int64 bytes per token of ``ids`` (0 for special tokens): what a sender puts on the wire."""
-    return np.fromiter((len(b) for b in token_bytes(tokenizer, ids)), np.int64, len(ids))
-
-
 def completion_text(tokenizer, ids, stop_ids) -> tuple[bytes, np.ndarray]:
     """(text, byte lengths) a sender puts on the wire for one generated completion
     (``Group.texts`` / ``Group.byte_lengths``): a final token in ``stop_ids`` is the end of the

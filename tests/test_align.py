@@ -11,7 +11,7 @@ from transformers import PreTrainedTokenizerFast
 
 from ftis_flwr.align import AlignError, align, encode_with_spans, receiver_cuts
 from ftis_flwr.tiny import build_char_tokenizer
-from ftis_flwr.token_bytes import TokenBytesError, byte_lengths, token_bytes
+from ftis_flwr.token_bytes import TokenBytesError, token_bytes
 
 CORPUS = ["12 + 34 = 46", "100 - 7 = 93", "héllo wörld 中文 🙂", "  spaces   and\ttabs\n\nnew lines",
           "<think> 3 + 4 is 7 </think> <answer> 7 </answer>"] * 50
@@ -155,12 +155,13 @@ def test_each_generated_tokens_bytes_rebuild_the_text_and_align(tokenizers, name
         ids = tok(text, add_special_tokens=False)["input_ids"]
         if tok.unk_token_id in ids:  # a text the sender could not have generated (char: no "é")
             continue
-        joined = b"".join(token_bytes(tok, ids))
+        pieces = token_bytes(tok, ids)
+        joined = b"".join(pieces)
         want = text.encode()
         # Metaspace with prepend_scheme="always": a text that does not start with a space gains one
         ok = joined == want or (name == "unigram" and joined == b" " + want)
         assert ok, (name, text, tok.convert_ids_to_tokens(ids))
-        lengths = byte_lengths(tok, ids)
+        lengths = np.array([len(p) for p in pieces], np.int64)
         if name != "unigram" and len(want):
             r_ids, starts, ends = encode_with_spans(tokenizers["char"], text)
             chunks = align(lengths[lengths > 0], starts, ends, len(want))
