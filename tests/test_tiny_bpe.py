@@ -59,22 +59,27 @@ def bpe_card(**kw) -> ModelCard:
                         "warmstart_target": 0.6, "seed": 2, **kw})
 
 
-def test_the_shipped_tokenizer_is_what_training_gives_now():
+@pytest.mark.parametrize("kind,train", [("bpe", train_bpe_tokenizer), ("unigram", train_unigram_tokenizer)])
+def test_the_shipped_tokenizer_is_what_training_gives_now(kind, train):
     """Deterministic training, and the asset is up to date (else: python -m ftis_flwr.tiny_bpe --ship)."""
-    first = to_json(train_bpe_tokenizer())
-    assert first == bpe_asset_path().read_text(encoding="utf-8")
-    assert to_json(train_bpe_tokenizer()) == first
+    first = to_json(train())
+    assert first == asset_path(kind).read_text(encoding="utf-8")
+    assert to_json(train()) == first
 
 
-def test_conventions_match_the_char_tokenizer(tok):
+def _follows_the_char_tokenizers_conventions(tok, lo: int, hi: int) -> None:
     char = build_char_tokenizer()
-    assert 320 <= len(tok) <= 400
+    assert lo <= len(tok) <= hi
     assert [tok.convert_ids_to_tokens(i) for i in (0, 1, 2)] == ["<pad>", "<eos>", "<unk>"]
     for attr in ("pad_token_id", "eos_token_id", "unk_token_id", "padding_side", "model_max_length",
                  "clean_up_tokenization_spaces"):
         assert getattr(tok, attr) == getattr(char, attr), attr
+
+
+def test_conventions_match_the_char_tokenizer(tok):
+    _follows_the_char_tokenizers_conventions(tok, 320, 400)
     assert build_tiny_tokenizer("bpe").get_vocab() == tok.get_vocab()
-    assert build_tiny_tokenizer("char").get_vocab() == char.get_vocab()
+    assert build_tiny_tokenizer("char").get_vocab() == build_char_tokenizer().get_vocab()
     with pytest.raises(ValueError, match="tiny_tokenizer"):
         build_tiny_tokenizer("wordpiece")
 
@@ -178,20 +183,8 @@ def pieces(tok, text: str) -> list[str]:
     return tok.convert_ids_to_tokens(tok(text, add_special_tokens=False)["input_ids"])
 
 
-def test_the_shipped_unigram_is_what_training_gives_now():
-    """Deterministic training, and the asset is up to date (else: python -m ftis_flwr.tiny_bpe --ship)."""
-    first = to_json(train_unigram_tokenizer())
-    assert first == asset_path("unigram").read_text(encoding="utf-8")
-    assert to_json(train_unigram_tokenizer()) == first
-
-
 def test_the_unigram_follows_the_char_tokenizers_conventions(uni):
-    char = build_char_tokenizer()
-    assert 200 <= len(uni) <= 300
-    assert [uni.convert_ids_to_tokens(i) for i in (0, 1, 2)] == ["<pad>", "<eos>", "<unk>"]
-    for attr in ("pad_token_id", "eos_token_id", "unk_token_id", "padding_side", "model_max_length",
-                 "clean_up_tokenization_spaces"):
-        assert getattr(uni, attr) == getattr(char, attr), attr
+    _follows_the_char_tokenizers_conventions(uni, 200, 300)
     backend = json.loads(uni.backend_tokenizer.to_str())
     assert backend["model"]["type"] == "Unigram" and backend["model"]["unk_id"] == 2
     assert backend["pre_tokenizer"]["type"] == backend["decoder"]["type"] == "Metaspace"
