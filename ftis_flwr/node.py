@@ -165,8 +165,7 @@ class Node:
     def _prompt_tokens(self, problem) -> np.ndarray:
         cached = self._prompt_cache.get(problem.id)
         if cached is None:
-            text = self.task.prompt_text(problem, self.tokenizer)
-            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            ids = self.task.prompt_ids(problem, self.tokenizer)
             cached = self._prompt_cache[problem.id] = np.asarray(ids, dtype=np.int64)
         return cached
 

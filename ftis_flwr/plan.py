@@ -45,20 +45,22 @@ class Arch:
     intermediate: int
     vocab: int
     tied: bool
+    head_size: int = 0
+    """Attention head size where it is not ``hidden // heads`` (Gemma 3: 256)."""
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.head_size or self.hidden // self.heads
 
     def params(self) -> int:
-        h, kv = self.hidden, self.kv_heads * self.head_dim
-        attn = h * h + h + 2 * (h * kv + kv) + h * h  # q (bias), k, v (bias), o
+        h, kv, q = self.hidden, self.kv_heads * self.head_dim, self.heads * self.head_dim
+        attn = h * q + q + 2 * (h * kv + kv) + q * h  # q (bias), k, v (bias), o
         block = attn + 3 * h * self.intermediate + 2 * h
         return self.vocab * h * (1 if self.tied else 2) + self.layers * block + h
 
     def lora_params(self, r: int, targets: list[str]) -> int:
-        h, kv, i = self.hidden, self.kv_heads * self.head_dim, self.intermediate
-        shapes = {"q_proj": (h, h), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (h, h),
+        h, kv, i, q = self.hidden, self.kv_heads * self.head_dim, self.intermediate, self.heads * self.head_dim
+        shapes = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
                   "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
         return self.layers * sum(r * (a + b) for t, (a, b) in shapes.items() if t in targets)
 
@@ -72,6 +74,7 @@ KNOWN: dict[str, Arch] = {
     "Qwen/Qwen2.5-3B": _QWEN_3B, "Qwen/Qwen2.5-Coder-3B": _QWEN_3B,
     "Qwen/Qwen2.5-7B": Arch(3584, 28, 28, 4, 18944, 152064, False),
     "smollm2": Arch(576, 30, 9, 3, 1536, 49152, True),
+    "gemma3-270m": Arch(640, 18, 4, 1, 2048, 262144, True, head_size=256),
 }
 
 
@@ -87,7 +90,7 @@ def architecture(source: str) -> Arch | None:
         return None
     return Arch(c.hidden_size, c.num_hidden_layers, c.num_attention_heads,
                 getattr(c, "num_key_value_heads", c.num_attention_heads), c.intermediate_size,
-                c.vocab_size, bool(getattr(c, "tie_word_embeddings", False)))
+                c.vocab_size, bool(getattr(c, "tie_word_embeddings", False)), getattr(c, "head_dim", 0) or 0)
 
 
 @dataclass

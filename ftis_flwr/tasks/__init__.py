@@ -12,7 +12,7 @@ from .gsm8k import MathTask, gsm8k_task, load_jsonl, math500_task
 if TYPE_CHECKING:
     from ftis_flwr.config import TaskConfig
 
-TASK_NAMES = ("arithmetic", "arithmetic-heldout", "basic-math", "gsm8k", "math500")
+TASK_NAMES = ("arithmetic", "arithmetic-heldout", "basic-math", "basic-math-20", "gsm8k", "math500")
 
 
 def make_task(cfg: "TaskConfig") -> Task:
@@ -23,6 +23,8 @@ def make_task(cfg: "TaskConfig") -> Task:
         return ArithmeticTask(seed=cfg.seed, heldout=True)
     if cfg.name == "basic-math":
         return BasicMathTask(seed=cfg.seed, shots=cfg.shots)
+    if cfg.name == "basic-math-20":
+        return BasicMathTask(seed=cfg.seed, shots=cfg.shots, max_operand=20, test_size=256)
     if cfg.name == "gsm8k":
         return gsm8k_task(cfg.train_path, dict(cfg.eval_paths), cfg.seed, cfg.shots)
     if cfg.name == "math500":

@@ -8,6 +8,9 @@ sometimes solves: ``What is 7 plus 5?``, ``What is 9 minus 4?``.
 
 Splits, generated from ``TaskConfig.seed`` (no files): ``train`` and ``test`` (64 held out) from
 operands 1..12 (sums, and differences with a >= b); ``ood``: 64 questions with operands 13..40.
+``basic-math-20`` (#24: claims judged over seeds) draws from operands 1..20 and holds out 256
+test problems, so one seed's accuracy has a standard error of ~2.9 points at 30% (64 problems:
+~5.7), leaving ~350 to train on; its ``ood`` questions have operands 21..48.
 Measured on SmolLM2-135M-Instruct with one worked example (``shots: 1``): 12/64 correct
 samples at temperature 0.7 (10 of 16 groups with reward variance), 6/16 greedy, on single-digit
 sums; without the example the strict format appears in ~1 of 64 samples.
@@ -41,8 +44,11 @@ class BasicMathTask(Task):
     eval_splits = ("test", "ood")
     max_new_tokens = 48
 
-    def __init__(self, seed: int = 1234, shots: int = 0) -> None:
+    def __init__(self, seed: int = 1234, shots: int = 0, max_operand: int = 12, test_size: int = TEST_SIZE) -> None:
         super().__init__()
+        if max_operand != 12:
+            self.name = f"basic-math-{max_operand}"
+        self.max_operand, self.test_size = int(max_operand), int(test_size)
         self.seed = int(seed)
         self.shuffle_seed = self.seed + 1
         self.shots = check_shots(shots, DEMOS, self.name)
@@ -56,11 +62,12 @@ class BasicMathTask(Task):
         return pairs
 
     def _load_split(self, split: str) -> list[Problem]:
+        top = self.max_operand
         if split == "ood":
-            chosen = self._pairs(13, 40)[:OOD_SIZE]
+            chosen = self._pairs(top + 1, top + 28)[:OOD_SIZE]
         else:
-            pairs = self._pairs(1, 12)
-            chosen = pairs[:TEST_SIZE] if split == "test" else pairs[TEST_SIZE:]
+            pairs = self._pairs(1, top)
+            chosen = pairs[:self.test_size] if split == "test" else pairs[self.test_size:]
         return [Problem(id=f"{split}:{i}", question=p.question, gold=p.gold)
                 for i, p in enumerate(_question(*c) for c in chosen)]
 
