@@ -16,9 +16,22 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from ftis_flwr import protocol
-from ftis_flwr.config import (ExperimentConfig, ModelCard, card_from_dict, default_cache_dir, from_dict,
-                              to_dict)
-from ftis_flwr.worker import WorkerTimeout, connect_or_spawn, safe_name, stop_worker, worker_dir
+from ftis_flwr.config import (
+    ExperimentConfig,
+    ModelCard,
+    card_from_dict,
+    default_cache_dir,
+    from_dict,
+    to_dict,
+)
+from ftis_flwr.plan import build_notes
+from ftis_flwr.worker import (
+    WorkerTimeout,
+    connect_or_spawn,
+    safe_name,
+    stop_worker,
+    worker_dir,
+)
 
 app = ClientApp()
 
@@ -153,13 +166,19 @@ def stop(msg: Message, context: Context) -> Message:
 def hello(msg: Message, context: Context) -> Message:
     """Name this SuperNode's card without building anything (see protocol.HELLO)."""
     experiment = experiment_of(str(msg.content[protocol.HELLO]["experiment"]))
-    answer = {"node": "", "reason": "", "unknown": False}
+    answer = {"node": "", "reason": "", "unknown": False, "notes": ""}
     try:
-        answer["node"] = select_card(experiment, dict(context.node_config)).name
+        card = select_card(experiment, dict(context.node_config))
+        answer["node"] = card.name
     except NoCard as exc:
         answer["reason"] = str(exc)
     except ValueError as exc:
         answer.update(reason=str(exc), unknown=True)
+    else:
+        try:  # what the worker will say before it builds, said now to the server's stream
+            answer["notes"] = "\n".join(build_notes(card, experiment))
+        except Exception as exc:  # a note that cannot be made never keeps a node out
+            answer["notes"] = f"node {card.name}: could not check its dtype and memory ({type(exc).__name__}: {exc})"
     return Message(content=RecordDict({protocol.HELLO: ConfigRecord(answer)}), reply_to=msg)
 
 

@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from . import sources
 from .config import ModelCard, default_cache_dir
-from .dtypes import BF16_CPU_FLAGS, cpu_has_native_bf16, resolve_dtypes  # noqa: F401 (re-exported)
+from .dtypes import BF16_CPU_FLAGS, cpu_has_native_bf16, resolve_dtypes, warn_slow_bf16  # noqa: F401 (re-exported)
 from .tiny import digest, warm_start
 
 log = logging.getLogger(__name__)
@@ -84,16 +84,6 @@ def stop_token_ids(tokenizer: Any, model: Any, extra: list[str] | tuple[str, ...
             raise ValueError(f"stop token {tok!r} is not a single token of this tokenizer")
         add(vocab[tok])
     return ids
-
-
-def warn_slow_bf16(card: ModelCard) -> str | None:
-    """A warning when a CPU card computes in bfloat16 on a CPU without native bfloat16 (the
-    setting is kept: the user chose it); None otherwise."""
-    if card.device != "cpu" or "bfloat16" not in (card.dtype, card.compute_dtype) or cpu_has_native_bf16():
-        return None
-    return (f"node {card.name}: dtype={card.dtype!r} compute_dtype={card.compute_dtype!r} on a CPU without "
-            f"native bfloat16 ({' / '.join(BF16_CPU_FLAGS)} not in /proc/cpuinfo): bfloat16 matmuls run "
-            f"40-60x slower than float32 here; set dtype: float32 and compute_dtype: '' on this card")
 
 
 def compute_context(card: ModelCard) -> Callable[[], contextlib.AbstractContextManager]:

@@ -22,7 +22,7 @@ import argparse
 from dataclasses import dataclass
 
 from .config import ExperimentConfig, ModelCard, load_experiment
-from .dtypes import resolve_dtypes
+from .dtypes import resolve_dtypes, warn_slow_bf16
 
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 GIB = 1024 ** 3
@@ -162,6 +162,15 @@ def memory_warning(card: ModelCard, exp: ExperimentConfig) -> str | None:
     return (f"node {card.name}: needs about {est.total * 1.2 / GIB:.1f} GiB (python -m ftis_flwr.plan, with 20% "
             f"margin; an upper bound with train.share_prompts) and {card.device} has {free / GIB:.1f} GiB free: "
             "it may be killed mid-run; lower train.micro_batch_size or rollout.batch_size, or use dtype: auto")
+
+
+def build_notes(card: ModelCard, exp: ExperimentConfig) -> list[str]:
+    """What a node says before it builds, on its own machine: how it resolved ``auto`` dtypes, a
+    bfloat16 card on a CPU without native bfloat16 (40-60x slower), an estimate above the memory
+    it has free. Its HELLO answer carries them, so they reach the server's stream when the run
+    starts instead of only the worker's log after minutes of "waiting for <node>"."""
+    resolved, dtype_note = resolve_dtypes(card)
+    return [n for n in (dtype_note, warn_slow_bf16(resolved), memory_warning(card, exp)) if n]
 
 
 def placement(exp: ExperimentConfig, estimates: list[Estimate | None]) -> list[str]:

@@ -11,6 +11,8 @@ import dataclasses
 import json
 import math
 import numbers
+import re
+import secrets
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -19,6 +21,14 @@ from typing import Any, Mapping
 
 from .incidents import incidents
 from .plots import ACC_PREFIX, ACC_SUFFIX, plot_run
+
+
+def run_name(experiment: Any) -> str:
+    """``<date>-<time>-<preset>-<mode>-<method>-<4 hex>``: runs that differ in method or mode are
+    told apart by their folder alone (the ServerApp's and a strategy's default name)."""
+    parts = [Path(experiment.preset).stem or "run", experiment.advantage.mode, experiment.loss.method]
+    safe = "-".join(re.sub(r"[^A-Za-z0-9.-]+", "_", p).strip("_") for p in parts)
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{safe}-{secrets.token_hex(2)}"
 
 PROGRESS_LEGEND = ("per-round line: reward = mean reward of the node's new samples; acc = greedy "
                    "held-out accuracy (evaluated rounds); filt = share of the samples received from "

@@ -34,6 +34,16 @@ def read_hello(reply: Message) -> tuple[str, str, bool]:
     return name, reason, unknown
 
 
+def hello_notes(reply: Message) -> list[str]:
+    """The lines a node said in its HELLO answer before building (:func:`ftis_flwr.plan.build_notes`);
+    none from a node that sends none or sends something else."""
+    try:
+        notes = record(reply.content, protocol.HELLO, ConfigRecord).get("notes", "")
+    except BadReply:
+        return []
+    return [line for line in notes.splitlines() if line.strip()][:8] if isinstance(notes, str) else []
+
+
 class Roster:
     def __init__(self, cards: list[str], pins: dict[str, bytes] | None = None):
         self.cards = list(cards)

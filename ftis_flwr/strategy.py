@@ -61,8 +61,9 @@ from .replies import (
     read_train_reply,
     record,
 )
+from .reporting import run_name as default_run_name
 from .rollouts import payload_bytes
-from .roster import FederationError, Roster, read_hello
+from .roster import FederationError, Roster, hello_notes, read_hello
 from .server_state import ServerState, ServerStateError, save_server_state
 from .wire_select import group_count
 
@@ -94,7 +95,7 @@ class FTISStrategy(Strategy):
                  on_round: RoundCallback | None = None, on_event: Callable[..., None] | None = None,
                  connect_timeout: float = 120.0, state_dir: str = ""):
         self.cfg = copy.deepcopy(experiment)  # never the caller's object: start() may change it
-        self.run_name = run_name or f"run-{int(time.time())}"
+        self.run_name = run_name or default_run_name(experiment)
         self.out_dir = out_dir or str(Path(experiment.run_dir).expanduser().resolve() / self.run_name
                                       / "checkpoints")
         """Where nodes save their final models (``<out_dir>/<node>``); absolute, resolved here on
@@ -160,7 +161,6 @@ class FTISStrategy(Strategy):
     def _prompts(self, node_ids: list[int], rnd: int) -> dict[int, list[int]]:
         if rnd == self.cfg.rounds.num_rounds:
             return {nid: [] for nid in node_ids}
-        b = self.cfg.rounds.prompts_per_node
         if self.cfg.advantage.mode == "horizontal":
             shared = self.next_prompts()
             return {nid: shared for nid in node_ids}
@@ -347,11 +347,12 @@ class FTISStrategy(Strategy):
     def summary(self) -> None:
         c = self.cfg
         log.info("FTISStrategy: %s, loss %s (C=%s, g=%s, rule %s, scope %s), G=%d, %d prompts/node, "
-                 "%d rounds (%s), nodes: %s", c.advantage.mode, c.loss.method, c.loss.trunc_c,
-                 c.loss.kl_threshold, c.loss.filter_rule, c.loss.filter_scope, c.rollout.group_size,
+                 "%d rounds (%s), nodes: %s; final models in %s", c.advantage.mode, c.loss.method,
+                 c.loss.trunc_c, c.loss.kl_threshold, c.loss.filter_rule, c.loss.filter_scope, c.rollout.group_size,
                  c.rounds.prompts_per_node, c.rounds.num_rounds,
                  "synchronous" if c.exchange.schedule == "sync" else
-                 f"asynchronous, max staleness {c.exchange.max_staleness}", ", ".join(n.name for n in c.nodes))
+                 f"asynchronous, max staleness {c.exchange.max_staleness}", ", ".join(n.name for n in c.nodes),
+                 self.out_dir)
 
     # --------------------------------------------------------------- loop
     def _wait_for_nodes(self, grid: Grid) -> list[int]:
@@ -399,6 +400,8 @@ class FTISStrategy(Strategy):
                     self.on_event("node_left_out", node_id=nid, reason=roster.left_out[nid])
                 else:
                     log.info("node id %d serves model card %r", nid, roster.names[nid])
+                    for note in hello_notes(reply):
+                        log.warning("%s", note[:1000])
         if first:
             roster.check_complete({**unanswered, **problems})
         for nid, why in problems.items():  # a later joiner with a problem: left out, not fatal

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
-import secrets
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,7 +17,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from ftis_flwr.config import ConfigError, from_dict, load_run_config, to_dict
-from ftis_flwr.reporting import PROGRESS_LEGEND, RunReporter, format_summary_table, run_title
+from ftis_flwr.reporting import PROGRESS_LEGEND, RunReporter, format_summary_table, run_name, run_title
 from ftis_flwr.server_state import ServerStateError, load_server_state
 from ftis_flwr.strategy import FTISStrategy
 
@@ -33,14 +30,6 @@ def experiment_from_run_config(run_config: dict):
     """Flower's flat run config -> validated experiment (:func:`ftis_flwr.config.load_run_config`):
     the ``preset``, the ``config-file`` on top, every non-empty key, then ``overrides``."""
     return load_run_config(run_config)
-
-
-def run_name(experiment) -> str:
-    """``<date>-<time>-<preset>-<mode>-<method>-<4 hex>``: runs that differ in method or mode are
-    told apart by their folder alone."""
-    parts = [Path(experiment.preset).stem or "run", experiment.advantage.mode, experiment.loss.method]
-    safe = "-".join(re.sub(r"[^A-Za-z0-9.-]+", "_", p).strip("_") for p in parts)
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{safe}-{secrets.token_hex(2)}"
 
 
 def run(grid: Grid, experiment, *, connect_timeout: float = 120.0,

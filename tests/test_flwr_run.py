@@ -2,8 +2,10 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -52,16 +54,19 @@ def test_flwr_run_with_the_real_pyproject(tmp_path, superlink):
     config = tmp_path / "tiny.yaml"
     config.write_text(FEDERATION)
     cache, runs = tmp_path / "cache", tmp_path / "runs"
-    bindir = flower_bin()
-    cmd = [str(bindir / "flwr"), "run", ".", "--stream",
+    # through `ftis-flwr run` (ftis_flwr/cli.py): checked locally, then `flwr run` with the same
+    # arguments; its exit code is Flower's status of the run (finished:completed -> 0)
+    cmd = [sys.executable, "-m", "ftis_flwr.cli", "run", ".", "--stream",
            "--federation-config", "num-supernodes=2 client-resources-num-cpus=1",
-           "--run-config", f"config-file='{config}' cache-dir='{cache}' run-dir='{runs}'"]
+           "--run-config", f"config_file='{config}' cache-dir='{cache}' run-dir='{runs}'"]
     try:
         proc = subprocess.run(cmd, cwd=REPO, env=superlink, capture_output=True, text=True, timeout=600)
     finally:
         kill_workers(cache)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
+    assert "ftis-flwr: configuration valid: 2 nodes (small, large), 1 rounds" in out
+    assert "config-file=" in out and re.search(r"ftis-flwr: run \d+ finished:completed", out), out[-4000:]
     run_dirs = list(runs.glob("*"))
     assert len(run_dirs) == 1, out[-4000:]
     rounds = load_metrics(run_dirs[0])

@@ -1,10 +1,12 @@
-"""A bad `flwr run --run-config` fails the run with one short message, no traceback (real flwr run)."""
+"""A bad `flwr run --run-config` fails the run with one short message, no traceback (real flwr run);
+`ftis-flwr run` refuses it before starting anything, and exits 1 when a run it started fails."""
 
 import json
 import subprocess
+import sys
 
 import pytest
-from conftest import flower_bin
+from conftest import flower_bin, kill_workers
 from test_flwr_run import REPO, superlink  # noqa: F401  (the SuperLink fixture this test owns)
 
 pytestmark = pytest.mark.slow
@@ -31,3 +33,37 @@ def test_config_errors_fail_the_run_with_one_short_message(tmp_path, superlink):
     runs = json.loads(ls.stdout[ls.stdout.index("{"):])["runs"]
     assert [r["status"] for r in runs] == ["finished:failed"], ls.stdout
     assert "loss.method='ppo'" in runs[0]["status-details"]
+
+
+def _runs(superlink) -> list[dict]:  # noqa: F811
+    ls = subprocess.run([str(flower_bin() / "flwr"), "ls", "--format", "json"], cwd=REPO, env=superlink,
+                        capture_output=True, text=True, timeout=60)
+    return json.loads(ls.stdout[ls.stdout.index("{"):])["runs"]
+
+
+def test_ftis_flwr_run_refuses_a_bad_configuration_before_starting_a_run(tmp_path, superlink):  # noqa: F811
+    cmd = [sys.executable, "-m", "ftis_flwr.cli", "run", ".", "--stream",
+           "--run-config", "loss.method='ppo' loss.trunc=3 rollout.group-size=8.5"]
+    proc = subprocess.run(cmd, cwd=REPO, env=superlink, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "unknown key 'loss.trunc'; did you mean loss.trunc-c" in proc.stderr
+    assert _runs(superlink) == []  # nothing reached the SuperLink
+
+
+def test_ftis_flwr_run_exits_1_when_the_run_fails(tmp_path, superlink):  # noqa: F811
+    """Valid configuration, but no node can build its model: the run fails on the SuperLink
+    (finished:failed) and the command says so and exits 1, where `flwr run` exits 0."""
+    cache = tmp_path / "cache"
+    missing = tmp_path / "no-such-model"
+    cmd = [sys.executable, "-m", "ftis_flwr.cli", "run", ".", "--stream",
+           "--federation-config", "num-supernodes=2 client-resources-num-cpus=1",
+           "--run-config", f"rounds.num-rounds=1 cache-dir='{cache}' run-dir='{tmp_path / 'runs'}' "
+                           f"overrides='nodes.0.source={missing} nodes.1.source={missing}'"]
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, env=superlink, capture_output=True, text=True, timeout=400)
+    finally:
+        kill_workers(cache)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-4000:]
+    assert "finished:failed" in proc.stderr, out[-4000:]
+    assert [r["status"] for r in _runs(superlink)] == ["finished:failed"]

@@ -346,6 +346,44 @@ def test_a_supernode_without_a_card_is_left_out_once_and_never_sent_a_round():
     assert sum(protocol.HELLO in m.content for m in grid.pushed) == 3  # one HELLO per node id, ever
 
 
+def test_what_a_node_says_before_it_builds_reaches_the_servers_log_at_the_start(strategy_log):
+    """A node's build-time notes (slow dtype, memory) ride its HELLO answer to the server's
+    stream; a malformed notes field is ignored, never a reason to leave the node out."""
+    def noted(msg, name):
+        reply = hello_reply(msg, name)
+        reply.content[protocol.HELLO]["notes"] = f"node {name}: needs about 30.0 GiB and cpu has 20.0 GiB free\n"
+        return reply
+
+    def odd(msg, name):
+        reply = hello_reply(msg, name)
+        reply.content[protocol.HELLO]["notes"] = 7
+        return reply
+
+    strategy, events = run(experiment(), FakeGrid(honest(hellos={1: noted, 2: odd})))
+    assert "node a: needs about 30.0 GiB and cpu has 20.0 GiB free" in strategy_log.text
+    assert [set(h.node_metrics) for h in strategy.history] == [{"a", "b"}] * 3
+    assert not [k for k, _ in events if k == "node_left_out"]
+
+
+def test_build_notes_name_a_slow_dtype_and_a_card_too_big_for_the_machine(monkeypatch):
+    """Said on the node's machine before it builds (ftis_flwr.plan.build_notes): the CPU's
+    bfloat16 support and the free memory are read from the machine; both are pinned here."""
+    import dataclasses
+
+    from ftis_flwr import dtypes, plan
+    from ftis_flwr.config import ModelCard
+
+    monkeypatch.setattr(dtypes, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(plan, "available_bytes", lambda device: 4 * plan.GIB)
+    exp = experiment()
+    big = ModelCard(name="big", source="Qwen/Qwen2.5-7B", dtype="bfloat16")
+    notes = plan.build_notes(big, dataclasses.replace(exp, nodes=[big]))
+    assert any("without native bfloat16" in n and "40-60x slower" in n for n in notes), notes
+    assert any(n.startswith("node big: needs about") and "4.0 GiB free" in n for n in notes), notes
+    auto = ModelCard(name="a", dtype="auto")
+    assert [n for n in plan.build_notes(auto, exp) if "auto -> float32" in n]  # the choice is said too
+
+
 def test_a_hello_that_cannot_be_delivered_refuses_the_start():
     grid = FakeGrid(honest(), undeliverable={2}, hello_undeliverable=True)
     run(experiment(), grid, raises=(FederationError, r"node id 2: the message could not be delivered"))

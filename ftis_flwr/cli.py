@@ -1,0 +1,221 @@
+"""``ftis-flwr``: check an experiment locally in a second, then run it with Flower and exit with
+the run's outcome (#25).
+
+    ftis-flwr check . --run-config "preset='cpu-smollm2' loss.trunc-c=3"
+    ftis-flwr run . --stream --federation-config "num-supernodes=2" --run-config "rounds.num-rounds=4"
+
+Why: ``flwr run --stream`` (Flower 1.42) exits 0 whatever happened to the run, names no key it
+rejects (``[code: 15] Invalid run configuration.``) and reports the project's own configuration
+errors only after the run has started (20-30 s). ``check`` reads the app's ``pyproject.toml``,
+applies ``--run-config`` as Flower will (its own parser), names every unknown key with its closest
+declared one, builds the experiment as the ServerApp does and prints every error at once. ``run``
+does the same, then runs ``flwr run`` with the same arguments (an underscore spelling of a declared
+key, ``loss.trunc_c``, is passed on as declared, ``loss.trunc-c``), streams it, asks Flower for the
+run's final status (``flwr ls --run-id``) and exits 0 only when the run completed. Plain ``flwr run``
+keeps working; this adds nothing the app needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+EXIT_INVALID, EXIT_FAILED = 2, 1
+STARTED = re.compile(r"Successfully started run (\d+)")
+
+
+class CheckError(Exception):
+    """Everything wrong with a run configuration, one message per line."""
+
+
+def declared_keys(app: Path) -> dict[str, Any]:
+    """The ``[tool.flwr.app.config]`` entries (flattened, as Flower reads them) of ``app``."""
+    path = app / "pyproject.toml"
+    if not path.is_file():
+        raise CheckError(f"{app}: no pyproject.toml (give the Flower app's folder, e.g. `.`)")
+    from flwr.common.config import flatten_dict
+
+    data = tomllib.loads(path.read_text())
+    return flatten_dict(data.get("tool", {}).get("flwr", {}).get("app", {}).get("config", {}))
+
+
+def _spellings(key: str) -> str:
+    return key.replace("_", "-")
+
+
+def resolve_keys(given: dict[str, Any], declared: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``given`` with each key spelled as declared (dashes and underscores are equal), and one
+    error per key that is not declared, naming the closest declared keys."""
+    by_spelling = {_spellings(k): k for k in declared}
+    out, errors = {}, []
+    for key, value in given.items():
+        name = by_spelling.get(_spellings(key))
+        if name is None:
+            close = difflib.get_close_matches(_spellings(key), list(by_spelling), n=3, cutoff=0.6)
+            hint = f"; did you mean {' or '.join(by_spelling[c] for c in close)}?" if close else ""
+            errors.append(f"unknown key {key!r}{hint} (per-node keys go in overrides='nodes.0.lr=1e-3'; "
+                          f"every key: python -m ftis_flwr.config_keys --list)")
+        else:
+            out[name] = value
+    return out, errors
+
+
+def parse_run_config(values: list[str]) -> dict[str, Any]:
+    """``--run-config`` values as Flower parses them (a TOML file, or ``key=value`` pairs)."""
+    from flwr.common.config import parse_config_args
+
+    try:
+        return parse_config_args(values or None)
+    except Exception as exc:  # Flower's own message (a click exception or a ValueError), and the pairs it refused
+        bad = []
+        for value in values:
+            for pair in value.split() if not value.endswith(".toml") else []:
+                try:
+                    parse_config_args([pair])
+                except Exception:
+                    bad.append(pair)
+        which = f" ({', '.join(bad)}: a string value needs quotes, e.g. preset='cpu-pair')" if bad else ""
+        raise CheckError(f"--run-config: {getattr(exc, 'message', None) or exc}{which}") from None
+
+
+PATH_KEYS = ("run-dir", "cache-dir", "config-file", "resume")
+"""Run-config keys that name a path on the machine the ServerApp runs on."""
+
+
+def localise(given: dict[str, Any], app: Path) -> dict[str, Any]:
+    """For a run on the local SuperLink: relative paths resolved against the user's working
+    directory, and ``run-dir`` (when not given) the app folder's ``runs/``, all absolute, so the
+    outputs land where the user is, not in the directory the SuperLink was first started from."""
+    out = dict(given)
+    for key in PATH_KEYS:
+        if isinstance(out.get(key), str) and out[key]:
+            out[key] = str(Path(out[key]).expanduser().resolve())
+    out.setdefault("run-dir", str((app / "runs").resolve()))
+    return out
+
+
+def check(app: Path, run_config: list[str], *, local: bool = False) -> tuple[dict[str, Any], Any]:
+    """(the ``--run-config`` pairs spelled as declared, the experiment); CheckError listing every
+    problem otherwise. ``local``: the run goes to the local SuperLink (:func:`localise` its paths).
+    A ``resume`` run is checked for its folder only (its configuration is the one saved in it)."""
+    from .config import ConfigError
+    from .config_merge import load_run_config
+
+    declared = declared_keys(app)
+    given, errors = resolve_keys(parse_run_config(run_config), declared)
+    if errors:
+        raise CheckError("\n".join(errors))
+    if local:
+        given = localise(given, app)
+    merged = {**declared, **given}
+    resume = str(merged.get("resume", "") or "")
+    if resume:
+        if not Path(resume).expanduser().is_dir():
+            raise CheckError(f"resume={resume!r}: no such run directory")
+        return given, None
+    try:
+        return given, load_run_config(merged)
+    except (ConfigError, ValueError) as exc:
+        raise CheckError(str(exc)) from None
+
+
+def _as_toml(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, str) else str(value).lower() if isinstance(value, bool) else repr(value)
+
+
+def flwr_command() -> str:
+    """Flower's ``flwr``: beside this interpreter (its environment's), else the first on PATH."""
+    here = Path(sys.executable).parent / "flwr"
+    return str(here) if here.exists() else (shutil.which("flwr") or "flwr")
+
+
+def flwr_args(args: argparse.Namespace, given: dict[str, Any]) -> list[str]:
+    """The ``flwr run`` command line: the user's arguments, ``--run-config`` rewritten with the
+    declared spellings (and, for the local SuperLink, absolute paths)."""
+    cmd = [flwr_command(), "run", str(args.app), *args.rest]
+    if given:  # a TOML file's pairs too: Flower takes key=value pairs or one file, not both
+        cmd += ["--run-config", " ".join(f"{k}={_as_toml(v)}" for k, v in given.items())]
+    return cmd
+
+
+def run_status(run_id: str, app: Path, superlink: list[str]) -> str:
+    """Flower's status of a run (``finished:completed``, ``finished:failed``, ...) on the SuperLink
+    the run went to, or "" when it cannot be read."""
+    try:
+        out = subprocess.run([flwr_command(), "ls", *superlink, "--run-id", run_id, "--format", "json"], cwd=app,
+                             capture_output=True, text=True, timeout=60).stdout
+        runs = json.loads(out[out.index("{"):]).get("runs", [])
+        return str(runs[0].get("status", "")) if runs else ""
+    except (OSError, ValueError, subprocess.SubprocessError, IndexError, AttributeError):
+        return ""
+
+
+def _run(args: argparse.Namespace, given: dict[str, Any]) -> int:
+    cmd = flwr_args(args, given)
+    print("ftis-flwr: " + " ".join(cmd), flush=True)
+    run_id = ""
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1) as proc:
+        try:
+            for line in proc.stdout:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+                match = STARTED.search(line)
+                run_id = run_id or (match.group(1) if match else "")
+        except KeyboardInterrupt:
+            proc.terminate()
+            print(f"\nftis-flwr: interrupted; the run may go on in the SuperLink (flwr stop {run_id or '<run id>'})")
+            return 130
+    if proc.returncode:
+        print(f"ftis-flwr: flwr run exited with {proc.returncode}", file=sys.stderr)
+        return proc.returncode
+    if not run_id:
+        print("ftis-flwr: flwr run started no run", file=sys.stderr)
+        return EXIT_FAILED
+    superlink = args.rest[:1] if args.rest and not args.rest[0].startswith("-") else []
+    status = run_status(run_id, args.app, superlink)
+    if "--stream" not in args.rest:
+        print(f"ftis-flwr: run {run_id} started ({status or 'status unknown'}); follow it with "
+              f"`flwr log {run_id}`, see its outcome with `flwr ls --run-id {run_id}`")
+        return 0
+    ok = status.endswith("completed")
+    print(f"ftis-flwr: run {run_id} {status or 'ended with an unknown status'}",
+          file=sys.stdout if ok else sys.stderr)
+    return 0 if ok else EXIT_FAILED
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="ftis-flwr", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, what in (("check", "check the run configuration and exit"),
+                       ("run", "check it, run `flwr run` with the same arguments, exit with the outcome")):
+        c = sub.add_parser(name, help=what)
+        c.add_argument("app", nargs="?", default=".", type=Path, help="the Flower app's folder (default: .)")
+        c.add_argument("--run-config", action="append", default=[], help="as for flwr run (may repeat)")
+    args, rest = p.parse_known_args(argv)
+    args.rest = rest
+    if args.command == "check" and rest:
+        p.error(f"check takes no flwr arguments: {' '.join(rest)}")
+    local = args.command == "run" and not (args.rest and not args.rest[0].startswith("-"))
+    try:
+        given, exp = check(args.app, args.run_config, local=local)
+    except CheckError as exc:
+        print(f"ftis-flwr: the run configuration is not valid; nothing was started:\n{exc}", file=sys.stderr)
+        return EXIT_INVALID
+    what = "resume" if exp is None else f"{len(exp.nodes)} nodes ({', '.join(c.name for c in exp.nodes)}), " \
+        f"{exp.rounds.num_rounds} rounds, {exp.advantage.mode} {exp.loss.method}"
+    print(f"ftis-flwr: configuration valid: {what}", flush=True)
+    if local and exp is not None:
+        print(f"ftis-flwr: outputs in {given['run-dir']}", flush=True)
+    return 0 if args.command == "check" else _run(args, given)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""``ftis-flwr check``: a run configuration judged locally, against the app's real pyproject.toml,
+before anything reaches a SuperLink (the ``run`` subcommand is driven through Flower in
+tests/test_flwr_run.py and tests/test_flwr_run_config_error.py)."""
+
+from pathlib import Path
+
+import pytest
+
+from ftis_flwr.cli import CheckError, check, flwr_args, main, resolve_keys
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_unknown_keys_are_named_with_the_closest_declared_ones():
+    with pytest.raises(CheckError) as err:
+        check(REPO, ["loss.trunc=3 rounds.num-round=4 colour='red'"])
+    msg = str(err.value)
+    assert "unknown key 'loss.trunc'; did you mean loss.trunc-c" in msg
+    assert "unknown key 'rounds.num-round'; did you mean rounds.num-rounds" in msg
+    assert "unknown key 'colour' (per-node keys go in overrides=" in msg  # nothing close: no guess
+
+
+def test_underscores_and_dashes_are_the_same_key_and_are_passed_on_as_declared():
+    given, exp = check(REPO, ["loss.trunc_c=3.5 rounds.num_rounds=2"])
+    assert given == {"loss.trunc-c": 3.5, "rounds.num-rounds": 2}
+    assert exp.loss.trunc_c == 3.5 and exp.rounds.num_rounds == 2
+    out, errors = resolve_keys({"preset": "x", "config_file": "y"}, {"preset": "", "config-file": ""})
+    assert out == {"preset": "x", "config-file": "y"} and errors == []
+
+
+def test_every_value_error_at_once():
+    with pytest.raises(CheckError) as err:
+        check(REPO, ["loss.trunc-c='abc' loss.method='f-tiss' overrides='nodes.0.lr=-1'"])
+    msg = str(err.value)
+    assert "(3 errors)" in msg
+    for fragment in ("loss.trunc_c='abc' is not a number", "loss.method='f-tiss' is not one of",
+                     "nodes[small].lr=-1.0 must be > 0"):
+        assert fragment in msg
+
+
+def test_an_unquoted_string_is_named():
+    with pytest.raises(CheckError, match=r"preset=cpu-smollm2: a string value needs quotes"):
+        check(REPO, ["preset=cpu-smollm2 rounds.num-rounds=3"])
+
+
+def test_check_exits_2_on_an_invalid_configuration_and_0_on_a_valid_one(capsys):
+    assert main(["check", str(REPO), "--run-config", "preset='no-such-preset'"]) == 2
+    err = capsys.readouterr().err
+    assert "nothing was started" in err and "no-such-preset" in err
+    assert main(["check", str(REPO), "--run-config", "preset='cpu-smollm2'"]) == 0
+    assert "configuration valid: 2 nodes (full, lora)" in capsys.readouterr().out
+    assert main(["check", str(REPO / "tests")]) == 2  # not a Flower app
+    assert "no pyproject.toml" in capsys.readouterr().err
+
+
+def test_run_passes_the_users_flwr_arguments_through():
+    import argparse
+
+    args = argparse.Namespace(app=Path("."), rest=["--stream", "--federation-config", "num-supernodes=2"],
+                              run_config=["loss.trunc_c=3 preset='cpu-pair' run-dir='/tmp/a b'"])
+    given, _ = check(REPO, args.run_config)
+    assert flwr_args(args, given)[1:] == ["run", ".", "--stream", "--federation-config", "num-supernodes=2",
+                                      "--run-config", 'loss.trunc-c=3 preset="cpu-pair" run-dir="/tmp/a b"']
+
+
+def test_a_local_run_writes_where_the_user_is(tmp_path, monkeypatch):
+    """For the local SuperLink, relative paths resolve against the user's directory and the run
+    folder defaults to the app's runs/, absolute: never the SuperLink's own working directory."""
+    monkeypatch.chdir(tmp_path)
+    given, _ = check(REPO, ["run-dir='out' rounds.num-rounds=1"], local=True)
+    assert given["run-dir"] == str(tmp_path / "out")
+    given, _ = check(REPO, [], local=True)
+    assert given == {"run-dir": str(REPO / "runs")}
+    given, _ = check(REPO, ["run-dir='out'"])  # another SuperLink: its machine resolves the path
+    assert given == {"run-dir": "out"}
