@@ -176,13 +176,25 @@ def _fmt(x: float | None, spec: str) -> str:
     return "n/a" if x is None else format(x, spec)
 
 
-def format_summary_table(summary: Summary) -> str:
-    """Markdown tables (accuracy per node/split with a mean row; train reward) + checkpoints."""
+def failed_node_rounds(summary: Summary) -> str:
+    """``"b 3 (rounds 1, 2, 3)"`` per node whose rounds failed, ``;``-joined; "" when none did."""
     failed = [r for r in summary.incidents if r["event"] == "node_failed"]
-    lost = "; ".join(f"{r['who']} {r['times']} (round{'s' if len(r['rounds']) > 1 else ''} "
+    return "; ".join(f"{r['who']} {r['times']} (round{'s' if len(r['rounds']) > 1 else ''} "
                      f"{', '.join(map(str, r['rounds'][:8]))}{' ...' if len(r['rounds']) > 8 else ''})"
                      for r in failed)
-    out = [f"Rounds logged: {summary.rounds}" + (f"; failed node rounds: {lost}" if failed else ""), ""]
+
+
+def final_line(summary: Summary, run_dir: Path | str) -> str:
+    """The run's last line: where its outputs are, and first whether any node round failed."""
+    lost = failed_node_rounds(summary)
+    return (f"ftis-flwr: finished with failed node rounds: {lost}; " if lost else "ftis-flwr: ") + \
+        f"metrics, plot and summary in {run_dir}"
+
+
+def format_summary_table(summary: Summary) -> str:
+    """Markdown tables (accuracy per node/split with a mean row; train reward) + checkpoints."""
+    lost = failed_node_rounds(summary)
+    out = [f"Rounds logged: {summary.rounds}" + (f"; failed node rounds: {lost}" if lost else ""), ""]
     if summary.splits:
         out += ["| node | split | first acc (round) | last acc (round) | change (pts) |",
                 "|---|---|---|---|---|"]

@@ -17,7 +17,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from ftis_flwr.config import ConfigError, from_dict, load_run_config, to_dict
-from ftis_flwr.reporting import PROGRESS_LEGEND, RunReporter, format_summary_table, run_name, run_title
+from ftis_flwr.reporting import PROGRESS_LEGEND, RunReporter, final_line, format_summary_table, run_name, run_title
 from ftis_flwr.server_state import ServerStateError, load_server_state
 from ftis_flwr.strategy import FTISStrategy
 
@@ -83,7 +83,7 @@ def run(grid: Grid, experiment, *, connect_timeout: float = 120.0,
         strategy.start(grid)
         summary = reporter.finish(extra={"checkpoints": strategy.checkpoints})
     print(format_summary_table(summary), flush=True)
-    print(f"ftis-flwr: metrics, plot and summary in {run_dir}", flush=True)
+    print(final_line(summary, run_dir), flush=True)
     return run_dir
 
 

@@ -6,8 +6,7 @@ import math
 
 import pytest
 
-from ftis_flwr.reporting import (RunReporter, format_summary_table, load_events,
-                                 load_metrics)
+from ftis_flwr.reporting import RunReporter, final_line, format_summary_table, load_events, load_metrics
 
 NODES = ["a", "b", "c"]  # c never evaluates
 
@@ -206,6 +205,7 @@ def test_the_summary_counts_every_failure_and_rejection_the_events_name(tmp_path
     assert "| payload_rejected | b | server | 1 | 1 | 2 | 8 |" in md
     assert "| node_failed | b | - | 1 | 1 | 0 | 0 |" in md
     assert "Rounds logged: 1; failed node rounds: b 1 (round 1)" in md  # the first line says so too
+    assert final_line(summary, "/r").startswith("ftis-flwr: finished with failed node rounds: b 1 (round 1); ")
 
 
 def test_the_plot_shows_the_cross_tokenizer_share_only_where_text_path_samples_were_received(tmp_path):
