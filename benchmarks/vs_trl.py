@@ -35,23 +35,11 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
+from real_memory import _reset_peak  # noqa: E402  (VmHWM reset, as that benchmark does)
+from real_memory import _status as _gib  # noqa: E402
 
 PRESETS = {"tiny": ("cpu-pair", "small"), "smollm2": ("cpu-smollm2", "full")}
-
-
-def _gib(key: str) -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) / 2**20
-    return float("nan")
-
-
-def _reset_peak() -> None:
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        pass
 
 
 def setting(model: str, prompts: int | None):

@@ -50,20 +50,26 @@ def superlink(tmp_path):
             proc.wait()
 
 
+def ftis_flwr_run(run_config: str, env: dict, cache: Path,
+                  timeout: int = 600) -> tuple[str, subprocess.CompletedProcess]:
+    """``ftis-flwr run . --stream`` on 2 simulated SuperNodes against the test's SuperLink; the
+    node workers under ``cache`` are stopped afterwards."""
+    cmd = [sys.executable, "-m", "ftis_flwr.cli", "run", ".", "--stream",
+           "--federation-config", "num-supernodes=2 client-resources-num-cpus=1", "--run-config", run_config]
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    finally:
+        kill_workers(cache)
+    return proc.stdout + proc.stderr, proc
+
+
 def test_flwr_run_with_the_real_pyproject(tmp_path, superlink):
     config = tmp_path / "tiny.yaml"
     config.write_text(FEDERATION)
     cache, runs = tmp_path / "cache", tmp_path / "runs"
     # through `ftis-flwr run` (ftis_flwr/cli.py): checked locally, then `flwr run` with the same
     # arguments; its exit code is Flower's status of the run (finished:completed -> 0)
-    cmd = [sys.executable, "-m", "ftis_flwr.cli", "run", ".", "--stream",
-           "--federation-config", "num-supernodes=2 client-resources-num-cpus=1",
-           "--run-config", f"config_file='{config}' cache-dir='{cache}' run-dir='{runs}'"]
-    try:
-        proc = subprocess.run(cmd, cwd=REPO, env=superlink, capture_output=True, text=True, timeout=600)
-    finally:
-        kill_workers(cache)
-    out = proc.stdout + proc.stderr
+    out, proc = ftis_flwr_run(f"config_file='{config}' cache-dir='{cache}' run-dir='{runs}'", superlink, cache)
     assert proc.returncode == 0, out[-4000:]
     assert "ftis-flwr: configuration valid: 2 nodes (small, large), 1 rounds" in out
     assert "config-file=" in out and re.search(r"ftis-flwr: run \d+ finished:completed", out), out[-4000:]

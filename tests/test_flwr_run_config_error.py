@@ -6,8 +6,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import flower_bin, kill_workers
-from test_flwr_run import REPO, superlink  # noqa: F401  (the SuperLink fixture this test owns)
+from conftest import flower_bin
+from test_flwr_run import REPO, ftis_flwr_run, superlink  # noqa: F401  (the SuperLink fixture this test owns)
 
 pytestmark = pytest.mark.slow
 
@@ -55,15 +55,8 @@ def test_ftis_flwr_run_exits_1_when_the_run_fails(tmp_path, superlink):  # noqa:
     (finished:failed) and the command says so and exits 1, where `flwr run` exits 0."""
     cache = tmp_path / "cache"
     missing = tmp_path / "no-such-model"
-    cmd = [sys.executable, "-m", "ftis_flwr.cli", "run", ".", "--stream",
-           "--federation-config", "num-supernodes=2 client-resources-num-cpus=1",
-           "--run-config", f"rounds.num-rounds=1 cache-dir='{cache}' run-dir='{tmp_path / 'runs'}' "
-                           f"overrides='nodes.0.source={missing} nodes.1.source={missing}'"]
-    try:
-        proc = subprocess.run(cmd, cwd=REPO, env=superlink, capture_output=True, text=True, timeout=400)
-    finally:
-        kill_workers(cache)
-    out = proc.stdout + proc.stderr
+    out, proc = ftis_flwr_run(f"rounds.num-rounds=1 cache-dir='{cache}' run-dir='{tmp_path / 'runs'}' "
+                              f"overrides='nodes.0.source={missing} nodes.1.source={missing}'", superlink, cache)
     assert proc.returncode == 1, out[-4000:]
     assert "finished:failed" in proc.stderr, out[-4000:]
     assert [r["status"] for r in _runs(superlink)] == ["finished:failed"]
