@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 from conftest import kill_workers
+from test_flwr_run import superlink  # noqa: F401  (the SuperLink fixture the flwr run test owns)
 
 pytestmark = pytest.mark.slow
-README = Path(__file__).resolve().parent.parent / "README.md"
+REPO = Path(__file__).resolve().parent.parent
+README = REPO / "README.md"
 
 
 def readme_block(section: str) -> str:
@@ -41,3 +43,34 @@ def test_the_readme_own_serverapp_example_runs(tmp_path, monkeypatch, capsys):
     assert re.fullmatch(r"\d{8}-\d{6}-cpu-pair-vertical-f-tis-[0-9a-f]{4}", checkpoints.parent.name)
     assert sorted(p.name for p in checkpoints.iterdir()) == ["large", "small"]
     assert json.loads((checkpoints / "small" / "ftis_policy.json").read_text())["kind"] == "full"
+
+
+def readme_toml(section: str) -> str:
+    text = README.read_text().split(f"## {section}", 1)[1]
+    return text.split("```toml", 1)[1].split("```", 1)[0]
+
+
+def test_the_readme_own_serverapp_app_runs_with_flwr_run(tmp_path, superlink):  # noqa: F811
+    """The README's pyproject.toml and ServerApp block as a folder of their own, with this
+    project's clients/ copied in, run with ``flwr run`` against a SuperLink this test owns."""
+    import shutil
+    import subprocess
+
+    from conftest import flower_bin
+
+    app = tmp_path / "my-federation"
+    shutil.copytree(REPO / "clients", app / "clients", ignore=shutil.ignore_patterns("__pycache__"))
+    (app / "my_server.py").write_text(readme_block("Using the strategy in your own ServerApp"))
+    (app / "pyproject.toml").write_text(readme_toml("Using the strategy in your own ServerApp"))
+    cache = tmp_path / "cache"
+    env = dict(superlink, FTIS_CACHE=str(cache))
+    cmd = [str(flower_bin() / "flwr"), "run", ".", "--stream", "--federation-config",
+           "num-supernodes=2 client-resources-num-cpus=1"]
+    try:
+        proc = subprocess.run(cmd, cwd=app, env=env, capture_output=True, text=True, timeout=600)
+    finally:
+        kill_workers(cache)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "final models:" in out, out[-4000:]
+    assert [line.split(":")[0] for line in out.splitlines() if line.startswith("round ")] == \
+        [f"round {r}" for r in range(4)], out[-4000:]
