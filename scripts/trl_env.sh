@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Build (or reuse) a separate virtual environment with TRL for benchmarks/vs_trl.py (#27). TRL is
 # not a dependency of this project: the environment sees this one's packages (torch, transformers,
-# the editable ftis_flwr) through --system-site-packages and adds only TRL and what it pulls.
+# the editable ftis_flwr, and TRL's own dependencies, which the project's already bring: accelerate
+# through peft, pandas and pyarrow through datasets) through a site directory, also where this one
+# is itself a virtual environment, and adds TRL alone (--no-deps: never a second, CUDA, torch).
 #
 #   scripts/trl_env.sh                 # build or reuse .venv/trl
 #   .venv/trl/bin/python benchmarks/vs_trl.py --model smollm2 --repeats 3
@@ -20,7 +22,10 @@ fi
 "$PY" -c "import torch, transformers, ftis_flwr" || {
   echo "trl env: install this project first (the README's first line), then run this script" >&2; exit 2; }
 rm -rf "$VENV"
-"$PY" -m venv --system-site-packages "$VENV"
-"$VENV/bin/pip" install -q "$SPEC"
+"$PY" -m venv "$VENV"
+SITE=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+VSITE=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+echo "import site; site.addsitedir('$SITE')" > "$VSITE/ftis-parent-env.pth"
+"$VENV/bin/pip" install -q --no-deps "$SPEC"
 "$VENV/bin/python" -c "import trl, ftis_flwr; print('trl env: trl', trl.__version__, 'in $VENV')"
 echo "$SPEC" > "$MARK"

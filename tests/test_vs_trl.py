@@ -6,6 +6,7 @@ work: the same number of completions per step on both sides, and the summary's l
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def test_vs_trl_runs_both_sides_on_the_same_work(tmp_path):
     venv = tmp_path / "trl"
-    env = dict(os.environ, TRL_VENV=str(venv))
+    env = dict(os.environ, TRL_VENV=str(venv), PYTHON=sys.executable)  # this environment, venv or not
     built = subprocess.run(["scripts/trl_env.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert built.returncode == 0, built.stdout + built.stderr
     proc = subprocess.run([str(venv / "bin" / "python"), "benchmarks/vs_trl.py", "--model", "tiny", "--repeats", "1",
