@@ -22,6 +22,12 @@ from typing import Any, Mapping
 from .incidents import incidents
 from .plots import ACC_PREFIX, ACC_SUFFIX, plot_run
 
+PROGRESS_LEGEND = ("per-round line: reward = mean reward of the node's new samples; acc = greedy "
+                   "held-out accuracy (evaluated rounds); filt = share of the samples received from "
+                   "other nodes that the filter dropped; B/tok = bytes on the wire per completion "
+                   "token; s = the round's wall time")
+_TB_WARNED = False
+
 
 def run_name(experiment: Any) -> str:
     """``<date>-<time>-<preset>-<mode>-<method>-<4 hex>``: runs that differ in method or mode are
@@ -29,12 +35,6 @@ def run_name(experiment: Any) -> str:
     parts = [Path(experiment.preset).stem or "run", experiment.advantage.mode, experiment.loss.method]
     safe = "-".join(re.sub(r"[^A-Za-z0-9.-]+", "_", p).strip("_") for p in parts)
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{safe}-{secrets.token_hex(2)}"
-
-PROGRESS_LEGEND = ("per-round line: reward = mean reward of the node's new samples; acc = greedy "
-                   "held-out accuracy (evaluated rounds); filt = share of the samples received from "
-                   "other nodes that the filter dropped; B/tok = bytes on the wire per completion "
-                   "token; s = the round's wall time")
-_TB_WARNED = False
 
 
 # ----------------------------------------------------------------------------- JSON helpers

@@ -72,6 +72,12 @@ def simulate(experiment, num_supernodes: int = 2, after_round=None):
     return out["run_dir"]
 
 
+def readme_block(section: str, lang: str) -> str:
+    """The first ``lang`` code block under the README's ``## <section>`` heading, verbatim."""
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text().split(f"## {section}", 1)[1]
+    return text.split(f"```{lang}", 1)[1].split("```", 1)[0]
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     import socket

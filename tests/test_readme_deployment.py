@@ -8,16 +8,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import flower_bin, free_port, kill_workers
+from conftest import flower_bin, free_port, kill_workers, readme_block
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
-README = REPO / "README.md"
-
-
-def readme_bash(section: str) -> str:
-    text = README.read_text().split(f"## {section}", 1)[1]
-    return text.split("```bash", 1)[1].split("```", 1)[0]
 
 
 def _group(pgid: int, wait: float = 30.0) -> list[str]:
@@ -36,7 +30,7 @@ def _group(pgid: int, wait: float = 30.0) -> list[str]:
 
 
 def test_the_readme_deployment_recipe_runs_verbatim(tmp_path):
-    block = readme_bash("Deployment across institutions")
+    block = readme_block("Deployment across institutions", "bash")
     home, cache = tmp_path / "flwr-home", tmp_path / "cache"
     home.mkdir()
     (home / "config.toml").write_text('[superlink]\ndefault = "local"\n')  # a config.toml that exists already

@@ -6,17 +6,12 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import kill_workers
+from conftest import kill_workers, readme_block
 from test_flwr_run import superlink  # noqa: F401  (the SuperLink fixture the flwr run test owns)
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
-README = REPO / "README.md"
-
-
-def readme_block(section: str) -> str:
-    text = README.read_text().split(f"## {section}", 1)[1]
-    return text.split("```python", 1)[1].split("```", 1)[0]
+SECTION = "Using the strategy in your own ServerApp"
 
 
 def test_the_readme_own_serverapp_example_runs(tmp_path, monkeypatch, capsys):
@@ -27,7 +22,7 @@ def test_the_readme_own_serverapp_example_runs(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("FTIS_CACHE", str(tmp_path / "cache"))  # workers inherit it
     monkeypatch.chdir(tmp_path)  # the example's runs/ folder lands here
     namespace: dict = {}
-    exec(compile(readme_block("Using the strategy in your own ServerApp"), "README.md", "exec"), namespace)
+    exec(compile(readme_block(SECTION, "python"), "README.md", "exec"), namespace)
     try:
         run_simulation(namespace["app"], client_app, num_supernodes=2,
                        backend_config={"client_resources": {"num_cpus": 1}})
@@ -45,11 +40,6 @@ def test_the_readme_own_serverapp_example_runs(tmp_path, monkeypatch, capsys):
     assert json.loads((checkpoints / "small" / "ftis_policy.json").read_text())["kind"] == "full"
 
 
-def readme_toml(section: str) -> str:
-    text = README.read_text().split(f"## {section}", 1)[1]
-    return text.split("```toml", 1)[1].split("```", 1)[0]
-
-
 def test_the_readme_own_serverapp_app_runs_with_flwr_run(tmp_path, superlink):  # noqa: F811
     """The README's pyproject.toml and ServerApp block as a folder of their own, with this
     project's clients/ copied in, run with ``flwr run`` against a SuperLink this test owns."""
@@ -60,8 +50,8 @@ def test_the_readme_own_serverapp_app_runs_with_flwr_run(tmp_path, superlink):  
 
     app = tmp_path / "my-federation"
     shutil.copytree(REPO / "clients", app / "clients", ignore=shutil.ignore_patterns("__pycache__"))
-    (app / "my_server.py").write_text(readme_block("Using the strategy in your own ServerApp"))
-    (app / "pyproject.toml").write_text(readme_toml("Using the strategy in your own ServerApp"))
+    (app / "my_server.py").write_text(readme_block(SECTION, "python"))
+    (app / "pyproject.toml").write_text(readme_block(SECTION, "toml"))
     cache = tmp_path / "cache"
     env = dict(superlink, FTIS_CACHE=str(cache))
     cmd = [str(flower_bin() / "flwr"), "run", ".", "--stream", "--federation-config",
