@@ -36,12 +36,14 @@ def read_hello(reply: Message) -> tuple[str, str, bool]:
 
 def hello_notes(reply: Message) -> list[str]:
     """The lines a node said in its HELLO answer before building (:func:`ftis_flwr.plan.build_notes`);
-    none from a node that sends none or sends something else."""
+    none from a node that sends none, one saying so from a node whose notes are not text."""
     try:
         notes = record(reply.content, protocol.HELLO, ConfigRecord).get("notes", "")
     except BadReply:
         return []
-    return [line for line in notes.splitlines() if line.strip()][:8] if isinstance(notes, str) else []
+    if not isinstance(notes, str):
+        return [f"its HELLO notes are not text ({type(notes).__name__}); ignored"]
+    return [line for line in notes.splitlines() if line.strip()][:8]
 
 
 class Roster:

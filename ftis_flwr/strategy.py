@@ -401,7 +401,7 @@ class FTISStrategy(Strategy):
                 else:
                     log.info("node id %d serves model card %r", nid, roster.names[nid])
                     for note in hello_notes(reply):
-                        log.warning("%s", note[:1000])
+                        log.warning("node id %d: %s", nid, note[:1000])
         if first:
             roster.check_complete({**unanswered, **problems})
         for nid, why in problems.items():  # a later joiner with a problem: left out, not fatal

@@ -348,7 +348,7 @@ def test_a_supernode_without_a_card_is_left_out_once_and_never_sent_a_round():
 
 def test_what_a_node_says_before_it_builds_reaches_the_servers_log_at_the_start(strategy_log):
     """A node's build-time notes (slow dtype, memory) ride its HELLO answer to the server's
-    stream; a malformed notes field is ignored, never a reason to leave the node out."""
+    stream; a malformed notes field is said and ignored, never a reason to leave the node out."""
     def noted(msg, name):
         reply = hello_reply(msg, name)
         reply.content[protocol.HELLO]["notes"] = f"node {name}: needs about 30.0 GiB and cpu has 20.0 GiB free\n"
@@ -361,6 +361,7 @@ def test_what_a_node_says_before_it_builds_reaches_the_servers_log_at_the_start(
 
     strategy, events = run(experiment(), FakeGrid(honest(hellos={1: noted, 2: odd})))
     assert "node a: needs about 30.0 GiB and cpu has 20.0 GiB free" in strategy_log.text
+    assert "node id 2: its HELLO notes are not text (int); ignored" in strategy_log.text
     assert [set(h.node_metrics) for h in strategy.history] == [{"a", "b"}] * 3
     assert not [k for k, _ in events if k == "node_left_out"]
 
