@@ -4,14 +4,14 @@
 
 One thread, a 256x576 @ 576x1536 product (SmolLM2-135M's hidden -> MLP size), 50 repeats after
 3 warm-ups. On a CPU without avx512_bf16 / amx_bf16 torch emulates bfloat16, and the ratio
-printed decides whether a CPU card should compute in it (ftis_flwr.models.warn_slow_bf16).
+printed decides whether a CPU card should compute in it (ftis_flwr.node.models.warn_slow_bf16).
 """
 
 import time
 
 import torch
 
-from ftis_flwr.models import cpu_has_native_bf16
+from ftis_flwr.node.models import cpu_has_native_bf16
 
 
 def ms(dtype: torch.dtype, repeats: int = 50) -> float:

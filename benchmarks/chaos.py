@@ -143,7 +143,7 @@ class Deployment:
 
 def kill_worker(cache: Path, run_name: str, card: str) -> int | None:
     """SIGKILL ``card``'s worker (and its group) of run ``run_name``; its pid, None if none ran."""
-    from ftis_flwr.worker import kill_worker_group, worker_dir
+    from ftis_flwr.node.worker import kill_worker_group, worker_dir
 
     address = worker_dir(cache, run_name, card) / "address.json"
     try:
@@ -193,8 +193,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--timeout", type=float, default=5400, help="seconds the whole run may take")
     ap.add_argument("--out", type=Path, default=None, help="also write the result as JSON here")
     a = ap.parse_args(argv)
-    from ftis_flwr.config import load_experiment
-    from ftis_flwr.reporting import load_events
+    from ftis_flwr.config.merge import load_experiment
+    from ftis_flwr.server.reporting import load_events
 
     work = (a.workdir or Path(tempfile.mkdtemp(prefix="ftis-chaos-"))).resolve()
     cache, runs = work / "cache", work / "runs"

@@ -30,12 +30,12 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from ftis_flwr.align import align, encode_with_spans  # noqa: E402
-from ftis_flwr.aligned import to_own_tokens  # noqa: E402
-from ftis_flwr.config import load_experiment  # noqa: E402
-from ftis_flwr.node import Node, Received  # noqa: E402
-from ftis_flwr.rollouts import encode_groups, payload_bytes  # noqa: E402
-from ftis_flwr.tiny_bpe import build_tiny_tokenizer  # noqa: E402
+from ftis_flwr.config.merge import load_experiment  # noqa: E402
+from ftis_flwr.node.node import Node, Received  # noqa: E402
+from ftis_flwr.node.tiny_bpe import build_tiny_tokenizer  # noqa: E402
+from ftis_flwr.wire.rollouts import encode_groups, payload_bytes  # noqa: E402
+from ftis_flwr.xtok.align import align, encode_with_spans  # noqa: E402
+from ftis_flwr.xtok.translate import to_own_tokens  # noqa: E402
 
 
 def bytes_per_token(groups, vocab_size: int) -> float:

@@ -6,13 +6,13 @@
 
 Per round: tax = (round wall time - the slowest node's in-worker compute) / round wall time,
 where in-worker compute is the timings a node's reply carries (train, generate, evaluate, state
-save: ``ftis_flwr.budget.COMPUTE_KEYS``) and the round wall time is the strategy's
+save: ``ftis_flwr.server.budget.COMPUTE_KEYS``) and the round wall time is the strategy's
 ``round_seconds`` (push to last reply aggregated). ``wall`` also counts what the ServerApp does
 between rounds (logging, saving its state): the time between two rounds' metrics lines. Round 0
 (every node builds its model) is shown but left out of the means.
 
 ``sim``: the preset (default cpu-pair, the offline default) in ``flwr.simulation.run_simulation``,
-once per ``--poll`` value (``ftis_flwr.grid_io.POLL_INTERVAL``), each in its own process.
+once per ``--poll`` value (``ftis_flwr.server.grid_io.POLL_INTERVAL``), each in its own process.
 ``deploy``: a local ``flower-superlink --insecure`` and one ``flower-supernode`` per card, then
 ``flwr run . <federation>`` as benchmarks/chaos.py does; every process is stopped by its pid.
 """
@@ -33,14 +33,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from deploy.secure_local import BIN, free_port, start, stop  # noqa: E402
-from ftis_flwr.config_merge import ConfigError, parse_overrides  # noqa: E402
-from ftis_flwr.worker import kill_workers_of_new_runs, worker_runs  # noqa: E402
+from ftis_flwr.config.merge import ConfigError, parse_overrides  # noqa: E402
+from ftis_flwr.node.worker import kill_workers_of_new_runs, worker_runs  # noqa: E402
 
 
 def taxes(run_dir: Path) -> list[dict]:
     """Per round: round_seconds, the slowest node's compute, tax, wall and tax of the wall."""
-    from ftis_flwr.budget import compute_seconds
-    from ftis_flwr.reporting import load_metrics
+    from ftis_flwr.server.budget import compute_seconds
+    from ftis_flwr.server.reporting import load_metrics
 
     rows, prev = [], None
     for r in load_metrics(run_dir):
@@ -78,7 +78,7 @@ def _overrides(pairs: list[str]) -> dict[str, str]:
 
 def sim_one(preset: str, sets: dict[str, str], poll: float, out: Path) -> None:
     """One simulation in this process with grid_io.POLL_INTERVAL = poll; writes out/result.json."""
-    import ftis_flwr.grid_io as grid_io
+    import ftis_flwr.server.grid_io as grid_io
     from simulations.runs import simulate
 
     grid_io.POLL_INTERVAL = poll
@@ -106,7 +106,7 @@ def sim(a) -> None:
 
 
 def deploy(a) -> None:
-    from ftis_flwr.config import load_experiment
+    from ftis_flwr.config.merge import load_experiment
 
     tmp = Path(tempfile.mkdtemp(prefix="tax-deploy-"))
     port = free_port()
@@ -159,11 +159,11 @@ def breakdown(a) -> None:
     Flower's and the ClientApp's (message pick-up, record conversion, the worker socket)."""
     import time
 
-    from ftis_flwr.budget import compute_seconds
-    from ftis_flwr.config import load_experiment
-    from ftis_flwr.node import Node
-    from ftis_flwr.rollouts import encode_groups
-    from ftis_flwr.worker import step_from_payloads
+    from ftis_flwr.config.merge import load_experiment
+    from ftis_flwr.node.node import Node
+    from ftis_flwr.node.worker import step_from_payloads
+    from ftis_flwr.server.budget import compute_seconds
+    from ftis_flwr.wire.rollouts import encode_groups
 
     exp = load_experiment(a.preset, dict(kv.split("=", 1) for kv in a.set))
     b = exp.rounds.prompts_per_node

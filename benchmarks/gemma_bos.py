@@ -19,8 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 def main() -> None:
     import torch
 
-    from ftis_flwr.config import default_cache_dir
-    from ftis_flwr.models import _load_base, stop_token_ids
+    from ftis_flwr.config.schema import default_cache_dir
+    from ftis_flwr.node.models import _load_base, stop_token_ids
     from ftis_flwr.tasks import BasicMathTask
 
     cache = default_cache_dir("")  # FTIS_CACHE, else ~/.cache/ftis-flwr: converted once

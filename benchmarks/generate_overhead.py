@@ -16,8 +16,8 @@ import time
 
 import torch
 
-from ftis_flwr.config import load_experiment  # noqa: E402
-from ftis_flwr.node import Node  # noqa: E402
+from ftis_flwr.config.merge import load_experiment  # noqa: E402
+from ftis_flwr.node.node import Node  # noqa: E402
 
 
 def main() -> None:

@@ -1,5 +1,5 @@
 """GGUF -> safetensors conversion of SmolLM2 (the `smollm2` source): transformers' reading as
-it is against ``ftis_flwr.sources.fast_gguf_reading``, and whether the two give the same bytes.
+it is against ``ftis_flwr.node.sources.fast_gguf_reading``, and whether the two give the same bytes.
 
     python benchmarks/gguf_convert.py
 
@@ -13,7 +13,7 @@ import time
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from ftis_flwr.sources import fast_gguf_reading, smollm2_gguf
+from ftis_flwr.node.sources import fast_gguf_reading, smollm2_gguf
 
 
 def load(reading) -> tuple[float, float, dict, str]:

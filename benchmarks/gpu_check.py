@@ -1,4 +1,4 @@
-"""The paper-sized node on a GPU, without the hub: measured memory and time vs ``ftis_flwr.plan``.
+"""The paper-sized node on a GPU, without the hub: measured memory and time vs ``ftis_flwr.config.plan``.
 
     python benchmarks/gpu_check.py --model Qwen/Qwen2.5-1.5B [--dtype float32] [--out results.json]
 
@@ -24,11 +24,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ftis_flwr.config import ExperimentConfig, LossConfig, ModelCard  # noqa: E402
-from ftis_flwr.engines.hf import HFEngine  # noqa: E402
-from ftis_flwr.logprobs import completion_logprobs, pack_batch  # noqa: E402
-from ftis_flwr.loss import LossInputs, compute_loss  # noqa: E402
-from ftis_flwr.plan import GIB, KNOWN, PROMPT_TOKENS, estimate  # noqa: E402
+from ftis_flwr.config.plan import GIB, KNOWN, PROMPT_TOKENS, estimate  # noqa: E402
+from ftis_flwr.config.schema import ExperimentConfig, LossConfig, ModelCard  # noqa: E402
+from ftis_flwr.maths.loss import LossInputs, compute_loss  # noqa: E402
+from ftis_flwr.node.engines.hf import HFEngine  # noqa: E402
+from ftis_flwr.node.logprobs import completion_logprobs, pack_batch  # noqa: E402
 
 
 class _Tok:

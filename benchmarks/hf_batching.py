@@ -32,8 +32,8 @@ def main() -> None:
 
     from transformers import AutoModelForCausalLM
 
-    from ftis_flwr.engines.hf import HFEngine
-    from ftis_flwr.models import load_tokenizer, stop_token_ids
+    from ftis_flwr.node.engines.hf import HFEngine
+    from ftis_flwr.node.models import load_tokenizer, stop_token_ids
 
     folder = model_dir(args.model)
     tok = load_tokenizer(folder)

@@ -22,9 +22,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ftis_flwr.config import ModelCard  # noqa: E402
+from ftis_flwr.config.schema import ModelCard  # noqa: E402
+from ftis_flwr.node.tiny import build_char_tokenizer, warm_start  # noqa: E402
 from ftis_flwr.tasks import ArithmeticTask  # noqa: E402
-from ftis_flwr.tiny import build_char_tokenizer, warm_start  # noqa: E402
 
 N = 400
 
@@ -90,7 +90,7 @@ def main() -> None:
         ModelCard(name="large-s1 (shipped)", tiny_size="large", warmstart_ops="+-", warmstart_target=0.6, seed=1),
         ModelCard(name="small-s1", tiny_size="small", warmstart_ops="+-", warmstart_target=0.6, seed=1),
     ]
-    from ftis_flwr.tiny import MARKER, warmstart_dir
+    from ftis_flwr.node.tiny import MARKER, warmstart_dir
 
     for ops, name in (("+++-", "adder (cpu-expertise)"), ("+---", "subtractor (cpu-expertise)")):
         card = ModelCard(name=name, tiny_size="small", warmstart_ops=ops, warmstart_target=0.6, seed=0)

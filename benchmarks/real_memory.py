@@ -52,8 +52,8 @@ def _reset_peak() -> None:
 def child(preset: str, card_name: str, rounds: int, prompts: int) -> None:
     import torch
 
-    from ftis_flwr.config import load_experiment
-    from ftis_flwr.node import Node
+    from ftis_flwr.config.merge import load_experiment
+    from ftis_flwr.node.node import Node
 
     exp = load_experiment(preset, overrides={"rounds.prompts_per_node": prompts})
     cards = {c.name: c for c in exp.nodes}

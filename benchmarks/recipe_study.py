@@ -20,9 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ftis_flwr.config import load_experiment  # noqa: E402
-from ftis_flwr.node import Node, Received, StepRequest  # noqa: E402
-from ftis_flwr.strategy import PROMPT_STRIDE  # noqa: E402
+from ftis_flwr.config.merge import load_experiment  # noqa: E402
+from ftis_flwr.node.node import Node, Received, StepRequest  # noqa: E402
+from ftis_flwr.server.strategy import PROMPT_STRIDE  # noqa: E402
 
 
 def run_pair(exp, eval_every: int) -> list[dict[str, float]]:

@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO))
 
 CARDS = {"small": "{name: %s, source: tiny, tiny_size: small, warmstart_ops: '+-', warmstart_target: 0.6, seed: 0}",
          "large": "{name: %s, source: tiny, tiny_size: large, warmstart_ops: '+-', warmstart_target: 0.6, seed: 1}"}
-"""The offline default's two shipped models (simulations/presets/cpu-pair.yaml's cards)."""
+"""The offline default's two shipped models (ftis_flwr/config/presets/cpu-pair.yaml's cards)."""
 
 
 def nodes_yaml(m: int) -> str:
@@ -39,7 +39,7 @@ def nodes_yaml(m: int) -> str:
 
 def one(a) -> None:
     """One simulation in this process; writes result.json with its run folder."""
-    from ftis_flwr.config import load_experiment
+    from ftis_flwr.config.merge import load_experiment
     from simulations.runs import simulate
 
     sets = dict(kv.split("=", 1) for kv in a.set)
@@ -56,12 +56,13 @@ def direct(a) -> None:
     import statistics
     import time
 
-    from ftis_flwr.budget import ForeignBudget
-    from ftis_flwr.wire_select import group_count
-    from ftis_flwr.config import ExchangeConfig, load_experiment
-    from ftis_flwr.node import Node
-    from ftis_flwr.rollouts import encode_groups, payload_bytes
-    from ftis_flwr.worker import step_from_payloads
+    from ftis_flwr.config.merge import load_experiment
+    from ftis_flwr.config.schema import ExchangeConfig
+    from ftis_flwr.node.node import Node
+    from ftis_flwr.node.worker import step_from_payloads
+    from ftis_flwr.server.budget import ForeignBudget
+    from ftis_flwr.wire.rollouts import encode_groups, payload_bytes
+    from ftis_flwr.wire.selection import group_count
 
     m_max = max(a.m)
     exp = load_experiment(a.preset, dict(kv.split("=", 1) for kv in a.set), yaml_text=nodes_yaml(m_max))
@@ -109,7 +110,7 @@ def direct(a) -> None:
 
 def per_node(run_dir: Path) -> dict[str, float]:
     """Means over rounds >= 1 and nodes of the per-node cost figures."""
-    from ftis_flwr.reporting import load_metrics
+    from ftis_flwr.server.reporting import load_metrics
 
     keys = ("foreign_bytes_received", "foreign_groups_received", "seconds_train", "idle_fraction")
     vals: dict[str, list[float]] = {k: [] for k in keys}
@@ -146,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     if a.direct:
         direct(a)
         return
-    from ftis_flwr.config import load_experiment
+    from ftis_flwr.config.merge import load_experiment
 
     n = a.budget or load_experiment(a.preset).rounds.prompts_per_node
     base = [f"rounds.num_rounds={a.rounds}", "rounds.eval_every=0", "rounds.eval_size=50", *a.set]

@@ -22,12 +22,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ftis_flwr.config import default_cache_dir  # noqa: E402
-from ftis_flwr.models import load_tokenizer  # noqa: E402
-from ftis_flwr.rewards import math_reward, parse_strict_answer  # noqa: E402
-from ftis_flwr.sources import gguf_folder, smollm2_gguf  # noqa: E402
+from ftis_flwr.config.schema import default_cache_dir  # noqa: E402
+from ftis_flwr.node.models import load_tokenizer  # noqa: E402
+from ftis_flwr.node.sources import gguf_folder, smollm2_gguf  # noqa: E402
 from ftis_flwr.tasks.basic_math import DEMOS  # noqa: E402
 from ftis_flwr.tasks.gsm8k import chat_prompt  # noqa: E402
+from ftis_flwr.tasks.rewards import math_reward, parse_strict_answer  # noqa: E402
 
 
 def rewards(folder: Path) -> None:

@@ -32,8 +32,8 @@ MESSAGES = [
 def model_dir(arg: str):
     if arg:
         return arg
-    from ftis_flwr.config import default_cache_dir
-    from ftis_flwr.sources import gguf_folder, smollm2_gguf
+    from ftis_flwr.config.schema import default_cache_dir
+    from ftis_flwr.node.sources import gguf_folder, smollm2_gguf
 
     return str(gguf_folder(smollm2_gguf(), default_cache_dir("")))
 
@@ -70,9 +70,9 @@ def main() -> None:
 
     from transformers import AutoModelForCausalLM
 
-    from ftis_flwr.engines.hf import HFEngine
-    from ftis_flwr.engines.vllm import VLLMEngine
-    from ftis_flwr.models import load_tokenizer, stop_token_ids
+    from ftis_flwr.node.engines.hf import HFEngine
+    from ftis_flwr.node.engines.vllm import VLLMEngine
+    from ftis_flwr.node.models import load_tokenizer, stop_token_ids
 
     folder = model_dir(args.model)
     tok = load_tokenizer(folder)

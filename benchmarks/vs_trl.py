@@ -13,7 +13,7 @@ wall time split into generate / score / update; the process's peak RSS during it
 before each side; both sides' models and optimiser states stay resident, so it includes the
 other side's) and the step's own peak above the RSS it started from; generated tokens per second.
 
-This project's side is :class:`ftis_flwr.node.Node` as its worker drives it: ``generate`` (the
+This project's side is :class:`ftis_flwr.node.node.Node` as its worker drives it: ``generate`` (the
 engine records pi_gen's log-probs while sampling: no separate scoring pass) then ``train`` (one
 optimiser step over micro-batches), alone; then the same node with as many groups again
 relabelled as a partner's (its step in a 2-node federation). TRL's side: ``_generate`` is
@@ -43,7 +43,7 @@ PRESETS = {"tiny": ("cpu-pair", "small"), "smollm2": ("cpu-smollm2", "full")}
 
 
 def setting(model: str, prompts: int | None):
-    from ftis_flwr.config import load_experiment
+    from ftis_flwr.config.merge import load_experiment
 
     preset, card_name = PRESETS[model]
     overrides = {"advantage.mode": "alone"}
@@ -60,7 +60,7 @@ class Ours:
     def __init__(self, exp, card):
         import torch
 
-        from ftis_flwr.node import Node
+        from ftis_flwr.node.node import Node
 
         torch.set_num_threads(card.torch_threads)
         self.exp, self.node, self.rnd = exp, Node(card, exp), 0

@@ -31,9 +31,9 @@ from flwr.app import RecordDict
 from flwr.common.serde import recorddict_to_proto
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from ftis_flwr.config import WireConfig  # noqa: E402
-from ftis_flwr.groups import Group  # noqa: E402
-from ftis_flwr.rollouts import completion_tokens, decode_groups, encode_groups, payload_bytes
+from ftis_flwr.config.schema import WireConfig  # noqa: E402
+from ftis_flwr.wire.groups import Group  # noqa: E402
+from ftis_flwr.wire.rollouts import completion_tokens, decode_groups, encode_groups, payload_bytes
 
 VARIANTS = [("arrays", "fp32", "none"), ("arrays", "fp16", "none"), ("arrays", "bf16", "none")] + [
     ("compact", lp, c) for lp in ("fp32", "fp16", "bf16") for c in ("none", "zlib")]
@@ -98,7 +98,7 @@ def measure(name: str, groups: list[Group], vocab: int, params: float, lora: int
 def logprob_error(gen: np.ndarray, lp: np.ndarray, seq: np.ndarray, g: float = 50.0, c: float = 2.0) -> None:
     """fp16 vs bf16 for the sender's log-probs ``gen`` (lp: the receiver's, exact; seq: sequence
     index of each token): errors in gen, in w = min(exp(lp - gen), c) and in the per-sample k3 KL."""
-    from ftis_flwr.wire_compact import decode_logprobs, encode_logprobs
+    from ftis_flwr.wire.compact import decode_logprobs, encode_logprobs
 
     def k3(gen_):
         d = gen_.astype(np.float64) - lp
@@ -125,7 +125,7 @@ def logprob_error(gen: np.ndarray, lp: np.ndarray, seq: np.ndarray, g: float = 5
 def range_table() -> None:
     """Worst rounding error of each codec over log-prob ranges (fp16 is subnormal under 6.1e-5,
     tops out at -65504; a sampled token's log-prob is above about -104 in fp32)."""
-    from ftis_flwr.wire_compact import decode_logprobs, encode_logprobs
+    from ftis_flwr.wire.compact import decode_logprobs, encode_logprobs
 
     print("\n16-bit rounding error by log-prob range (1e5 values each, uniform in the range)")
     print(f"  {'range':>18s} {'fp16 max |err|':>15s} {'bf16 max |err|':>15s} {'fp16 max dw/w':>14s} {'bf16 max dw/w':>14s}")
@@ -141,9 +141,9 @@ def real_groups():
     learner log-probs of the other node's samples."""
     import torch
 
-    from ftis_flwr.config import load_experiment
-    from ftis_flwr.logprobs import completion_logprobs, pack_batch
-    from ftis_flwr.node import Node
+    from ftis_flwr.config.merge import load_experiment
+    from ftis_flwr.node.logprobs import completion_logprobs, pack_batch
+    from ftis_flwr.node.node import Node
 
     exp = load_experiment("cpu-pair")
     nodes = [Node(card, exp) for card in exp.nodes]

@@ -2,7 +2,7 @@
 
 It holds no model and no maths. It works out which node it is (``card`` in the node config in
 deployment, ``partition-id`` in simulation), finds or starts that node's long-lived worker
-(``ftis_flwr.worker``) and relays the round: received groups in, new groups + metrics out.
+(``ftis_flwr.node.worker``) and relays the round: received groups in, new groups + metrics out.
 """
 
 from __future__ import annotations
@@ -15,23 +15,17 @@ from pathlib import Path
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from ftis_flwr import protocol
-from ftis_flwr.config import (
-    ExperimentConfig,
-    ModelCard,
-    card_from_dict,
-    default_cache_dir,
-    from_dict,
-    to_dict,
-)
-from ftis_flwr.plan import build_notes
-from ftis_flwr.worker import (
+from ftis_flwr.config.merge import card_from_dict, from_dict
+from ftis_flwr.config.plan import build_notes
+from ftis_flwr.config.schema import ExperimentConfig, ModelCard, default_cache_dir, to_dict
+from ftis_flwr.node.worker import (
     WorkerTimeout,
     connect_or_spawn,
     safe_name,
     stop_worker,
     worker_dir,
 )
+from ftis_flwr.wire import protocol
 
 app = ClientApp()
 

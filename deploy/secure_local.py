@@ -43,7 +43,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent if (Path(sys.executable).parent / "flower-superlink").exists() \
     else Path(shutil.which("flower-superlink") or sys.executable).parent
-CARDS = ("small", "large")  # node names of simulations/presets/cpu-pair.yaml
+CARDS = ("small", "large")  # node names of ftis_flwr/config/presets/cpu-pair.yaml
 IMPOSTOR = "impostor"  # a registered SuperNode that claims card "small", pinned to another key
 REFUSAL = "Failed to initialize the connection to the SuperLink"  # supernode/fleet_http_connection.py
 
@@ -110,7 +110,8 @@ def write_pins(path: Path, pub_keys: dict[str, Path], preset: str = "cpu-pair") 
     """A config-file with the preset's cards, each pinned to its SuperNode's public key."""
     from omegaconf import OmegaConf
 
-    from ftis_flwr.config import load_experiment, to_dict
+    from ftis_flwr.config.merge import load_experiment
+    from ftis_flwr.config.schema import to_dict
 
     nodes = to_dict(load_experiment(preset))["nodes"]
     for node in nodes:
@@ -126,9 +127,9 @@ def seed_cache(cache: Path, preset: str = "cpu-pair") -> dict[str, str]:
     node then looks for the shipped models in the installed distribution, and when that is an
     editable install of another checkout it finds none and warm-starts (minutes on 2 cores).
     """
-    from ftis_flwr.config import load_experiment
+    from ftis_flwr.config.merge import load_experiment
     from ftis_flwr.tasks import make_task
-    from ftis_flwr.tiny import find_shipped, warm_start
+    from ftis_flwr.node.tiny import find_shipped, warm_start
 
     exp = load_experiment(preset)
     task = make_task(exp.task)
@@ -169,7 +170,7 @@ def stop(proc: subprocess.Popen) -> None:
 def kill_workers(cache: Path) -> None:
     """SIGKILL, by pid, the node workers the federation left under its (private) cache directory,
     with whatever they started (their process groups)."""
-    from ftis_flwr.worker import kill_worker_group
+    from ftis_flwr.node.worker import kill_worker_group
 
     for address in Path(cache).glob("workers/*/*/address.json"):
         try:
@@ -351,13 +352,13 @@ def main(argv: list[str] | None = None) -> dict:
     checks["superlink_412_twice"] = len(result["superlink_412"]) == 2
     run_dirs = sorted(runs.glob("*")) if runs.exists() else []
     if len(run_dirs) == 1 and (run_dirs[0] / "metrics.jsonl").exists():
-        from ftis_flwr.reporting import load_metrics
+        from ftis_flwr.server.reporting import load_metrics
 
         result["run_dir"] = str(run_dirs[0])
         records = load_metrics(run_dirs[0])
         result["rounds"] = [r["round"] for r in records]
         result["nodes_per_round"] = [sorted(r["nodes"]) for r in records]
-        from ftis_flwr.reporting import load_events
+        from ftis_flwr.server.reporting import load_events
 
         result["left_out"] = [e["reason"] for e in load_events(run_dirs[0]) if e["event"] == "node_left_out"]
     checks["impostor_left_out"] = (len(result.get("left_out", [])) == 1

@@ -62,7 +62,7 @@ def resolve_keys(given: dict[str, Any], declared: dict[str, Any]) -> tuple[dict[
             close = difflib.get_close_matches(_spellings(key), list(by_spelling), n=3, cutoff=0.6)
             hint = f"; did you mean {' or '.join(by_spelling[c] for c in close)}?" if close else ""
             errors.append(f"unknown key {key!r}{hint} (per-node keys go in overrides='nodes.0.lr=1e-3'; "
-                          f"every key: python -m ftis_flwr.config_keys --list)")
+                          f"every key: python -m ftis_flwr.config.keys --list)")
         else:
             out[name] = value
     return out, errors
@@ -106,8 +106,8 @@ def check(app: Path, run_config: list[str], *, local: bool = False) -> tuple[dic
     """(the ``--run-config`` pairs spelled as declared, the experiment); CheckError listing every
     problem otherwise. ``local``: the run goes to the local SuperLink (:func:`localise` its paths).
     A ``resume`` run is checked for its folder only (its configuration is the one saved in it)."""
-    from .config import ConfigError
-    from .config_merge import load_run_config
+    from ftis_flwr.config.merge import load_run_config
+    from ftis_flwr.config.schema import ConfigError
 
     declared = declared_keys(app)
     given, errors = resolve_keys(parse_run_config(run_config), declared)

@@ -1,7 +1,7 @@
 """The Flower ServerApp: builds FTISStrategy from the run config + YAML preset and reports.
 
-Configuration, lowest to highest priority: the dataclass defaults (``ftis_flwr.config``), the
-YAML preset named by ``preset`` (``simulations/presets/<name>.yaml`` or a path), the YAML file
+Configuration, lowest to highest priority: the dataclass defaults (``ftis_flwr.config.schema``), the
+YAML preset named by ``preset`` (``ftis_flwr/config/presets/<name>.yaml`` or a path), the YAML file
 named by ``config-file``, then every other ``[tool.flwr.app.config]`` / ``--run-config`` key that
 is not empty (``""`` means "leave it to the preset").
 """
@@ -16,10 +16,18 @@ from pathlib import Path
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from ftis_flwr.config import ConfigError, from_dict, load_run_config, to_dict
-from ftis_flwr.reporting import PROGRESS_LEGEND, RunReporter, final_line, format_summary_table, run_name, run_title
-from ftis_flwr.server_state import ServerStateError, load_server_state
-from ftis_flwr.strategy import FTISStrategy
+from ftis_flwr.config.merge import from_dict, load_run_config
+from ftis_flwr.config.schema import ConfigError, to_dict
+from ftis_flwr.server.reporting import (
+    PROGRESS_LEGEND,
+    RunReporter,
+    final_line,
+    format_summary_table,
+    run_name,
+    run_title,
+)
+from ftis_flwr.server.state import ServerStateError, load_server_state
+from ftis_flwr.server.strategy import FTISStrategy
 
 log = logging.getLogger("ftis_flwr")
 
@@ -27,7 +35,7 @@ app = ServerApp()
 
 
 def experiment_from_run_config(run_config: dict):
-    """Flower's flat run config -> validated experiment (:func:`ftis_flwr.config.load_run_config`):
+    """Flower's flat run config -> validated experiment (:func:`ftis_flwr.config.merge.load_run_config`):
     the ``preset``, the ``config-file`` on top, every non-empty key, then ``overrides``."""
     return load_run_config(run_config)
 
@@ -38,7 +46,7 @@ def run(grid: Grid, experiment, *, connect_timeout: float = 120.0,
     """Run the federation described by ``experiment``; returns the run directory.
 
     ``name``: the run's name (default :func:`run_name`); whoever starts a simulation names it
-    first to stop exactly its workers afterwards (``ftis_flwr.worker.kill_workers_of_run``).
+    first to stop exactly its workers afterwards (``ftis_flwr.node.worker.kill_workers_of_run``).
 
     ``resume``: a run directory to continue after its last completed round, with the
     configuration saved in it (``experiment`` is then not used). ``after_round(round,

@@ -31,9 +31,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
-from runs import run_missing, seed_list  # noqa: E402
 from sweep_report import mean_range  # noqa: E402
 from verdicts import fmt_points, paired, verdict  # noqa: E402
+
+from runs import run_missing, seed_list  # noqa: E402
 
 EXPERIMENT = HERE / "studies" / "attack-trio.yaml"
 CONDITIONS = ("pair", "honest", "forger")
@@ -41,7 +42,7 @@ ATTACKER = "third"
 
 
 def experiment(condition: str, seed: int, out: Path):
-    from ftis_flwr.config import load_experiment
+    from ftis_flwr.config.merge import load_experiment
 
     exp = load_experiment(str(EXPERIMENT), {"rounds.seed": seed, "run_dir": str(out / "runs")})
     if condition == "pair":
@@ -57,7 +58,7 @@ def client_app(condition: str, exp):
         return app
     from forger import forgeries, forging_app
 
-    from ftis_flwr.tiny import build_char_tokenizer
+    from ftis_flwr.node.tiny import build_char_tokenizer
 
     honest = [c.name for c in exp.nodes if c.name != ATTACKER]
     plan = list(forgeries(vocab_size=len(build_char_tokenizer()), max_new_tokens=exp.rollout.max_new_tokens,
@@ -67,9 +68,8 @@ def client_app(condition: str, exp):
 
 def run_one(condition: str, seed: int, out: Path) -> None:
     """One simulation in this process; writes ``<condition>-seed-<seed>.json``."""
+    from ftis_flwr.server.reporting import load_metrics
     from runs import simulate
-
-    from ftis_flwr.reporting import load_metrics
 
     exp = experiment(condition, seed, out)
     run_dir = simulate(str(EXPERIMENT), {}, experiment=exp, client_app=client_app(condition, exp))

@@ -16,13 +16,13 @@ from typing import Callable
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord
 
-from ftis_flwr import protocol
+from ftis_flwr.wire import protocol
 
 Forgery = Callable[[ArrayRecord, ConfigRecord], "tuple[ArrayRecord, ConfigRecord]"]
 
 
 def _wire():
-    from ftis_flwr.config import WireConfig
+    from ftis_flwr.config.schema import WireConfig
 
     return WireConfig()
 
@@ -30,8 +30,8 @@ def _wire():
 def container(edit: Callable) -> Forgery:
     """Unpack the compact container without checks, ``edit(fields)`` in place, pack it again."""
     def forge(arrays, meta):
-        from ftis_flwr import wire_compact as wc
-        from ftis_flwr.rollouts import WIRE_KEY, _compact_bytes
+        from ftis_flwr.wire import compact as wc
+        from ftis_flwr.wire.rollouts import WIRE_KEY, _compact_bytes
 
         blob = _compact_bytes(arrays, meta, _wire())
         h = wc.read_header(blob)
@@ -65,8 +65,8 @@ def strings(key: str, make: Callable) -> Callable:
 
 def fingerprint(arrays: ArrayRecord, meta: ConfigRecord) -> str:
     """The tokenizer fingerprint the sender wrote."""
-    from ftis_flwr import wire_compact as wc
-    from ftis_flwr.rollouts import _compact_bytes
+    from ftis_flwr.wire import compact as wc
+    from ftis_flwr.wire.rollouts import _compact_bytes
 
     return wc.unpack(_compact_bytes(arrays, meta, _wire()), _wire()).strings["tokenizer_fp"][0]
 
@@ -74,7 +74,7 @@ def fingerprint(arrays: ArrayRecord, meta: ConfigRecord) -> str:
 def regroup(edit: Callable, vocab_size: int) -> Forgery:
     """Decode the sender's groups (with the default caps), ``edit(groups)``, encode them again."""
     def forge(arrays, meta):
-        from ftis_flwr.rollouts import decode_groups, encode_groups
+        from ftis_flwr.wire.rollouts import decode_groups, encode_groups
 
         groups = decode_groups(arrays, meta, expected_fp=fingerprint(arrays, meta), vocab_size=vocab_size,
                                wire=_wire())

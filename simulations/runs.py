@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def card_order(preset: str, overrides: Mapping[str, Any]) -> list[str]:
     """The node names of an experiment, in card order."""
-    from ftis_flwr.config import load_experiment
+    from ftis_flwr.config.merge import load_experiment
 
     return [c.name for c in load_experiment(preset, dict(overrides), import_registries=False).nodes]
 
@@ -51,7 +51,8 @@ def simulate(preset: str, overrides: Mapping[str, Any], *, experiment: Any = Non
     sys.path.insert(0, str(REPO))
     if client_app is None:
         from clients.client_app import app as client_app
-    from ftis_flwr.config import default_cache_dir, load_experiment
+    from ftis_flwr.config.merge import load_experiment
+    from ftis_flwr.config.schema import default_cache_dir
     from server_app.server_app import run, run_name
 
     exp = experiment if experiment is not None else load_experiment(preset, dict(overrides))
@@ -63,7 +64,7 @@ def simulate(preset: str, overrides: Mapping[str, Any], *, experiment: Any = Non
     def main(grid, context):
         result["run_dir"] = str(run(grid, exp, name=name))
 
-    from ftis_flwr.worker import kill_workers_of_run
+    from ftis_flwr.node.worker import kill_workers_of_run
 
     try:
         run_simulation(server, client_app, num_supernodes=len(exp.nodes),
@@ -84,7 +85,7 @@ def summarize(run_dir: str | Path, order: list[str] | None = None) -> dict[str, 
     received samples and the truncated token share (what the sweep's tables and figures show).
     Nodes come in ``order`` (the experiment's card order), the rest after them: the metrics
     rows list nodes in reply order, which changes from run to run."""
-    from ftis_flwr.reporting import load_metrics
+    from ftis_flwr.server.reporting import load_metrics
 
     rounds = load_metrics(run_dir)
     if not rounds:

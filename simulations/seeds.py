@@ -19,9 +19,8 @@ import sys
 from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
+from ftis_flwr.config.merge import ConfigError, parse_overrides  # noqa: E402
 from runs import run_missing, seed_list  # noqa: E402
-
-from ftis_flwr.config_merge import ConfigError, parse_overrides  # noqa: E402
 
 
 def run_one(preset: str, seed: int, sets: dict[str, str], out: Path) -> None:

@@ -25,8 +25,9 @@ import time
 from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
-from runs import REPO, run_child  # noqa: E402
 from sweep_grid import Grid, GridError, Point, load_grid  # noqa: E402
+
+from runs import REPO, run_child  # noqa: E402
 
 WARMSTART_ESTIMATE_S = {"small": 240, "large": 600}
 """Rough seconds to warm-start one tiny model on 2 shared cores (FACTS: 1-6 min, x2 margin)."""
@@ -46,7 +47,7 @@ def _fmt_s(s: float) -> str:
 def models(grid: Grid) -> list[tuple[str, str, str]]:
     """(setup, card, state) of every model the grid needs: state says shipped / cached / to build
     (tiny) or where it comes from; nothing is built or downloaded."""
-    from ftis_flwr.config import load_experiment
+    from ftis_flwr.config.merge import load_experiment
     from ftis_flwr.tasks import make_task
 
     out = []
@@ -54,7 +55,7 @@ def models(grid: Grid) -> list[tuple[str, str, str]]:
         exp = load_experiment(s["preset"], s["overrides"], import_registries=False)
         for card in exp.nodes:
             if card.source == "tiny":
-                from ftis_flwr.tiny import MARKER, find_shipped, warmstart_dir
+                from ftis_flwr.node.tiny import MARKER, find_shipped, warmstart_dir
 
                 d = warmstart_dir(card, make_task(exp.task), Path(exp.cache_dir) if exp.cache_dir else None)
                 state = ("cached" if (d / MARKER).is_file() else "shipped" if find_shipped(d.name)
@@ -68,9 +69,9 @@ def models(grid: Grid) -> list[tuple[str, str, str]]:
 
 def warm_all(grid: Grid) -> None:
     """Warm-start every tiny model of the grid once, before the runs (each run then finds it)."""
-    from ftis_flwr.config import load_experiment
+    from ftis_flwr.config.merge import load_experiment
+    from ftis_flwr.node.tiny import warm_start
     from ftis_flwr.tasks import make_task
-    from ftis_flwr.tiny import warm_start
 
     done: set[str] = set()
     used = {p.setup for p in grid.points}
@@ -198,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     failed = [] if a.report_only else sweep(grid_path, grid, out, grid.nice if a.nice is None else a.nice,
                                          max(0, a.retries))
-    from sweep_report import markdown, load_results, write_all
+    from sweep_report import load_results, markdown, write_all
 
     # the tables cover every result in the folder: several grids may share it (sweeps/extra-*.yaml)
     title = f"sweep {grid.name}" if out.name == f"sweep-{grid.name}" else f"{out.name} (last grid: {grid.name})"

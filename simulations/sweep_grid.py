@@ -87,7 +87,7 @@ def _g(entry: Any, i: int) -> tuple[str, dict[str, Any] | None]:
 
 
 def _methods() -> tuple[str, ...]:
-    from ftis_flwr.loss import LOSS_REGISTRY
+    from ftis_flwr.maths.loss import LOSS_REGISTRY
 
     return tuple(LOSS_REGISTRY)
 
@@ -152,7 +152,7 @@ def load_grid(path: str | Path, *, check_configs: bool = True) -> Grid:
             merged["rounds.num_rounds"] = rounds
         n_nodes, n_rounds = None, rounds
         if check_configs:
-            from ftis_flwr.config import load_experiment
+            from ftis_flwr.config.merge import load_experiment
 
             try:
                 exp = load_experiment(s["preset"], merged, import_registries=False)

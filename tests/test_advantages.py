@@ -6,9 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from ftis_flwr.advantages import (filter_mask, frac_zero_std_groups, g_for_round,
-                                  group_advantages, pooled_advantages)
-from ftis_flwr.config import GSchedule
+from ftis_flwr.config.schema import GSchedule
+from ftis_flwr.maths.advantages import (
+    filter_mask,
+    frac_zero_std_groups,
+    g_for_round,
+    group_advantages,
+    pooled_advantages,
+)
 
 
 def test_group_scaling_hand_example_numpy():

@@ -1,4 +1,4 @@
-"""The cross-tokenizer aligner (ftis_flwr.align) on synthetic spans and on real fast tokenizers:
+"""The cross-tokenizer aligner (ftis_flwr.xtok.align) on synthetic spans and on real fast tokenizers:
 the character-level one of the tiny models, a byte-level BPE and a SentencePiece-style (Metaspace)
 unigram model, both trained here on arithmetic-like text with the ``tokenizers`` library."""
 
@@ -9,9 +9,9 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from ftis_flwr.align import AlignError, align, encode_with_spans, receiver_cuts
-from ftis_flwr.tiny import build_char_tokenizer
-from ftis_flwr.token_bytes import TokenBytesError, token_bytes
+from ftis_flwr.node.tiny import build_char_tokenizer
+from ftis_flwr.xtok.align import AlignError, align, encode_with_spans, receiver_cuts
+from ftis_flwr.xtok.token_bytes import TokenBytesError, token_bytes
 
 CORPUS = ["12 + 34 = 46", "100 - 7 = 93", "héllo wörld 中文 🙂", "  spaces   and\ttabs\n\nnew lines",
           "<think> 3 + 4 is 7 </think> <answer> 7 </answer>"] * 50

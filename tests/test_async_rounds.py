@@ -12,15 +12,27 @@ import json
 import numpy as np
 import pytest
 from conftest import simulate
-from test_strategy import (FP, VOCAB, FakeGrid, experiment, foreign, groups_for, honest, indices,  # noqa: F401
-                           labels, run, task_identity)
+from test_strategy import (  # noqa: F401
+    FP,
+    VOCAB,
+    FakeGrid,
+    experiment,
+    foreign,
+    groups_for,
+    honest,
+    indices,
+    labels,
+    run,
+    task_identity,
+)
 
-from ftis_flwr import protocol
-from ftis_flwr.async_rounds import Store, join
-from ftis_flwr.config import ConfigError, WireConfig, load_experiment
-from ftis_flwr.reporting import load_metrics
-from ftis_flwr.rollouts import decode_groups, encode_groups
-from ftis_flwr.wire_select import Cuttable, WireSelectError, merge
+from ftis_flwr.config.merge import load_experiment
+from ftis_flwr.config.schema import ConfigError, WireConfig
+from ftis_flwr.server.async_rounds import Store, join
+from ftis_flwr.server.reporting import load_metrics
+from ftis_flwr.wire import protocol
+from ftis_flwr.wire.rollouts import decode_groups, encode_groups
+from ftis_flwr.wire.selection import Cuttable, WireSelectError, merge
 
 ASYNC = """
 rounds: {num_rounds: 4, prompts_per_node: 3, eval_every: 0, round_timeout: 5, startup_timeout: 5}
@@ -189,9 +201,8 @@ def test_a_stopped_async_server_resumes_where_each_node_was(tmp_path):
     saved; resumed from the run folder, every node continues after its last logged round (b's
     round in flight at step 5's save is sent again, with the groups its lost message carried),
     each step is logged once, and no prompt is drawn twice."""
+    from ftis_flwr.server.state import load_server_state
     from server_app.server_app import run as server_run
-
-    from ftis_flwr.server_state import load_server_state
 
     exp = experiment(ASYNC, run_dir=str(tmp_path), **{"exchange.max_staleness": 20})
 
@@ -340,9 +351,8 @@ def test_a_run_resumes_without_a_card_whose_supernode_is_away_and_takes_it_back(
     """The ServerApp dies; when it resumes, b's SuperNode is away (restarting). The run goes on
     with a alone, and b joins under its new node id as soon as it is back, continuing after its
     last logged round: nothing refuses the resumed run, and every step is logged once."""
+    from ftis_flwr.server.state import load_server_state
     from server_app.server_app import run as server_run
-
-    from ftis_flwr.server_state import load_server_state
 
     exp = experiment(ASYNC, run_dir=str(tmp_path), **{"exchange.schedule": schedule, "rounds.num_rounds": 6})
 

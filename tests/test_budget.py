@@ -7,18 +7,31 @@ real tiny Node checks that a cut payload passes every receiver check.
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord
-from test_strategy import (FP, VOCAB, FakeGrid, experiment, finish_reply, foreign, groups_for,  # noqa: F401
-                           honest, indices, real_nodes, run, task_identity, tiny_nodes, train_reply)
+from test_strategy import (  # noqa: F401
+    FP,
+    VOCAB,
+    FakeGrid,
+    experiment,
+    finish_reply,
+    foreign,
+    groups_for,
+    honest,
+    indices,
+    real_nodes,
+    run,
+    task_identity,
+    tiny_nodes,
+    train_reply,
+)
 
-from ftis_flwr import protocol
-from ftis_flwr.budget import ForeignBudget, add_idle, compute_seconds
-from ftis_flwr.config import ConfigError, ExchangeConfig
-from ftis_flwr.rollouts import decode_groups, encode_groups, payload_bytes
-from ftis_flwr.wire_select import WireSelectError, group_rewards, subset_payload
+from ftis_flwr.config.schema import ConfigError, ExchangeConfig
+from ftis_flwr.server.budget import ForeignBudget, add_idle, compute_seconds
+from ftis_flwr.wire import protocol
+from ftis_flwr.wire.rollouts import decode_groups, encode_groups, payload_bytes
+from ftis_flwr.wire.selection import WireSelectError, group_rewards, subset_payload
 
 THREE = {1: "a", 2: "b", 3: "c"}
 YAML3 = """
@@ -47,7 +60,7 @@ def varied_groups(name: str, idx: list[int], size: int) -> list:
 def ids_of(msg, src) -> list[int]:
     """The train indices of the groups actually carried for ``src`` (hand-built ids are
     train:<i>), decoded as a receiver would (any wire format)."""
-    from ftis_flwr.config import WireConfig
+    from ftis_flwr.config.schema import WireConfig
 
     arrays_key, meta_key = protocol.foreign_keys(src)
     groups = decode_groups(msg.content[arrays_key], msg.content[meta_key], expected_fp=FP,
@@ -65,7 +78,7 @@ def forwarded(msg) -> dict[str, list[int]]:
 @pytest.mark.parametrize("fmt", ["arrays", "compact"])
 @pytest.mark.parametrize("lp", ["fp32", "fp16", "bf16"])
 def test_a_cut_payload_decodes_to_exactly_the_kept_groups(lp, fmt):
-    from ftis_flwr.config import WireConfig
+    from ftis_flwr.config.schema import WireConfig
 
     groups = varied_groups("b", [0, 1, 2, 3, 4], 4)
     arrays, meta = encode_groups(groups, logprob_dtype=lp, vocab_size=VOCAB, format=fmt,
@@ -88,7 +101,7 @@ def test_a_cut_payload_decodes_to_exactly_the_kept_groups(lp, fmt):
 
 @pytest.mark.parametrize("fmt", ["arrays", "compact"])
 def test_group_rewards_are_the_claimed_ones_per_group(fmt):
-    from ftis_flwr.wire_select import group_count
+    from ftis_flwr.wire.selection import group_count
 
     groups = varied_groups("b", [0, 1, 2], 4)
     arrays, meta = encode_groups(groups, vocab_size=VOCAB, format=fmt)
@@ -297,9 +310,9 @@ def _float_offsets(msg, name):
 
 def _inflated_group_sizes(msg, name):
     """A compact reply whose group sizes add up to more completions than it carries."""
-    from ftis_flwr import wire_compact as wc
-    from ftis_flwr.config import WireConfig
-    from ftis_flwr.rollouts import WIRE_KEY, _compact_bytes
+    from ftis_flwr.config.schema import WireConfig
+    from ftis_flwr.wire import compact as wc
+    from ftis_flwr.wire.rollouts import WIRE_KEY, _compact_bytes
 
     if msg.metadata.message_type != "train":
         return finish_reply(msg, name)
@@ -318,7 +331,7 @@ def _inflated_group_sizes(msg, name):
 def test_a_reply_the_cutter_cannot_use_costs_its_sender_the_round_not_the_run(forge, fmt, select):
     """The two replies that stopped the federation with a budget on (TypeError / IndexError in
     the next round's configure step) are now rejected when they arrive."""
-    import ftis_flwr.rollouts as rollouts
+    import ftis_flwr.wire.rollouts as rollouts
 
     grid = FakeGrid(honest(names=THREE, special={3: forge}), node_ids=(1, 2, 3))
     original = rollouts.encode_groups
@@ -344,7 +357,7 @@ def test_a_reply_the_cutter_cannot_use_costs_its_sender_the_round_not_the_run(fo
 
 
 def test_any_error_building_one_nodes_message_fails_that_node_alone(monkeypatch):
-    from ftis_flwr.budget import ForeignBudget
+    from ftis_flwr.server.budget import ForeignBudget
 
     real = ForeignBudget.select
 

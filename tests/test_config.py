@@ -2,8 +2,8 @@
 
 import pytest
 
-from ftis_flwr.config import (ConfigError, ExperimentConfig, flat_to_nested, from_dict, load_experiment,
-                              resolve_preset, to_dict)
+from ftis_flwr.config.merge import flat_to_nested, from_dict, load_experiment, resolve_preset
+from ftis_flwr.config.schema import ConfigError, ExperimentConfig, to_dict
 
 
 def test_defaults_are_the_papers():
@@ -110,7 +110,7 @@ def test_run_config_reaches_every_section_through_flower_and_the_real_merge():
 
 
 def test_flower_accepts_every_generated_key_and_rejects_undeclared_ones():
-    from ftis_flwr.config_keys import run_config_keys
+    from ftis_flwr.config.keys import run_config_keys
 
     keys = run_config_keys()
     assert {"loss.method", "train.micro-batch-size", "wire.max-groups", "run-dir"} <= set(keys)
@@ -149,7 +149,10 @@ def test_every_error_is_listed_at_once_without_a_traceback_chain():
 
 
 def test_choices_come_from_the_owning_registries():
-    from ftis_flwr import advantages, engines, loss, rollouts, tasks
+    from ftis_flwr import tasks
+    from ftis_flwr.maths import advantages, loss
+    from ftis_flwr.node import engines
+    from ftis_flwr.wire import rollouts
 
     with pytest.raises(ConfigError) as err:
         load_experiment(overrides={"loss.filter_rule": "xor", "task.name": "nope", "nodes.0.engine": "x",
@@ -162,7 +165,7 @@ def test_choices_come_from_the_owning_registries():
 
 @pytest.fixture
 def registered_loss():
-    from ftis_flwr.loss import LOSS_REGISTRY, register_loss
+    from ftis_flwr.maths.loss import LOSS_REGISTRY, register_loss
 
     before = dict(LOSS_REGISTRY)
 
@@ -183,7 +186,7 @@ def test_user_registered_loss_is_selectable_from_a_preset_yaml(tmp_path, registe
 
 
 LOSS_MODULE = '''
-from ftis_flwr.loss import register_loss
+from ftis_flwr.maths.loss import register_loss
 
 
 def my_loss(terms, cfg):
@@ -198,7 +201,7 @@ def _registered(terms, cfg):
 
 @pytest.fixture
 def loss_module(tmp_path, monkeypatch):
-    from ftis_flwr.loss import LOSS_REGISTRY
+    from ftis_flwr.maths.loss import LOSS_REGISTRY
 
     name = f"user_losses_{tmp_path.name.replace('-', '_')}"
     (tmp_path / f"{name}.py").write_text(LOSS_MODULE)
@@ -212,8 +215,8 @@ def loss_module(tmp_path, monkeypatch):
 def test_import_path_loss_is_imported_and_registered_on_first_use(loss_module):
     import torch
 
-    from ftis_flwr.config import LossConfig
-    from ftis_flwr.loss import LOSS_REGISTRY, LossInputs, compute_loss, is_filtered
+    from ftis_flwr.config.schema import LossConfig
+    from ftis_flwr.maths.loss import LOSS_REGISTRY, LossInputs, compute_loss, is_filtered
 
     for method in (f"{loss_module}:my_loss", f"f-{loss_module}:my_loss", f"{loss_module}:by-name-in-module"):
         cfg = load_experiment(overrides={"loss.method": method})
@@ -245,11 +248,11 @@ def test_node_worker_imports_an_import_path_loss_when_it_builds_the_experiment(l
     (tmp_path / "spec.json").write_text(json.dumps({"experiment": to_dict(cfg), "card": to_dict(cfg.nodes[0]),
                                                     "cache_dir": str(tmp_path)}))
     script = f"""
-import ftis_flwr.node, ftis_flwr.worker as w
+import ftis_flwr.node.node, ftis_flwr.node.worker as w
 from pathlib import Path
-ftis_flwr.node.Node = lambda card, experiment, cache_dir: experiment  # no model: just the experiment
+ftis_flwr.node.node.Node = lambda card, experiment, cache_dir: experiment  # no model: just the experiment
 experiment = w._Server(Path({str(tmp_path)!r}))._load()
-from ftis_flwr.loss import get_loss_fn
+from ftis_flwr.maths.loss import get_loss_fn
 print("OK", get_loss_fn(experiment.loss.method).__name__)
 """
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO)]))
@@ -262,7 +265,8 @@ def test_from_dict_stays_cheap_for_the_per_message_client_app():
     import subprocess
     import sys
 
-    script = ("import sys; from ftis_flwr.config import from_dict, load_experiment, to_dict, ExperimentConfig;"
+    script = ("import sys; from ftis_flwr.config.merge import from_dict, load_experiment;"
+              "from ftis_flwr.config.schema import to_dict, ExperimentConfig;"
               "from_dict(to_dict(ExperimentConfig())); print(sorted(m for m in ('torch', 'transformers') "
               "if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
@@ -270,7 +274,7 @@ def test_from_dict_stays_cheap_for_the_per_message_client_app():
 
 
 def test_run_config_file_and_overrides_and_missing_file(tmp_path):
-    from ftis_flwr.config import load_run_config
+    from ftis_flwr.config.merge import load_run_config
 
     text = tmp_path / "exp.yaml"
     text.write_text("rounds: {num_rounds: 4}\nnodes:\n  - {name: x}\n  - {name: y, seed: 5}\n")
@@ -324,7 +328,7 @@ def _check_short_message(capsys, err, flwr_log):
 
 
 def test_worker_idle_timeout_must_outlast_a_round():
-    from ftis_flwr.config import ConfigError
+    from ftis_flwr.config.schema import ConfigError
 
     assert load_experiment("cpu-pair").idle_timeout() == 3 * 600.0
     with pytest.raises(ConfigError, match="at least twice rounds.round_timeout"):

@@ -1,8 +1,8 @@
-"""pyproject.toml's [tool.flwr.app.config] block is generated from ftis_flwr/config.py: they must agree."""
+"""pyproject.toml's [tool.flwr.app.config] block is generated from ftis_flwr/config/schema.py: they must agree."""
 
 from pathlib import Path
 
-from ftis_flwr.config_keys import PYPROJECT, current_block, main, render_block, replace_block
+from ftis_flwr.config.keys import PYPROJECT, current_block, main, render_block, replace_block
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -10,8 +10,8 @@ REPO = Path(__file__).resolve().parent.parent
 def test_pyproject_block_agrees_with_the_dataclasses():
     assert PYPROJECT == REPO / "pyproject.toml"
     assert current_block(PYPROJECT.read_text()) == render_block(), (
-        "[tool.flwr.app.config] in pyproject.toml disagrees with ftis_flwr/config.py: "
-        "run `python -m ftis_flwr.config_keys --write`")
+        "[tool.flwr.app.config] in pyproject.toml disagrees with ftis_flwr/config/schema.py: "
+        "run `python -m ftis_flwr.config.keys --write`")
 
 
 def test_write_rewrites_only_the_block(tmp_path):
@@ -34,8 +34,8 @@ def test_write_rewrites_only_the_block(tmp_path):
 def test_every_scalar_field_has_a_key():
     import dataclasses
 
-    from ftis_flwr.config import ExperimentConfig
-    from ftis_flwr.config_keys import run_config_keys
+    from ftis_flwr.config.keys import run_config_keys
+    from ftis_flwr.config.schema import ExperimentConfig
 
     keys = set(run_config_keys().values())
     for section in dataclasses.fields(ExperimentConfig):

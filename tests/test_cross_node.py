@@ -10,11 +10,11 @@ import pytest
 import torch
 from test_node import YAML  # the same two tiny nodes
 
-from ftis_flwr.config import load_experiment
-from ftis_flwr.node import Node, Received, StepRequest
-from ftis_flwr.rollouts import decode_groups, encode_groups
-from ftis_flwr.roster import FederationError
-from ftis_flwr.strategy import FTISStrategy
+from ftis_flwr.config.merge import load_experiment
+from ftis_flwr.node.node import Node, Received, StepRequest
+from ftis_flwr.server.roster import FederationError
+from ftis_flwr.server.strategy import FTISStrategy
+from ftis_flwr.wire.rollouts import decode_groups, encode_groups
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +128,7 @@ def test_off_names_both_cards_and_their_tokenizers():
 def test_a_card_whose_tokenizer_cannot_be_aligned_stops_a_mixed_run_before_round_one():
     from transformers import ByT5Tokenizer  # a real Python-backend tokenizer: no offsets
 
-    from ftis_flwr.align import alignment_fault
+    from ftis_flwr.xtok.align import alignment_fault
 
     assert "ByT5Tokenizer is not a fast tokenizer" in alignment_fault(ByT5Tokenizer())
     s = FTISStrategy(load_experiment(yaml_text=YAML))

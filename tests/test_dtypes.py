@@ -1,13 +1,14 @@
 """``dtype: auto`` / ``compute_dtype: auto`` (#24): bfloat16 only where the device computes it natively.
 
-The hardware probe is the one seam: ``ftis_flwr.dtypes.cpu_has_native_bf16`` is set to each answer
+The hardware probe is the one seam: ``ftis_flwr.config.dtypes.cpu_has_native_bf16`` is set to each answer
 in turn, because no one machine has both kinds of CPU."""
 
 import pytest
 
-from ftis_flwr import dtypes
-from ftis_flwr.config import ModelCard, load_experiment
-from ftis_flwr.plan import estimate
+from ftis_flwr.config import dtypes
+from ftis_flwr.config.merge import load_experiment
+from ftis_flwr.config.plan import estimate
+from ftis_flwr.config.schema import ModelCard
 
 
 @pytest.mark.parametrize("native,weights,compute", [(True, "bfloat16", "bfloat16"), (False, "float32", "")])

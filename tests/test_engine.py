@@ -12,9 +12,9 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from ftis_flwr.engines import HFEngine, Sample, make_engine
-from ftis_flwr.engines.hf import NEUTRAL_GENERATION_KWARGS, _WarpAndRecord
-from ftis_flwr.logprobs import completion_logprobs, pack_batch
+from ftis_flwr.node.engines import HFEngine, Sample, make_engine
+from ftis_flwr.node.engines.hf import NEUTRAL_GENERATION_KWARGS, _WarpAndRecord
+from ftis_flwr.node.logprobs import completion_logprobs, pack_batch
 
 VOCAB = 40
 PAD, EOS = 0, 1

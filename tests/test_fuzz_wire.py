@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from ftis_flwr import protocol
-from ftis_flwr.budget import ForeignBudget
-from ftis_flwr.config import ExchangeConfig, WireConfig
-from ftis_flwr.groups import Group, PayloadError
-from ftis_flwr.replies import BadReply, read_train_reply
-from ftis_flwr.rollouts import (
+from ftis_flwr.config.schema import ExchangeConfig, WireConfig
+from ftis_flwr.server.budget import ForeignBudget
+from ftis_flwr.server.replies import BadReply, read_train_reply
+from ftis_flwr.wire import protocol
+from ftis_flwr.wire.groups import Group, PayloadError
+from ftis_flwr.wire.rollouts import (
     completion_tokens,
     decode_groups,
     encode_groups,
@@ -28,7 +28,7 @@ from ftis_flwr.rollouts import (
     payload_size,
     read_payload,
 )
-from ftis_flwr.wire_select import Cuttable, WireSelectError, group_count
+from ftis_flwr.wire.selection import Cuttable, WireSelectError, group_count
 
 VOCAB, FP = 300, "0123456789abcdef"
 WIRE = WireConfig(max_completions_per_group=8, max_tokens_per_completion=12, max_groups=16,

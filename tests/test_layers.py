@@ -15,11 +15,11 @@ assert not leaked, leaked[:5]
 
 
 @pytest.mark.parametrize("modules,banned", [
-    ("ftis_flwr.node, ftis_flwr.loss, ftis_flwr.advantages, ftis_flwr.groups, ftis_flwr.node_state, "
-     "ftis_flwr.align, ftis_flwr.loss_chunks, ftis_flwr.token_bytes, ftis_flwr.aligned, ftis_flwr.intake, "
-     "ftis_flwr.tiny_bpe",
+    ("ftis_flwr.node.node, ftis_flwr.maths.loss, ftis_flwr.maths.advantages, ftis_flwr.wire.groups, ftis_flwr.node.state, "
+     "ftis_flwr.xtok.align, ftis_flwr.maths.loss_chunks, ftis_flwr.xtok.token_bytes, ftis_flwr.xtok.translate, ftis_flwr.node.intake, "
+     "ftis_flwr.node.tiny_bpe",
      ("flwr",)),
-    ("server_app.server_app, ftis_flwr.strategy", ("clients",)),
+    ("server_app.server_app, ftis_flwr.server.strategy", ("clients",)),
 ])
 def test_imports_stay_in_their_layer(modules, banned):
     out = subprocess.run([sys.executable, "-c", CHECK.format(modules=modules, banned=banned)],

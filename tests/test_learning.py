@@ -14,8 +14,8 @@ per node over 12 models, which is why this test used to flip between machines.
 import pytest
 from conftest import simulate
 
-from ftis_flwr.config import load_experiment
-from ftis_flwr.reporting import load_metrics
+from ftis_flwr.config.merge import load_experiment
+from ftis_flwr.server.reporting import load_metrics
 
 pytestmark = pytest.mark.slow
 

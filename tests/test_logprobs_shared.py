@@ -9,9 +9,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from ftis_flwr.logprobs import completion_logprobs, pack_batch
-from ftis_flwr.logprobs_shared import shared_prompt_logprobs
-from ftis_flwr.tiny import tiny_config
+from ftis_flwr.node.logprobs import completion_logprobs, pack_batch
+from ftis_flwr.node.logprobs_shared import shared_prompt_logprobs
+from ftis_flwr.node.tiny import tiny_config
 
 
 def _model(lora: bool):
@@ -69,7 +69,7 @@ def test_a_model_whose_cache_cannot_be_shared_is_named_with_the_setting_to_chang
     stood in for by making the real DynamicCache's selection refuse, for this test."""
     from transformers import DynamicCache
 
-    from ftis_flwr.logprobs_shared import SharedPromptError
+    from ftis_flwr.node.logprobs_shared import SharedPromptError
 
     def no_selection(self, indices):
         raise NotImplementedError("no per-sample selection")

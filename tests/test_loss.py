@@ -7,10 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from ftis_flwr.advantages import filter_mask, group_advantages
-from ftis_flwr.config import LossConfig
-from ftis_flwr.loss import (LOSS_REGISTRY, LossInputs, compute_loss, get_loss_fn,
-                            register_loss)
+from ftis_flwr.config.schema import LossConfig
+from ftis_flwr.maths.advantages import filter_mask, group_advantages
+from ftis_flwr.maths.loss import LOSS_REGISTRY, LossInputs, compute_loss, get_loss_fn, register_loss
 
 METHODS = ["nois", "vis", "tis", "f-nois", "f-vis", "f-tis"]
 D = torch.float64
@@ -550,7 +549,7 @@ def test_old_logprobs_validation():
 def test_metrics_from_micro_batch_stats_equal_the_whole_batch(method):
     """A Node computes the metrics once from its micro-batches' stats (each trimmed to its own
     width): the same numbers as one compute_loss over the whole batch."""
-    from ftis_flwr.loss_metrics import LossStats, loss_metrics
+    from ftis_flwr.maths.loss_metrics import LossStats, loss_metrics
 
     lp, gen, mask, adv, foreign = _filter_batch(T=5)
     mask[2:4, 3:] = False  # rows 2-3 are shorter: their micro-batch is narrower

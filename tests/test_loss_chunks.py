@@ -13,8 +13,8 @@ import math
 import pytest
 import torch
 
-from ftis_flwr.config import LossConfig
-from ftis_flwr.loss import LossInputs, compute_loss
+from ftis_flwr.config.schema import LossConfig
+from ftis_flwr.maths.loss import LossInputs, compute_loss
 
 METHODS = ("nois", "tis", "vis", "f-nois", "f-tis", "f-vis")
 

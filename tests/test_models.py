@@ -11,11 +11,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-from ftis_flwr import tiny as models
-from ftis_flwr.config import LoraConfig, ModelCard
-from ftis_flwr.models import load_policy, load_tokenizer, save_policy
-from ftis_flwr.tiny import (CHARS, SPECIAL_TOKENS, build_char_tokenizer, tiny_config, train_tiny,
-                            warm_start)
+from ftis_flwr.config.schema import LoraConfig, ModelCard
+from ftis_flwr.node import tiny as models
+from ftis_flwr.node.models import load_policy, load_tokenizer, save_policy
+from ftis_flwr.node.tiny import CHARS, SPECIAL_TOKENS, build_char_tokenizer, tiny_config, train_tiny, warm_start
 from ftis_flwr.tasks import ArithmeticTask
 
 STEPS = 20
@@ -265,7 +264,7 @@ def test_load_policy_errors(task, tmp_path):
 # ------------------------------------------------------------------------------ shipped models
 
 def _preset_cards(name="cpu-pair"):
-    from ftis_flwr.config import load_experiment
+    from ftis_flwr.config.merge import load_experiment
 
     return load_experiment(name).nodes
 
@@ -313,7 +312,7 @@ def test_a_trained_warm_start_holds_bf16_values(task, cache):
 def test_stop_tokens_include_the_chat_templates_end_of_turn():
     from types import SimpleNamespace
 
-    from ftis_flwr.models import stop_token_ids
+    from ftis_flwr.node.models import stop_token_ids
 
     tok = build_char_tokenizer()
     tok.add_special_tokens({"additional_special_tokens": ["<|im_end|>", "<|endoftext|>"]})

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from ftis_flwr.advantages import g_for_round
-from ftis_flwr.config import load_experiment
-from ftis_flwr.loss import LossInputs, compute_loss
-from ftis_flwr.node import Node, Received, StepRequest
+from ftis_flwr.config.merge import load_experiment
+from ftis_flwr.maths.advantages import g_for_round
+from ftis_flwr.maths.loss import LossInputs, compute_loss
+from ftis_flwr.node.node import Node, Received, StepRequest
 
 YAML = """
 rounds: {num_rounds: 3, prompts_per_node: 4, eval_size: 8}
@@ -114,7 +114,7 @@ def test_alone_ignores_foreign_groups_and_says_so(cache):
 
 def _crafted(node, index, answers, name):
     """A group whose completions are the given answer strings (rewards follow from the text)."""
-    from ftis_flwr.groups import Group
+    from ftis_flwr.wire.groups import Group
 
     problem = node.task.train_problem(index)
     comps = [np.asarray(node.tokenizer(t, add_special_tokens=False)["input_ids"] + [node.tokenizer.eos_token_id])

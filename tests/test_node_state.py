@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from ftis_flwr.config import load_experiment
-from ftis_flwr.node import Node, Received, StepRequest
-from ftis_flwr.node_state import KEEP, StateError, load_state, save_state, saved_rounds
+from ftis_flwr.config.merge import load_experiment
+from ftis_flwr.node.node import Node, Received, StepRequest
+from ftis_flwr.node.state import KEEP, StateError, load_state, save_state, saved_rounds
 
 YAML = """
 rounds: {num_rounds: 4, prompts_per_node: 3, eval_size: 8}

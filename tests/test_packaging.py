@@ -25,5 +25,5 @@ def test_only_the_library_is_a_top_level_package(wheel):
 
 
 def test_presets_and_shipped_models_are_in_the_wheel(wheel):
-    assert "ftis_flwr/presets/cpu-pair.yaml" in wheel
+    assert "ftis_flwr/config/presets/cpu-pair.yaml" in wheel  # no force-include: they live in the package
     assert any(n.startswith("ftis_flwr/assets/tiny/") and n.endswith(".safetensors") for n in wheel)

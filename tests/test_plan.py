@@ -2,8 +2,8 @@
 
 import pytest
 
-from ftis_flwr.config import load_experiment
-from ftis_flwr.plan import GIB, KNOWN, estimate, main
+from ftis_flwr.config.merge import load_experiment
+from ftis_flwr.config.plan import GIB, KNOWN, estimate, main
 
 PAPER = ["paper-size-base", "paper-size-coder", "paper-expertise-1.5b", "paper-expertise-3b",
          "paper-peft-1.5b", "paper-peft-3b"]
@@ -35,7 +35,7 @@ def test_lora_needs_far_less_optimizer_memory():
 
 
 def test_a_card_larger_than_its_machine_is_named_before_it_builds(monkeypatch):
-    import ftis_flwr.plan as plan
+    import ftis_flwr.config.plan as plan
 
     assert plan.available_bytes("cpu") > 0  # this machine's /proc/meminfo
     exp = load_experiment("paper-size-base")

@@ -10,8 +10,8 @@ import pytest
 import torch
 from conftest import simulate
 
-from ftis_flwr.config import load_experiment
-from ftis_flwr.reporting import load_metrics
+from ftis_flwr.config.merge import load_experiment
+from ftis_flwr.server.reporting import load_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +26,7 @@ far more) and the mean carries the check. float32 agrees to 1e-5 (tests/test_voc
 
 
 def _smollm2_or_skip():
-    from ftis_flwr.sources import SMOLLM2_INSTALL, smollm2_gguf
+    from ftis_flwr.node.sources import SMOLLM2_INSTALL, smollm2_gguf
 
     try:
         return smollm2_gguf()
@@ -112,12 +112,12 @@ def test_smollm2_text_aligns_with_the_tiny_tokenizers(federation):
     tokens, and a truncated one gets no end-of-turn token."""
     import numpy as np
 
-    from ftis_flwr.align import align, encode_with_spans
-    from ftis_flwr.aligned import to_own_tokens
-    from ftis_flwr.groups import Group
-    from ftis_flwr.models import load_tokenizer
-    from ftis_flwr.tiny_bpe import build_tiny_tokenizer
-    from ftis_flwr.token_bytes import completion_text
+    from ftis_flwr.node.models import load_tokenizer
+    from ftis_flwr.node.tiny_bpe import build_tiny_tokenizer
+    from ftis_flwr.wire.groups import Group
+    from ftis_flwr.xtok.align import align, encode_with_spans
+    from ftis_flwr.xtok.token_bytes import completion_text
+    from ftis_flwr.xtok.translate import to_own_tokens
 
     _, root, _ = federation
     (folder,) = [p for p in (root / "cache" / "gguf").iterdir() if p.is_dir()]  # beside its lock file

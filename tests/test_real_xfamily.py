@@ -16,8 +16,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    from ftis_flwr import sources
-    from ftis_flwr.models import _load_base, load_tokenizer
+    from ftis_flwr.node import sources
+    from ftis_flwr.node.models import _load_base, load_tokenizer
 
     try:
         sources.smollm2_gguf()
@@ -33,8 +33,8 @@ def test_the_two_tokenizers_align_both_ways_on_real_texts(pair):
     """Every chunk covers the same bytes on both sides, either way round, over seeded random texts
     with multi-byte characters (Gemma's byte fallback), whitespace runs and digits; neither BOS
     enters a completion; both tokenizers pass the build-time probe."""
-    from ftis_flwr.align import align, alignment_fault, encode_with_spans
-    from ftis_flwr.token_bytes import completion_text
+    from ftis_flwr.xtok.align import align, alignment_fault, encode_with_spans
+    from ftis_flwr.xtok.token_bytes import completion_text
 
     _, gemma_tok, smol_tok = pair
     toks = {"gemma": gemma_tok, "smollm2": smol_tok}
@@ -61,7 +61,7 @@ def test_the_two_tokenizers_align_both_ways_on_real_texts(pair):
 
 
 def test_gemma_gets_its_bos_and_stops_at_a_line_break(pair):
-    from ftis_flwr.models import stop_token_ids
+    from ftis_flwr.node.models import stop_token_ids
     from ftis_flwr.tasks import BasicMathTask
 
     gemma, gemma_tok, smol_tok = pair
@@ -80,8 +80,8 @@ def test_shared_prompts_score_gemma_as_the_packed_path_does(pair):
     equal the packed path's in float32, to its rounding."""
     from peft import LoraConfig, get_peft_model
 
-    from ftis_flwr.logprobs import completion_logprobs, pack_batch
-    from ftis_flwr.logprobs_shared import shared_prompt_logprobs
+    from ftis_flwr.node.logprobs import completion_logprobs, pack_batch
+    from ftis_flwr.node.logprobs_shared import shared_prompt_logprobs
 
     gemma, tok, _ = pair
     model = get_peft_model(gemma, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))

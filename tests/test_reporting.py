@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from ftis_flwr.reporting import RunReporter, final_line, format_summary_table, load_events, load_metrics
+from ftis_flwr.server.reporting import RunReporter, final_line, format_summary_table, load_events, load_metrics
 
 NODES = ["a", "b", "c"]  # c never evaluates
 
@@ -156,7 +156,7 @@ def test_context_manager_closes_on_exception(tmp_path):
 def test_runs_without_tensorboard_and_warns_once(tmp_path, monkeypatch):
     import sys
 
-    import ftis_flwr.reporting as reporting
+    import ftis_flwr.server.reporting as reporting
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import now fails
     monkeypatch.setattr(reporting, "_TB_WARNED", False)
     with pytest.warns(UserWarning, match="TensorBoard unavailable"):
@@ -209,7 +209,7 @@ def test_the_summary_counts_every_failure_and_rejection_the_events_name(tmp_path
 
 
 def test_the_plot_shows_the_cross_tokenizer_share_only_where_text_path_samples_were_received(tmp_path):
-    from ftis_flwr.plots import _panels, _xtok_share, plot_run
+    from ftis_flwr.server.plots import _panels, _xtok_share, plot_run
 
     plain = [{"round": 1, "nodes": {"a": {"kl_mean_foreign": 3e5}}}]
     xtok = [{"round": 1, "nodes": {"a": {"b/xtok_tokens": 30.0, "b/xtok_multi_token_share": 0.5,

@@ -8,8 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from ftis_flwr import rewards
-from ftis_flwr.rewards import (
+from ftis_flwr.tasks import rewards
+from ftis_flwr.tasks.rewards import (
     SYSTEM_PROMPT,
     RewardJudgeError,
     arithmetic_reward,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
@@ -11,11 +13,9 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Split
 from transformers import PreTrainedTokenizerFast
 
-from ftis_flwr.config import WireConfig
-from ftis_flwr.groups import Group, PayloadError, groups_by_node, tokenizer_fingerprint
-import functools
-
-from ftis_flwr.rollouts import (
+from ftis_flwr.config.schema import WireConfig
+from ftis_flwr.wire.groups import Group, PayloadError, groups_by_node, tokenizer_fingerprint
+from ftis_flwr.wire.rollouts import (
     bytes_per_completion_token,
     decode_groups,
     encode_groups,
@@ -231,7 +231,8 @@ def test_token_cap_per_payload():
 
 
 def test_token_cap_is_checked_against_the_rollout_settings():
-    from ftis_flwr.config import ConfigError, load_experiment
+    from ftis_flwr.config.merge import load_experiment
+    from ftis_flwr.config.schema import ConfigError
 
     load_experiment("paper-size-base")  # the paper presets fit the default cap
     with pytest.raises(ConfigError, match=r"prompts_per_node x rollout.group_size x rollout.max_new_tokens"

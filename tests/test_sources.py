@@ -2,7 +2,7 @@
 
 import pytest
 
-from ftis_flwr import sources
+from ftis_flwr.node import sources
 
 
 def test_gguf_is_converted_once_per_content(tmp_path, monkeypatch):

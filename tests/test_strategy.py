@@ -17,12 +17,13 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 
 from clients.client_app import step_payload
-from ftis_flwr import protocol
-from ftis_flwr.config import ConfigError, load_experiment
-from ftis_flwr.groups import Group
-from ftis_flwr.rollouts import encode_groups
-from ftis_flwr.strategy import PROMPT_STRIDE, FederationError, FTISStrategy
-from ftis_flwr.worker import step_from_payloads
+from ftis_flwr.config.merge import load_experiment
+from ftis_flwr.config.schema import ConfigError
+from ftis_flwr.node.worker import step_from_payloads
+from ftis_flwr.server.strategy import PROMPT_STRIDE, FederationError, FTISStrategy
+from ftis_flwr.wire import protocol
+from ftis_flwr.wire.groups import Group
+from ftis_flwr.wire.rollouts import encode_groups
 
 VOCAB, FP = 50, "0123456789abcdef"
 NAMES = {1: "a", 2: "b"}
@@ -45,9 +46,9 @@ def task_identity(monkeypatch):
 @pytest.fixture
 def strategy_log(caplog):
     """The strategy's warnings, even when a ServerApp test stopped ``ftis_flwr`` propagating."""
-    logger = logging.getLogger("ftis_flwr.strategy")
+    logger = logging.getLogger("ftis_flwr.server.strategy")
     logger.addHandler(caplog.handler)
-    with caplog.at_level(logging.WARNING, logger="ftis_flwr.strategy"):
+    with caplog.at_level(logging.WARNING, logger="ftis_flwr.server.strategy"):
         yield caplog
     logger.removeHandler(caplog.handler)
 
@@ -126,8 +127,8 @@ def train_reply(msg: Message, name: str, groups=None, metrics=None, rejections=(
 
 def labels(msg: Message, src: str) -> list[str]:
     """The generator labels of the groups forwarded from ``src`` (decoded: any wire format)."""
-    from ftis_flwr.config import WireConfig
-    from ftis_flwr.rollouts import decode_groups
+    from ftis_flwr.config.schema import WireConfig
+    from ftis_flwr.wire.rollouts import decode_groups
 
     arrays_key, meta_key = protocol.foreign_keys(src)
     return [g.node for g in decode_groups(msg.content[arrays_key], msg.content[meta_key],
@@ -367,12 +368,12 @@ def test_what_a_node_says_before_it_builds_reaches_the_servers_log_at_the_start(
 
 
 def test_build_notes_name_a_slow_dtype_and_a_card_too_big_for_the_machine(monkeypatch):
-    """Said on the node's machine before it builds (ftis_flwr.plan.build_notes): the CPU's
+    """Said on the node's machine before it builds (ftis_flwr.config.plan.build_notes): the CPU's
     bfloat16 support and the free memory are read from the machine; both are pinned here."""
     import dataclasses
 
-    from ftis_flwr import dtypes, plan
-    from ftis_flwr.config import ModelCard
+    from ftis_flwr.config import dtypes, plan
+    from ftis_flwr.config.schema import ModelCard
 
     monkeypatch.setattr(dtypes, "cpu_has_native_bf16", lambda: False)
     monkeypatch.setattr(plan, "available_bytes", lambda device: 4 * plan.GIB)
@@ -554,7 +555,7 @@ nodes:
 
 @pytest.fixture(scope="module")
 def tiny_nodes(tmp_path_factory):
-    from ftis_flwr.node import Node
+    from ftis_flwr.node.node import Node
 
     cache = tmp_path_factory.mktemp("strategy-nodes")
     exp = load_experiment(yaml_text=NODE_YAML, overrides={"cache_dir": str(cache)})
@@ -723,8 +724,8 @@ def test_a_payload_stamped_with_the_receivers_own_name_is_rejected(tiny_nodes):
 def test_start_keeps_the_callers_config_and_refuses_what_it_cannot_use():
     from flwr.app import ArrayRecord, ConfigRecord
 
-    from ftis_flwr.config import load_experiment
-    from ftis_flwr.strategy import FTISStrategy
+    from ftis_flwr.config.merge import load_experiment
+    from ftis_flwr.server.strategy import FTISStrategy
 
     exp = load_experiment("cpu-pair")
     strategy = FTISStrategy(exp)
@@ -793,7 +794,7 @@ def test_every_round_message_promises_when_the_next_comes():
     """``next_within`` (#24): the round's wait (the first round's start-up deadline, then the round
     timeout) + a HELLO's + NEXT_MARGIN; a worker that hears nothing by then exits
     (tests/test_worker.py)."""
-    from ftis_flwr.strategy import NEXT_MARGIN, next_within
+    from ftis_flwr.server.strategy import NEXT_MARGIN, next_within
 
     grid = FakeGrid(honest())
     run(experiment(**{"rounds.startup_timeout": 0.5}), grid)

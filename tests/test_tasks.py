@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from ftis_flwr.config import TaskConfig
+from ftis_flwr.config.schema import TaskConfig
+from ftis_flwr.node.tiny import build_char_tokenizer
 from ftis_flwr.tasks import ArithmeticTask, MathTask, Problem, load_jsonl, make_task, op_of
 from ftis_flwr.tasks.gsm8k import chat_prompt
-from ftis_flwr.tiny import build_char_tokenizer
 
 SHARED = Path("/work/shared/data")
 
@@ -176,7 +176,7 @@ def test_math_task_from_local_files(tmp_path):
 
 
 def test_math_prompt_uses_chat_template_with_system_prompt():
-    from ftis_flwr.rewards import SYSTEM_PROMPT
+    from ftis_flwr.tasks.rewards import SYSTEM_PROMPT
 
     tok = build_char_tokenizer()
     plain = chat_prompt("what is 2+2?", tok)  # no template: plain-text fallback
@@ -226,8 +226,8 @@ def test_heldout_variant_holds_carried_additions_out_of_rl_and_keeps_warmstarts(
 
 
 def test_weighted_warmstart_mix_and_unchanged_plain_keys(arith):
-    from ftis_flwr.config import ModelCard
-    from ftis_flwr.tiny import warmstart_dir
+    from ftis_flwr.config.schema import ModelCard
+    from ftis_flwr.node.tiny import warmstart_dir
 
     plain = arith.warmstart_problems("+-")
     heavy_add = arith.warmstart_problems("+++-")
@@ -248,7 +248,7 @@ def test_basic_math_20_holds_out_256_disjoint_problems_and_keeps_basic_math_as_i
     a worked example; OOD operands above 20. basic-math itself draws the same splits as before."""
     import re
 
-    from ftis_flwr.config import TaskConfig
+    from ftis_flwr.config.schema import TaskConfig
     from ftis_flwr.tasks import make_task
     from ftis_flwr.tasks.basic_math import DEMOS
 
@@ -271,9 +271,9 @@ def test_a_plain_prompt_gets_the_tokenizers_bos_and_a_chat_template_prompt_does_
     special tokens itself, so nothing is added to its text."""
     from tokenizers.processors import TemplateProcessing
 
-    from ftis_flwr.config import TaskConfig
+    from ftis_flwr.config.schema import TaskConfig
+    from ftis_flwr.node.tiny_bpe import build_tiny_tokenizer
     from ftis_flwr.tasks import make_task
-    from ftis_flwr.tiny_bpe import build_tiny_tokenizer
 
     tok = build_tiny_tokenizer("char")
     bos = tok.convert_tokens_to_ids("<eos>")  # stands in for a BOS: any special token will do

@@ -1,4 +1,4 @@
-"""The tiny models' byte-level BPE and unigram (ftis_flwr/tiny_bpe.py): shipped assets, round trips, keys,
+"""The tiny models' byte-level BPE and unigram (ftis_flwr/node/tiny_bpe.py): shipped assets, round trips, keys,
 preset."""
 
 from __future__ import annotations
@@ -11,14 +11,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from ftis_flwr import tiny
-from ftis_flwr.align import encode_with_spans
-from ftis_flwr.config import ModelCard, load_experiment
-from ftis_flwr.groups import tokenizer_fingerprint
-from ftis_flwr.models import load_policy, load_tokenizer, save_policy
-from ftis_flwr.tasks import ArithmeticTask
-from ftis_flwr.tiny import build_char_tokenizer, find_shipped, warmstart_dir, warmstart_key
-from ftis_flwr.tiny_bpe import (
+from ftis_flwr.config.merge import load_experiment
+from ftis_flwr.config.schema import ModelCard
+from ftis_flwr.node import tiny
+from ftis_flwr.node.models import load_policy, load_tokenizer, save_policy
+from ftis_flwr.node.tiny import build_char_tokenizer, find_shipped, warmstart_dir, warmstart_key
+from ftis_flwr.node.tiny_bpe import (
     asset_id,
     asset_path,
     bpe_asset_id,
@@ -29,7 +27,10 @@ from ftis_flwr.tiny_bpe import (
     train_bpe_tokenizer,
     train_unigram_tokenizer,
 )
-from ftis_flwr.token_bytes import token_bytes
+from ftis_flwr.tasks import ArithmeticTask
+from ftis_flwr.wire.groups import tokenizer_fingerprint
+from ftis_flwr.xtok.align import encode_with_spans
+from ftis_flwr.xtok.token_bytes import token_bytes
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -61,7 +62,7 @@ def bpe_card(**kw) -> ModelCard:
 
 @pytest.mark.parametrize("kind,train", [("bpe", train_bpe_tokenizer), ("unigram", train_unigram_tokenizer)])
 def test_the_shipped_tokenizer_is_what_training_gives_now(kind, train):
-    """Deterministic training, and the asset is up to date (else: python -m ftis_flwr.tiny_bpe --ship)."""
+    """Deterministic training, and the asset is up to date (else: python -m ftis_flwr.node.tiny_bpe --ship)."""
     first = to_json(train())
     assert first == asset_path(kind).read_text(encoding="utf-8")
     assert to_json(train()) == first
@@ -132,7 +133,7 @@ def test_the_xtok_preset_reuses_the_small_model_and_ships_the_bpe_one(task):
     for card in exp.nodes:
         name = warmstart_dir(card, task).name
         shipped = find_shipped(name)
-        assert shipped is not None, f"{name} is not shipped: python -m ftis_flwr.tiny --ship --presets cpu-xtok"
+        assert shipped is not None, f"{name} is not shipped: python -m ftis_flwr.node.tiny --ship --presets cpu-xtok"
         assert shipped[1]["report"]["key"] == warmstart_key(card, task)
     assert "cpu-xtok" in tiny.SHIPPED_PRESETS
 

@@ -26,10 +26,10 @@ import torch
 
 vllm = pytest.importorskip("vllm")
 
-from ftis_flwr.engines import make_engine  # noqa: E402
-from ftis_flwr.engines.hf import _WarpAndRecord  # noqa: E402
-from ftis_flwr.engines.vllm import VLLMEngine  # noqa: E402
-from ftis_flwr.logprobs import pack_batch  # noqa: E402
+from ftis_flwr.node.engines import make_engine  # noqa: E402
+from ftis_flwr.node.engines.hf import _WarpAndRecord  # noqa: E402
+from ftis_flwr.node.engines.vllm import VLLMEngine  # noqa: E402
+from ftis_flwr.node.logprobs import pack_batch  # noqa: E402
 
 TOL = 1e-3
 """Max |engine - learner| per token, float32 both sides; measured on this CPU: 2e-5 to 6e-5."""
@@ -41,8 +41,8 @@ MESSAGES = ["What is 7 + 5?", "Name a colour of the sky.", "Write one short sent
 
 @pytest.fixture(scope="module")
 def smollm2_dir():
-    from ftis_flwr.config import default_cache_dir
-    from ftis_flwr.sources import SMOLLM2_INSTALL, gguf_folder, smollm2_gguf
+    from ftis_flwr.config.schema import default_cache_dir
+    from ftis_flwr.node.sources import SMOLLM2_INSTALL, gguf_folder, smollm2_gguf
 
     try:
         gguf = smollm2_gguf()
@@ -53,7 +53,7 @@ def smollm2_dir():
 
 @pytest.fixture(scope="module")
 def tokenizer(smollm2_dir):
-    from ftis_flwr.models import load_tokenizer
+    from ftis_flwr.node.models import load_tokenizer
 
     return load_tokenizer(smollm2_dir)
 
@@ -83,7 +83,7 @@ def load_model(folder, lora: bool = False):
 
 
 def build_engine(model, tokenizer) -> VLLMEngine:
-    from ftis_flwr.models import stop_token_ids
+    from ftis_flwr.node.models import stop_token_ids
 
     return VLLMEngine(model, tokenizer, vocab_size=len(tokenizer),
                       eos_token_ids=stop_token_ids(tokenizer, model), dtype="float32",
@@ -162,7 +162,7 @@ def test_bf16_engine_against_the_bf16_learner(smollm2_dir, tokenizer, prompts):
     serving bf16 (``dtype`` = the card's compute_dtype). π_gen is then only as exact as bf16
     rounding allows; the gap must stay within the bounds above."""
     model = load_model(smollm2_dir)
-    from ftis_flwr.models import stop_token_ids
+    from ftis_flwr.node.models import stop_token_ids
 
     engine = VLLMEngine(model, tokenizer, vocab_size=len(tokenizer),
                         eos_token_ids=stop_token_ids(tokenizer, model), dtype="bfloat16",
@@ -199,7 +199,7 @@ def test_seeded_sampling_is_reproducible_and_greedy_works(full_setup, prompts):
 
 def one_step(model, prompts, groups, pad_id, lr):
     """One Adam step that raises the log-prob of the sampled completions (a GRPO-like update)."""
-    from ftis_flwr.logprobs import completion_logprobs
+    from ftis_flwr.node.logprobs import completion_logprobs
 
     flat = [s for g in groups for s in g]
     batch = pack_batch([prompts[s.prompt_index] for s in flat], [s.tokens for s in flat], pad_id)
@@ -259,7 +259,7 @@ def test_lora_adapter_follows_one_optimiser_step(smollm2_dir, tokenizer, prompts
 
 
 def test_make_engine_builds_vllm_from_a_card(smollm2_dir, tokenizer):
-    from ftis_flwr.config import ModelCard
+    from ftis_flwr.config.schema import ModelCard
 
     model = load_model(smollm2_dir)
     card = ModelCard(name="v", engine="vllm", vllm_max_model_len=256, vllm_kv_cache_gib=0.5)

@@ -19,7 +19,7 @@ TOL = 1e-3
 tests/test_vllm_engine.py)."""
 
 
-LEAKABLE = (b"VLLM::", b"EngineCore", b"ftis_flwr.worker")
+LEAKABLE = (b"VLLM::", b"EngineCore", b"ftis_flwr.node.worker")
 """Command-line marks of the processes a node leaves behind if it leaks (vLLM's are retitled)."""
 
 
@@ -67,8 +67,8 @@ def test_two_node_federation_with_one_vllm_node(tmp_path):
     sys.path.insert(0, str(Path(__file__).parent))
     from conftest import simulate
 
-    from ftis_flwr.config import load_experiment
-    from ftis_flwr.reporting import load_metrics
+    from ftis_flwr.config.merge import load_experiment
+    from ftis_flwr.server.reporting import load_metrics
 
     exp = load_experiment("cpu-smollm2", overrides={
         "rounds.num_rounds": 2, "rounds.eval_every": 0, "rounds.eval_size": 4,

@@ -8,9 +8,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from ftis_flwr.config import load_experiment
-from ftis_flwr.node import Node, StepRequest
-from ftis_flwr.tiny import build_char_tokenizer, tiny_config
+from ftis_flwr.config.merge import load_experiment
+from ftis_flwr.node.node import Node, StepRequest
+from ftis_flwr.node.tiny import build_char_tokenizer, tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 SPARE = 16

@@ -15,11 +15,12 @@ import zlib
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord
+from test_rollouts import FP, G0, G2, decode, make_group, sample_groups, wire_trip
 
-from ftis_flwr import wire_compact as wc
-from ftis_flwr.config import WireConfig
-from ftis_flwr.groups import PayloadError
-from ftis_flwr.rollouts import (
+from ftis_flwr.config.schema import WireConfig
+from ftis_flwr.wire import compact as wc
+from ftis_flwr.wire.groups import PayloadError
+from ftis_flwr.wire.rollouts import (
     bytes_per_completion_token,
     completion_tokens,
     decode_groups,
@@ -27,7 +28,6 @@ from ftis_flwr.rollouts import (
     payload_bytes,
     payload_size,
 )
-from test_rollouts import FP, G0, G2, decode, make_group, sample_groups, wire_trip
 
 WIRE = WireConfig()
 
@@ -444,7 +444,8 @@ def test_unpacking_never_reads_past_declared_counts():
 
 
 def test_config_chooses_the_format_and_checks_the_byte_cap():
-    from ftis_flwr.config import ConfigError, load_experiment
+    from ftis_flwr.config.merge import load_experiment
+    from ftis_flwr.config.schema import ConfigError
 
     exp = load_experiment("cpu-pair")
     assert (exp.wire.format, exp.wire.compress, exp.wire.logprob_dtype) == ("compact", "zlib", "fp16")

@@ -9,8 +9,8 @@ import json
 import pytest
 from conftest import simulate
 
-from ftis_flwr.config import load_experiment
-from ftis_flwr.reporting import load_metrics
+from ftis_flwr.config.merge import load_experiment
+from ftis_flwr.server.reporting import load_metrics
 
 pytestmark = pytest.mark.slow
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from .base import Problem, Task
+from ftis_flwr.tasks.base import Problem, Task
 
 OPS = ("+", "-")
 TEST_PER_OP = 250
@@ -162,6 +162,6 @@ class ArithmeticTask(Task):
         return problem.question
 
     def reward(self, completion_text: str, problem: Problem) -> float:
-        from ftis_flwr.rewards import arithmetic_reward
+        from ftis_flwr.tasks.rewards import arithmetic_reward
 
         return float(arithmetic_reward(completion_text, problem.gold))

@@ -21,8 +21,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from .base import Problem, Task
-from .gsm8k import chat_prompt, check_shots
+from ftis_flwr.tasks.base import Problem, Task
+from ftis_flwr.tasks.gsm8k import chat_prompt, check_shots
 
 DEMOS = (
     ("What is 2 plus 3?", "<think> 2 plus 3 is 5. </think><answer> 5 </answer>"),
@@ -75,6 +75,6 @@ class BasicMathTask(Task):
         return chat_prompt(problem.question, tokenizer, DEMOS[:self.shots])
 
     def reward(self, completion_text: str, problem: Problem) -> float:
-        from ftis_flwr.rewards import math_reward
+        from ftis_flwr.tasks.rewards import math_reward
 
         return float(math_reward(completion_text, problem.gold))

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from .base import Problem, Task
+from ftis_flwr.tasks.base import Problem, Task
 
 GSM8K_TRAIN = "openai/gsm8k@main:train"
 GSM8K_TEST = "openai/gsm8k@main:test"
@@ -29,7 +29,7 @@ def _row_problem(row: Any, pid: str, where: str) -> Problem:
         raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
     answer = row.get("answer")
     if "question" in row and isinstance(answer, str):
-        from ftis_flwr.rewards import gsm8k_gold
+        from ftis_flwr.tasks.rewards import gsm8k_gold
 
         try:
             gold = gsm8k_gold(answer)
@@ -119,7 +119,7 @@ GSM8K_DEMOS = (
 def chat_prompt(question: str, tokenizer: Any, demos: tuple[tuple[str, str], ...] = ()) -> str:
     """SYSTEM_PROMPT, worked ``demos`` as earlier turns, then the question, through the
     tokenizer's chat template (plain text if it has none)."""
-    from ftis_flwr.rewards import SYSTEM_PROMPT
+    from ftis_flwr.tasks.rewards import SYSTEM_PROMPT
 
     if getattr(tokenizer, "chat_template", None):
         messages = [{"role": "system", "content": SYSTEM_PROMPT}]
@@ -160,7 +160,7 @@ class MathTask(Task):
         return chat_prompt(problem.question, tokenizer, self.demos[:self.shots])
 
     def reward(self, completion_text: str, problem: Problem) -> float:
-        from ftis_flwr.rewards import math_reward
+        from ftis_flwr.tasks.rewards import math_reward
 
         return float(math_reward(completion_text, problem.gold))
 

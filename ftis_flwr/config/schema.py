@@ -1,0 +1,385 @@
+"""Typed configuration: one dataclass per concern, merged from defaults, YAML and flwr run-config.
+
+Every field says its default and where it comes from ("paper" = Blagoev et al., F-TIS, 2026,
+see SPEC.md). Merging goes defaults <- YAML preset <- YAML file <- flat ``flwr run --run-config``
+keys (dotted, e.g. ``loss.method``; dashes and underscores are equal): see
+:mod:`ftis_flwr.config.merge`. Incompatible settings are rejected in one place,
+:func:`ftis_flwr.config.validation.validate`, all at once, each message naming its key; allowed values
+are read from the modules that own them. Every scalar field here is a ``--run-config`` key:
+``[tool.flwr.app.config]`` in pyproject.toml is generated from these dataclasses
+(``python -m ftis_flwr.config.keys --write``). ``load_experiment``, ``validate``, ``from_dict``
+and the other merge/validation names are re-exported from this module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+def default_cache_dir(configured: str = "") -> Path:
+    """``configured``, else ``$FTIS_CACHE``, else ``~/.cache/ftis-flwr`` (never the app directory)."""
+    root = configured or os.environ.get("FTIS_CACHE") or "~/.cache/ftis-flwr"
+    return Path(root).expanduser()
+
+
+class ConfigError(ValueError):
+    """A configuration value, or a combination of values, that cannot run."""
+
+
+@dataclass
+class LossConfig:
+    """The F-TIS loss family and its filter (SPEC §5-6)."""
+
+    method: str = "f-tis"
+    """Loss method: a name in ``ftis_flwr.maths.loss.LOSS_REGISTRY`` (built in: nois, vis, tis, f-nois,
+    f-vis, f-tis; add one with ``register_loss``) or an import path "package.module:function"
+    ("f-package.module:function" = filtered), imported on first use. Default f-tis (paper)."""
+    trunc_c: float = 2.0
+    """C: the truncated importance weight is min(pi_theta/pi_gen, C). Default 2 (paper)."""
+    clip_eps: float = 0.2
+    """eps of the PPO-style clip used by vis and tis. Default 0.2 (paper)."""
+    kl_threshold: float = 50.0
+    """g: a sample whose per-sequence KL estimate exceeds g may be filtered. Default 50 (paper).
+    Overridden each round by the node's g schedule when one is set on its model card."""
+    filter_rule: str = "and"
+    """"and": filter when A<=0 and KL>g (what the authors ran, default); "or": A<=0 or KL>g."""
+    filter_scope: str = "foreign"
+    """"foreign" (default): filter received samples only; "all": own samples too."""
+    filter_action: str = "zero"
+    """"zero" (default, paper): the filtered sample's advantage is 0 but it stays in the
+    denominator; "drop": it is removed from the loss and its denominator."""
+    kl_estimator: str = "k3"
+    """Per-token KL estimator: "k3" = exp(d)-d-1 (default, paper) or "k1" = d, d = gen - lp."""
+    reduction: str = "sequence"
+    """"sequence" (default, paper): mean over a sequence's tokens, then over sequences;
+    "token": sum of token losses / number of tokens (Dr.GRPO-style)."""
+    cross_tokenizer_ratio: str = "chunk"
+    """How a sample from a peer with another tokenizer is weighted (cross-tokenizer F-TIS,
+    SPEC §4): "chunk" (default) takes w and the filter's KL per aligned chunk (the chain rule over
+    byte-aligned runs of tokens); "sequence" uses one ratio per completion from the two sides'
+    per-token *mean* log-probs (as HACPO, arXiv 2603.02604), kept as the ablation."""
+
+
+@dataclass
+class AdvantageConfig:
+    """Group advantages and the collaboration mode (SPEC §2-3)."""
+
+    mode: str = "vertical"
+    """"vertical" (default, paper): a node generates whole groups for its own prompts;
+    "horizontal" (ablation): every node generates G/m of each prompt and groups are pooled;
+    "alone" (baseline): no sharing."""
+    scale_rewards: str = "group"
+    """"group" (default): (r - mean) / (std + eps); "none": mean-centring only (authors' code)."""
+    eps: float = 1e-6
+    """Added to the group std. Default 1e-6."""
+
+
+@dataclass
+class WireConfig:
+    """What crosses the network and the caps a receiver enforces (DESIGN: Data on the wire)."""
+
+    format: str = "compact"
+    """What a node sends: "compact" (default, format 2: one byte container, bit-packed ids,
+    see ftis_flwr/wire/compact.py) or "arrays" (format 1: seven npy arrays + per-group string
+    lists). Receivers read both."""
+    logprob_dtype: str = "fp16"
+    """Log-prob encoding: "fp16" (default: 2 bytes, rounding error <= 2^-11 relative, the
+    default's learning unchanged over 3 seeds; see the README's "Wire cost"), "fp32" (lossless;
+    the paper's 8 bytes/token with int32 ids) or "bf16" (sent as uint16; 8x coarser than fp16
+    on log-probs, which are <= 0 and mostly near 0)."""
+    compress: str = "zlib"
+    """The compact container's body compressor: "zlib" (default: halves the offline default's
+    payloads for ~5 ms per payload, see benchmarks/wire_bytes.py) or "none"."""
+    max_completions_per_group: int = 64
+    """A received group with more completions is rejected. Default 64."""
+    max_tokens_per_completion: int = 4096
+    """A received completion longer than this is rejected. Default 4096."""
+    max_groups: int = 4096
+    """A payload with more groups is rejected. Default 4096."""
+    max_tokens_per_payload: int = 1_048_576
+    """A payload with more completion tokens in total is rejected before it is decoded.
+    Default 2^20 (~8 MB at fp32): 11x the paper presets' 12 prompts x 12 completions x 640."""
+    max_payload_bytes: int = 33_554_432
+    """A payload whose bytes (compact: container, and its body once inflated) exceed this is
+    rejected before it is unpacked or inflated. Default 32 MiB (4x the token cap at fp32)."""
+
+
+@dataclass
+class RolloutConfig:
+    """Sampling of groups (SPEC §1, §4)."""
+
+    group_size: int = 12
+    """G, completions per prompt. Default 12 (paper)."""
+    temperature: float = 1.0
+    """Sampling temperature; the learner's log-probs use the same. Default 1.0 (paper)."""
+    top_k: int = 0
+    """Keep the k most likely tokens (0 = off, default). gen log-probs are renormalised."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (1.0 = off, default). gen log-probs are renormalised."""
+    max_new_tokens: int = 640
+    """Completion length cap. Default 640 (paper: ~640)."""
+    batch_size: int = 64
+    """Sequences per generate call (memory bound). Default 64."""
+
+
+@dataclass
+class TrainConfig:
+    """The optimiser step each node takes per round (SPEC §5, §10)."""
+
+    lr: float = 1e-6
+    """Adam learning rate. Default 1e-6 (paper, full fine-tuning); LoRA cards use 1e-4."""
+    weight_decay: float = 0.0
+    """AdamW weight decay. Default 0 (paper: Adam)."""
+    warmup_rounds: int = 0
+    """Linear lr warm-up over this many rounds. Default 0 (SPEC §11: Adam dips without one on
+    tiny models; the CPU presets set it)."""
+    updates_per_round: int = 1
+    """Optimiser steps per round over the same batch. Default 1 (paper). Above 1, as PPO / TRL's
+    ``num_iterations``: every step takes its ratio against the round-start policy pi_old (the
+    first step's log-probs), so the tis clip binds; w, the KL and the filter stay pi_old's."""
+    micro_batch_size: int = 16
+    """Sequences per forward/backward; gradients are accumulated. Default 16."""
+    grad_clip: float = 1.0
+    """Max global gradient norm. Default 1.0 (paper)."""
+    share_prompts: bool = True
+    """Run each distinct prompt of a micro-batch once and its completions on its cached keys and
+    values (gradients flow back into the one prompt forward): the same log-probs and gradients
+    (to float32 rounding) on P + G*T tokens instead of G*(P + T). Measured on cpu-smollm2's full
+    node, float32, 3 prompts x 4 completions: 13.5 s against 39.2 s (ftis_flwr/node/logprobs_shared.py).
+    False: every sample runs its prompt again (the packed path)."""
+
+
+@dataclass
+class RoundConfig:
+    """The federation's schedule, read by the strategy (DESIGN: One round)."""
+
+    num_rounds: int = 50
+    """Rounds (paper: ~50)."""
+    prompts_per_node: int = 12
+    """Prompts each node generates groups for per round (vertical). Default 12 (paper)."""
+    eval_every: int = 5
+    """Evaluate every N rounds (and after the last). 0 = only after the last."""
+    eval_size: int = 64
+    """Problems per evaluation split (0 = the whole split)."""
+    round_timeout: float = 600.0
+    """Seconds the strategy waits for replies in one round."""
+    startup_timeout: float = 3600.0
+    """Seconds the strategy waits for the first round of a run (or of a resumed run), in which
+    every node builds its model: a model the package does not ship is warm-started, converted or
+    downloaded then. Never less than round_timeout. Default 3600."""
+    min_nodes: int = 1
+    """A round with fewer replying nodes aborts the run."""
+    state_every: int = 1
+    """Every N rounds (and after the last) each node's worker saves its training state (trainable
+    weights, optimiser, update counter, pending groups, RNG) under its worker folder, so that a
+    worker that dies, or a resumed run, continues from it instead of the base model. 0 = never.
+    Default 1 (cost measured in the README: a fraction of a round on the CPU presets)."""
+    seed: int = 0
+    """Seed of the run: offsets the prompt schedule and is mixed into every node's sampling
+    seed. A card's own ``seed`` picks its model (warm-start, LoRA init); this one picks the run's
+    randomness, so repeats of one federation differ only here. Default 0."""
+
+
+@dataclass
+class ExchangeConfig:
+    """How many foreign groups each node gets per round (DESIGN: Growth), read by the strategy.
+
+    With m nodes a node otherwise receives (and trains on) the groups of all m - 1 others: its
+    bytes received and update time grow with m. A budget keeps them flat."""
+
+    max_foreign_groups: int = 0
+    """At most this many foreign groups forwarded to each node per round, across all sources.
+    0 (default) = all of them (no budget). Needs ``select`` other than "all"."""
+    select: str = "all"
+    """Which foreign groups fill the budget: "all" (default; no budget), "random" (seeded by run
+    seed, round and receiver), "reward_variance" (highest variance of the source's claimed
+    rewards first: groups that carry a learning signal), "low_kl" (groups of the sources with the
+    lowest KL to the receiver, from its own report of the round before, first; sources it has not
+    measured yet come first). See ftis_flwr.server.budget."""
+    schedule: str = "sync"
+    """"sync" (default): every round waits for every node, so a fast node idles while the slowest
+    generates. "async": bounded staleness (as in asynchronous RL, e.g. AReaL): a node gets its
+    next round as soon as it replies, with the other nodes' groups that arrived since its last
+    round; a node that has taken ``rounds.num_rounds`` rounds keeps going until every node has,
+    then takes a final round. The importance weights already correct for the older policy that
+    sampled a group. A stopped run resumes as a synchronous one does. See ftis_flwr.server.async_rounds."""
+    cross_tokenizer: str = "auto"
+    """Peers whose tokenizers differ (cross-tokenizer F-TIS, SPEC §4): "auto" (default) trains
+    on their samples through the completion text aligned into chunks, and on same-tokenizer
+    peers' token ids as before; "always" takes the text path for every foreign sample (between
+    identical tokenizers it trains exactly as the token path); "off" refuses a peer with another
+    tokenizer (the run stops before round 1 with the two cards named)."""
+    max_staleness: int = 0
+    """Async only: a foreign group is forwarded only while its source has taken at most this many
+    updates since generating it; older ones are dropped and counted
+    (``foreign_groups_stale_dropped``). Default 0: only each source's newest groups, so a slow
+    node trains on as many foreign groups per round as in synchronous rounds (k > 0 gives it up
+    to k + 1 rounds' worth of a faster source's groups, and a longer update)."""
+
+
+@dataclass
+class GSchedule:
+    """Per-node filter threshold g over rounds (SPEC §6, beyond the paper)."""
+
+    kind: str = "constant"
+    """"constant" (default: LossConfig.kl_threshold) or "linear" from start to end."""
+    start: float = 50.0
+    """g at the first round (linear)."""
+    end: float = 50.0
+    """g at the last round (linear)."""
+
+
+@dataclass
+class LoraConfig:
+    """LoRA adapter of a node with a small trainable budget (SPEC §10)."""
+
+    r: int = 128
+    """Rank. Default 128 (paper)."""
+    alpha: int = 256
+    """Scale. Default 256 (paper)."""
+    dropout: float = 0.0
+    """Dropout. Default 0 (paper)."""
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    """Modules that get adapters. Default: all linear layers of a Qwen2 block."""
+
+
+@dataclass
+class ModelCard:
+    """One node's identity: which model, how it trains, where it runs (DESIGN: Identity)."""
+
+    name: str = "node"
+    """Node name, used in logs and on the wire."""
+    source: str = "tiny"
+    """"tiny" (built and warm-started locally, offline), a local directory, or a hub id."""
+    tiny_tokenizer: str = "char"
+    """tiny source only: "char" (default: one token per character, shared by the default's
+    models) or "bpe" (a byte-level BPE trained offline on the arithmetic data, whose tokens span
+    several characters: a tiny peer with *another* tokenizer, for cross-tokenizer runs)."""
+    tiny_size: str = "small"
+    """tiny source only: "small" (~0.5M params: hidden 128, 2 layers) or "large" (~1.6M params:
+    hidden 192, 3 layers). The tokenizer is tiny_tokenizer's."""
+    warmstart_ops: str = "+-"
+    """tiny source only: operations seen in supervised warm-start ("+", "-" or "+-")."""
+    warmstart_steps: int = 2500
+    """tiny source only: at most this many supervised warm-start steps (batch 128); training stops
+    earlier once the model answers 70% of a check slice of its warm-start data exactly
+    (warmstart_target), which gives every seed about the same starting skill (~70% test).
+    Measured on 2 shared cores, 1 thread: small ~15 steps/s, 700-1700 steps (45-115 s); large
+    ~6 steps/s, ~1150 steps (~200 s). Cached on disk after the first run."""
+    warmstart_target: float = 0.7
+    """tiny source only: warm-start stops once the model answers this fraction of a check slice
+    of its warm-start data exactly (0 = always run all warmstart_steps). Default 0.7, the
+    starting skill of the CPU-scale study (SPEC §11)."""
+    seed: int = 0
+    """Seed of the model's initialisation, warm-start data and sampling."""
+    dtype: str = "float32"
+    """Weights dtype: float32 (default, paper), bfloat16, float16 or "auto" (bfloat16 where the
+    node's device computes it natively, float32 elsewhere: the node logs which it chose). Adam's state follows it, so
+    a fully fine-tuned node needs float32 for small learning rates (a bf16 weight cannot move by
+    1e-6 of itself); a LoRA node's adapters are float32 whatever this is (peft)."""
+    compute_dtype: str = ""
+    """Matmul precision of generation and the learner's forward, through ``torch.autocast``,
+    while the weights stay in ``dtype``: "" (default: ``dtype``), "bfloat16", "float16" or "auto"
+    (bfloat16 where the device computes it natively, else ``dtype``).
+    bfloat16 on a CPU with AVX-512 BF16 ran SmolLM2-135M ~1.2-1.7x faster than float32 here."""
+    device: str = "cpu"
+    """"cpu", "cuda" or "cuda:N" (the worker pins CUDA_VISIBLE_DEVICES to N)."""
+    stop_tokens: list[str] = field(default_factory=list)
+    """Extra tokens that end a completion, besides the tokenizer's EOS, the generation config's
+    EOS ids and the chat template's end-of-turn token (``<|im_end|>``, ``<|eot_id|>``, ...),
+    which are found automatically. Default: none."""
+    engine: str = "hf"
+    """Rollout engine: "hf" (transformers generate, default) or "vllm" (optional extra)."""
+    lora: bool = False
+    """Train a LoRA adapter instead of all weights."""
+    lora_config: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA settings when lora is true."""
+    lr: float | None = None
+    """Learning rate of this node; None = TrainConfig.lr."""
+    g: GSchedule = field(default_factory=GSchedule)
+    """This node's filter threshold schedule."""
+    torch_threads: int = 1
+    """CPU threads of this node's process (1 lets two nodes share 2 cores)."""
+    public_key: str = ""
+    """Pins this card to one SuperNode: the text of the OpenSSH public key it authenticates with
+    (its ``.pub`` file's line, as given to ``flwr supernode register``), or a PEM public key. Only
+    the SuperNode whose key the SuperLink reports may claim the card; another is left out and
+    named. Needs an authenticated deployment (SuperLink ``--enable-supernode-auth``): a simulation
+    has no node keys, so a pinned card is never served there. Default "": any SuperNode."""
+    vllm_gpu_memory_utilization: float = 0.9
+    """engine=vllm only: fraction of the GPU's memory vLLM may take for weights, activations and
+    KV cache (vLLM's ``gpu_memory_utilization``). Default 0.9; lower it when two nodes or a
+    learner share one GPU (e.g. 0.3 with the learner on the same device). The worker's
+    ``CUDA_VISIBLE_DEVICES`` pinning still decides which GPU."""
+    vllm_max_model_len: int = 0
+    """engine=vllm only: longest prompt + completion vLLM plans for (its ``max_model_len``).
+    Default 0: the model's own limit (large for Qwen2.5, which costs KV-cache memory)."""
+    vllm_kv_cache_gib: float = 0.0
+    """engine=vllm only: KV-cache size in GiB (vLLM's ``kv_cache_memory_bytes``). Default 0:
+    vLLM sizes it (on a GPU from vllm_gpu_memory_utilization; on a CPU from its own rules)."""
+    vllm_enforce_eager: bool = True
+    """engine=vllm only: run without CUDA graphs / torch.compile (vLLM's ``enforce_eager``).
+    Default True: faster start and no compile step; False can be faster for long runs on a GPU."""
+
+
+@dataclass
+class TaskConfig:
+    """Which problems are trained and evaluated (SPEC §8-9)."""
+
+    name: str = "arithmetic"
+    """"arithmetic" (offline, generated, for the tiny character models), "basic-math" (offline,
+    generated one-step questions in words for small real chat models), "gsm8k" or "math500"."""
+    train_path: str = ""
+    """gsm8k/math: local JSONL file or empty for the hub data set."""
+    eval_paths: dict[str, str] = field(default_factory=dict)
+    """gsm8k/math: named evaluation splits -> JSONL path (or hub id)."""
+    seed: int = 1234
+    """arithmetic/basic-math: seed of the generated problems (and of every task's shuffle)."""
+    shots: int = 0
+    """Chat tasks (basic-math, gsm8k, math500): worked examples shown as earlier chat turns
+    after the paper's system prompt, each answered in the strict <think>/<answer> format.
+    Default 0 (paper). A 135M model follows the format in ~1 of 64 samples without one."""
+
+
+@dataclass
+class ExperimentConfig:
+    """Everything one run needs; the strategy and every node read the same one."""
+
+    loss: LossConfig = field(default_factory=LossConfig)
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    wire: WireConfig = field(default_factory=WireConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    rounds: RoundConfig = field(default_factory=RoundConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    exchange: ExchangeConfig = field(default_factory=ExchangeConfig)
+    nodes: list[ModelCard] = field(default_factory=lambda: [ModelCard(name="a"), ModelCard(name="b")])
+    """The federation's model cards; in simulation node k gets nodes[partition_id]."""
+    run_dir: str = "runs"
+    """Where the server writes metrics, plots and summary; nodes save their final models under
+    ``<run_dir>/<run name>/checkpoints/<node>`` unless their node config names an output dir."""
+    cache_dir: str = ""
+    """Where warm-started tiny models and node workers' state live. Empty (default): the
+    ``FTIS_CACHE`` environment variable, else ``~/.cache/ftis-flwr``. Never inside the app
+    directory (Flower's app bundle is capped at 10 MB)."""
+    worker_idle_timeout: float = 0.0
+    """A node worker that hears nothing for this many seconds exits (its node is lost). 0
+    (default): three times ``rounds.round_timeout``. Must be at least twice the round timeout:
+    a fast node waits up to a round for a slow partner and must not reset itself meanwhile."""
+
+    def idle_timeout(self) -> float:
+        """The worker idle timeout in effect (see ``worker_idle_timeout``)."""
+        return self.worker_idle_timeout or 3 * self.rounds.round_timeout
+    preset: str = ""
+    """Name or path of the YAML preset this config was built from (informational)."""
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """Plain nested dict (for logging, the wire and the worker)."""
+    return dataclasses.asdict(cfg)

@@ -1,0 +1,299 @@
+"""Validation of an :class:`~ftis_flwr.config.schema.ExperimentConfig`: every error at once, by key.
+
+The allowed values of each choice are read from the module that owns them (:data:`CHOICE_OWNERS`,
+:data:`CARD_CHOICE_OWNERS`), never copied here: a loss added with
+:func:`ftis_flwr.maths.loss.register_loss` is a valid ``loss.method`` as soon as it is registered, a task
+added to ``ftis_flwr.tasks.TASK_NAMES`` a valid ``task.name``, and so on.
+
+``loss.method`` may also be an import path, ``"package.module:function"`` (or
+``"f-package.module:function"`` for the filtered variant, by the ``f-`` convention of
+:mod:`ftis_flwr.maths.loss`): validation imports the module and registers the function under that exact
+name, so it works in every process that validates the experiment (the ServerApp, and each node
+worker when it builds its Node). The module must be importable there (installed, or on
+``PYTHONPATH``; the app directory is on the workers' path). ``function`` may also be a name the
+module registers with ``register_loss`` when it is imported.
+
+Importing the owners costs seconds (torch, transformers). ``validate(cfg)`` imports them;
+``validate(cfg, import_registries=False)`` (what the per-message ClientApp uses through
+``from_dict``) checks only against owners some code already imported and leaves the rest to the
+server, which validated the same experiment before sending it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any, Callable
+
+from ftis_flwr.config.schema import ConfigError, ExperimentConfig, ModelCard
+
+CHOICE_OWNERS: dict[str, tuple[str, str]] = {
+    "loss.filter_rule": ("ftis_flwr.maths.advantages", "FILTER_RULES"),
+    "loss.filter_scope": ("ftis_flwr.maths.advantages", "FILTER_SCOPES"),
+    "loss.filter_action": ("ftis_flwr.maths.loss", "FILTER_ACTIONS"),
+    "loss.kl_estimator": ("ftis_flwr.maths.loss", "KL_ESTIMATORS"),
+    "loss.reduction": ("ftis_flwr.maths.loss", "REDUCTIONS"),
+    "advantage.scale_rewards": ("ftis_flwr.maths.advantages", "SCALES"),
+    "wire.logprob_dtype": ("ftis_flwr.wire.rollouts", "LOGPROB_DTYPES"),
+    "wire.format": ("ftis_flwr.wire.rollouts", "FORMATS"),
+    "wire.compress": ("ftis_flwr.wire.compact", "COMPRESSORS"),
+    "task.name": ("ftis_flwr.tasks", "TASK_NAMES"),
+    "exchange.select": ("ftis_flwr.server.budget", "SELECT_RULES"),
+    "exchange.schedule": ("ftis_flwr.server.async_rounds", "SCHEDULES"),
+    "exchange.cross_tokenizer": ("ftis_flwr.xtok.align", "CROSS_TOKENIZER_MODES"),
+    "loss.cross_tokenizer_ratio": ("ftis_flwr.xtok.align", "CROSS_TOKENIZER_RATIOS"),
+}
+"""Experiment key -> (owner module, attribute holding the allowed values)."""
+
+CARD_CHOICE_OWNERS: dict[str, tuple[str, str]] = {
+    "engine": ("ftis_flwr.node.engines", "ENGINES"),
+    "tiny_size": ("ftis_flwr.node.tiny", "TINY_SIZES"),
+    "tiny_tokenizer": ("ftis_flwr.node.tiny", "TINY_TOKENIZERS"),
+    "g.kind": ("ftis_flwr.maths.advantages", "G_KINDS"),
+}
+"""Model-card key -> (owner module, attribute holding the allowed values)."""
+
+ADVANTAGE_MODES = ("vertical", "horizontal", "alone")
+"""Owned here: the collaboration modes :class:`ftis_flwr.server.strategy.FTISStrategy` implements."""
+CARD_DTYPES = ("float32", "bfloat16", "float16", "auto")
+"""Owned here until ``ftis_flwr.node.models`` exposes its dtype table publicly."""
+
+
+def _get(cfg: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def allowed_values(owner: tuple[str, str], import_registries: bool = True) -> tuple[str, ...] | None:
+    """The owner's allowed values (dict keys for a table), or None when it is not to be imported."""
+    module_name, attr = owner
+    module = sys.modules.get(module_name)
+    if module is None:
+        if not import_registries:
+            return None
+        module = importlib.import_module(module_name)
+    return tuple(getattr(module, attr))
+
+
+def _choice_error(key: str, value: Any, choices: tuple[str, ...] | None) -> list[str]:
+    if choices is None or value in choices:
+        return []
+    return [f"{key}={value!r} is not one of {', '.join(choices)}"]
+
+
+def _loss_registry(import_registries: bool) -> dict[str, Callable] | None:
+    module = sys.modules.get("ftis_flwr.maths.loss")
+    if module is None and import_registries:
+        module = importlib.import_module("ftis_flwr.maths.loss")
+    return None if module is None else module.LOSS_REGISTRY
+
+
+def resolve_loss_method(name: str, import_registries: bool = True) -> str | None:
+    """Make ``name`` usable as ``loss.method``; returns an error message, or None when it is.
+
+    A registered name is used as is. ``"[f-]package.module:function"`` imports the module and
+    registers ``function`` (an attribute, or a name the module registered) under ``name``.
+    """
+    registry = _loss_registry(import_registries)
+    if registry is None or name in registry:
+        return None
+    if ":" not in name:
+        return (f"loss.method={name!r} is not one of {', '.join(sorted(registry))}, "
+                "nor an import path 'package.module:function'")
+    target = name[2:] if name.startswith("f-") else name
+    module_name, _, attr = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # the user's module: report, don't crash the validator
+        return (f"loss.method={name!r}: cannot import {module_name!r} "
+                f"({type(exc).__name__}: {exc}); it must be importable on the server and every node")
+    if name in registry:  # the module registered the full name itself
+        return None
+    fn = getattr(module, attr, None) if attr.isidentifier() else None
+    if fn is None:
+        fn = registry.get(attr)
+    if not callable(fn):
+        return f"loss.method={name!r}: {module_name!r} has no loss function or registered loss {attr!r}"
+    from ftis_flwr.maths.loss import register_loss
+
+    register_loss(name, replace=True)(fn)
+    return None
+
+
+def experiment_errors(cfg: ExperimentConfig, *, import_registries: bool = True) -> list[str]:
+    """Every problem of ``cfg``, one message per problem, each naming its key."""
+    errors: list[str] = []
+    method_error = resolve_loss_method(cfg.loss.method, import_registries)
+    if method_error:
+        errors.append(method_error)
+    for key, owner in CHOICE_OWNERS.items():
+        errors += _choice_error(key, _get(cfg, key), allowed_values(owner, import_registries))
+    errors += _choice_error("advantage.mode", cfg.advantage.mode, ADVANTAGE_MODES)
+    if cfg.loss.trunc_c <= 0:
+        errors.append(f"loss.trunc_c={cfg.loss.trunc_c} must be > 0")
+    if not 0 < cfg.loss.clip_eps < 1:
+        errors.append(f"loss.clip_eps={cfg.loss.clip_eps} must be in (0, 1)")
+    if cfg.loss.kl_threshold < 0:
+        errors.append(f"loss.kl_threshold={cfg.loss.kl_threshold} must be >= 0")
+    r = cfg.rollout
+    if r.group_size < 2:
+        errors.append(f"rollout.group_size={r.group_size} must be >= 2 (advantages need a group)")
+    if r.temperature <= 0:
+        errors.append(f"rollout.temperature={r.temperature} must be > 0 for training rollouts "
+                      "(evaluation is always greedy)")
+    if r.top_k < 0:
+        errors.append(f"rollout.top_k={r.top_k} must be >= 0 (0 = off)")
+    if not 0 < r.top_p <= 1:
+        errors.append(f"rollout.top_p={r.top_p} must be in (0, 1]")
+    if r.max_new_tokens < 1 or r.batch_size < 1:
+        errors.append("rollout.max_new_tokens and rollout.batch_size must be >= 1")
+    if r.group_size > cfg.wire.max_completions_per_group:
+        errors.append(f"rollout.group_size={r.group_size} exceeds wire.max_completions_per_group="
+                      f"{cfg.wire.max_completions_per_group}: receivers would reject every group")
+    if r.max_new_tokens > cfg.wire.max_tokens_per_completion:
+        errors.append(f"rollout.max_new_tokens={r.max_new_tokens} exceeds "
+                      f"wire.max_tokens_per_completion={cfg.wire.max_tokens_per_completion}")
+    most = cfg.rounds.prompts_per_node * r.group_size * r.max_new_tokens
+    if most > cfg.wire.max_tokens_per_payload:
+        errors.append(f"rounds.prompts_per_node x rollout.group_size x rollout.max_new_tokens = {most} "
+                      f"exceeds wire.max_tokens_per_payload={cfg.wire.max_tokens_per_payload}: "
+                      "receivers would reject full payloads")
+    if 8 * cfg.wire.max_tokens_per_payload > cfg.wire.max_payload_bytes:
+        errors.append(f"wire.max_payload_bytes={cfg.wire.max_payload_bytes} is under 8 bytes per "
+                      f"token of wire.max_tokens_per_payload={cfg.wire.max_tokens_per_payload}: "
+                      "receivers would reject payloads the token cap admits")
+    t = cfg.train
+    if t.lr <= 0 or t.grad_clip <= 0 or t.micro_batch_size < 1 or t.updates_per_round < 1:
+        errors.append("train.lr and train.grad_clip must be > 0, train.micro_batch_size and "
+                      "train.updates_per_round >= 1")
+    if t.warmup_rounds < 0:
+        errors.append(f"train.warmup_rounds={t.warmup_rounds} must be >= 0")
+    rd = cfg.rounds
+    if rd.num_rounds < 1 or rd.prompts_per_node < 1:
+        errors.append("rounds.num_rounds and rounds.prompts_per_node must be >= 1")
+    if rd.state_every < 0:
+        errors.append(f"rounds.state_every={rd.state_every} must be >= 0 (0 = never save node state)")
+    if rd.min_nodes < 1 or rd.round_timeout <= 0 or rd.eval_every < 0 or rd.eval_size < 0:
+        errors.append("rounds.min_nodes >= 1, rounds.round_timeout > 0, rounds.eval_every >= 0 "
+                      "and rounds.eval_size >= 0 are required")
+    if cfg.worker_idle_timeout < 0:
+        errors.append(f"worker_idle_timeout={cfg.worker_idle_timeout} must be >= 0 (0 = auto)")
+    elif 0 < cfg.worker_idle_timeout < 2 * cfg.rounds.round_timeout:
+        errors.append(f"worker_idle_timeout={cfg.worker_idle_timeout} must be at least twice "
+                      f"rounds.round_timeout={cfg.rounds.round_timeout}: a fast node waits up to a "
+                      "round for a slow partner, and an idle worker exits and loses its node")
+    if not cfg.nodes:
+        errors.append("nodes: at least one model card is required")
+    names = [n.name for n in cfg.nodes]
+    if len(set(names)) != len(names):
+        errors.append(f"nodes: names must be unique, got {names}")
+    if rd.min_nodes > max(len(cfg.nodes), 1):
+        errors.append(f"rounds.min_nodes={rd.min_nodes} exceeds the {len(cfg.nodes)} model cards")
+    if cfg.advantage.mode == "horizontal" and cfg.nodes and r.group_size % len(cfg.nodes):
+        errors.append(f"advantage.mode=horizontal splits each group across nodes: "
+                      f"rollout.group_size={r.group_size} must be divisible by the "
+                      f"{len(cfg.nodes)} nodes")
+    errors += exchange_errors(cfg)
+    for card in cfg.nodes:
+        errors.extend(card_errors(card, import_registries=import_registries))
+    if not cfg.task.name.startswith("arithmetic") and any(c.source == "tiny" for c in cfg.nodes):
+        errors.append(f"task.name={cfg.task.name!r} needs real models: the tiny character-level "
+                      "models only know the arithmetic task")
+    return errors
+
+
+def exchange_errors(cfg: ExperimentConfig) -> list[str]:
+    """The foreign-group budget (``exchange.*``): a budget needs a rule and a rule a budget
+    (the rule's name itself is checked against ``ftis_flwr.server.budget.SELECT_RULES``)."""
+    ex, errors = cfg.exchange, []
+    if ex.max_foreign_groups < 0:
+        errors.append(f"exchange.max_foreign_groups={ex.max_foreign_groups} must be >= 0 (0 = all)")
+    elif ex.max_foreign_groups > 0 and ex.select == "all":
+        errors.append(f"exchange.max_foreign_groups={ex.max_foreign_groups} needs exchange.select to "
+                      "name a rule (random, reward_variance, low_kl), not 'all'")
+    elif ex.max_foreign_groups == 0 and ex.select != "all":
+        errors.append(f"exchange.select={ex.select!r} chooses within a budget: set "
+                      "exchange.max_foreign_groups > 0 (0 = all groups, nothing to choose)")
+    if ex.max_foreign_groups > 0 and cfg.advantage.mode == "horizontal":
+        errors.append("exchange.max_foreign_groups > 0 with advantage.mode=horizontal: horizontal "
+                      "pools every node's share of a prompt into one group, so no share may be left out")
+    if ex.max_staleness < 0:
+        errors.append(f"exchange.max_staleness={ex.max_staleness} must be >= 0 (0 = newest groups only)")
+    if ex.schedule == "async" and cfg.advantage.mode == "horizontal":
+        errors.append("exchange.schedule=async with advantage.mode=horizontal: horizontal pools every "
+                      "node's share of one prompt into one group, so every round waits for every node; "
+                      "use vertical (or schedule=sync)")
+    return errors
+
+def card_errors(card: ModelCard, *, import_registries: bool = True) -> list[str]:
+    """Every problem of one model card, each named ``nodes[<name>].<field>``."""
+    where = f"nodes[{card.name}]"
+    errors = []
+    for key, owner in CARD_CHOICE_OWNERS.items():
+        errors += _choice_error(f"{where}.{key}", _get(card, key), allowed_values(owner, import_registries))
+    errors += _choice_error(f"{where}.dtype", card.dtype, CARD_DTYPES)
+    if card.compute_dtype:
+        errors += _choice_error(f"{where}.compute_dtype", card.compute_dtype, CARD_DTYPES)
+    if not card.warmstart_ops or set(card.warmstart_ops) - {"+", "-"}:
+        errors.append(f"{where}.warmstart_ops={card.warmstart_ops!r} must use '+' and/or '-'")
+    if not 0 <= card.warmstart_target <= 1:
+        errors.append(f"{where}.warmstart_target={card.warmstart_target} must be in [0, 1]")
+    if card.engine == "vllm" and card.device == "cpu" and not vllm_cpu_build_installed():
+        errors.append(f"{where}: engine=vllm needs a cuda device, got device={card.device!r}, "
+                      "unless vLLM's CPU build is installed here (vllm-cpu: run from the "
+                      "environment scripts/vllm_cpu_env.sh builds)")
+    if card.engine == "vllm":
+        if not 0 < card.vllm_gpu_memory_utilization <= 1:
+            errors.append(f"{where}.vllm_gpu_memory_utilization={card.vllm_gpu_memory_utilization} "
+                          "must be in (0, 1]")
+        if card.vllm_max_model_len < 0:
+            errors.append(f"{where}.vllm_max_model_len={card.vllm_max_model_len} must be >= 0 (0: the model's)")
+        if card.vllm_kv_cache_gib < 0:
+            errors.append(f"{where}.vllm_kv_cache_gib={card.vllm_kv_cache_gib} must be >= 0 (0: vLLM decides)")
+    if not (card.device == "cpu" or card.device.startswith("cuda")):
+        errors.append(f"{where}.device={card.device!r} must be cpu, cuda or cuda:N")
+    if card.lr is not None and card.lr <= 0:
+        errors.append(f"{where}.lr={card.lr} must be > 0")
+    if card.public_key:
+        from ftis_flwr.config.node_keys import PinError, pinned_der
+        try:
+            pinned_der(card.public_key)
+        except PinError as exc:
+            errors.append(f"{where}.public_key: {exc}")
+    if card.g.start < 0 or card.g.end < 0:
+        errors.append(f"{where}.g: start and end must be >= 0")
+    if card.lora and (card.lora_config.r < 1 or not card.lora_config.target_modules):
+        errors.append(f"{where}.lora_config: r >= 1 and at least one target module are required")
+    if card.torch_threads < 1:
+        errors.append(f"{where}.torch_threads must be >= 1")
+    return errors
+
+
+def vllm_cpu_build_installed() -> bool:
+    """Whether the vLLM installed here is its CPU build: the third-party ``vllm-cpu``
+    distribution, or a ``vllm`` whose version carries ``+cpu`` (built from source for CPU)."""
+    from importlib import metadata
+
+    try:
+        metadata.version("vllm-cpu")
+        return True
+    except metadata.PackageNotFoundError:
+        pass
+    try:
+        return "+cpu" in metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        return False
+
+
+def raise_errors(errors: list[str], what: str = "configuration") -> None:
+    """One :class:`ConfigError` listing every message, or nothing when there are none."""
+    if errors:
+        n = f"{len(errors)} error{'s' if len(errors) > 1 else ''}"
+        raise ConfigError(f"invalid {what} ({n}):\n  - " + "\n  - ".join(errors))
+
+
+def validate(cfg: ExperimentConfig, *, import_registries: bool = True) -> ExperimentConfig:
+    """Reject impossible or contradictory settings, all at once, naming each key."""
+    raise_errors(experiment_errors(cfg, import_registries=import_registries))
+    return cfg

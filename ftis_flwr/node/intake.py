@@ -1,0 +1,110 @@
+"""What a node accepts of the groups the server forwarded it (DESIGN: a receiver checks what only
+it can judge), and the text path's conversion into its own tokens.
+
+Why apart from the node: it is the receiver's gate, one function per question: whose groups
+these are by the server's stamp, whether their prompts were assigned to that source, whether they
+fit this node's rollout caps and prompts, and whether they come through their text (another
+tokenizer, or ``exchange.cross_tokenizer=always``: :mod:`ftis_flwr.xtok.translate`). Every rejected group
+is counted and its reason reported once per source. ``node`` is a :class:`ftis_flwr.node.node.Node`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ftis_flwr.wire.groups import Group
+from ftis_flwr.xtok.translate import AlignError, AlignStats, to_own_tokens
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Received:
+    """One source's groups as the server forwarded them.
+
+    Provenance is the server's: ``source`` is the node the server received the groups from, and
+    ``prompt_indices`` the train indices it assigned to that source in the round they were made.
+    A group whose own ``node`` label or prompt disagrees is rejected (:func:`usable`).
+    """
+
+    source: str
+    groups: list[Group]
+    prompt_indices: list[int]
+
+
+def usable(node, received: list[Received], metrics: dict[str, float], reasons: list[str]) -> list[Group]:
+    """Foreign groups this node may train on: provenance, assignment and prompt tokens checked.
+
+    Every rejected group is counted in ``<source>/groups_rejected`` and ``samples_rejected``
+    under the server's stamp, and each (source, reason) is reported once in ``reasons``.
+    """
+    kept, rejected = [], {}  # (source, reason) -> [groups, samples, first prompt id]
+    for rec in received:
+        src, seen = rec.source, set()
+        assigned = {node.task.train_problem(i).id for i in rec.prompt_indices}
+        stats, t0 = AlignStats(), time.perf_counter()
+        for g in rec.groups:
+            reason = why_unusable(node, g, src, assigned, seen)
+            seen.add(g.prompt_id)
+            if reason is None and text_path(node, g):
+                try:
+                    g, one = to_own_tokens(
+                        g, node.tokenizer, node._prompt_tokens(node.task.problem(g.prompt_id)),
+                        node.stop_ids[0], max_tokens=node.cfg.wire.max_tokens_per_completion,
+                        ratio=node.cfg.loss.cross_tokenizer_ratio)
+                    stats.add(one)
+                except AlignError as exc:
+                    reason = f"cannot align its text with this node's tokens: {exc}"
+            if reason is None:
+                kept.append(g)
+                continue
+            for key, n in (("groups_rejected", 1), ("samples_rejected", g.size)):
+                metrics[f"{src}/{key}"] = metrics.get(f"{src}/{key}", 0.0) + n
+            entry = rejected.setdefault((src, reason), [0, 0, g.prompt_id])
+            entry[0] += 1
+            entry[1] += g.size
+        if stats.receiver_tokens:  # the text path's diagnostics (SPEC §4)
+            metrics[f"{src}/xtok_tokens"] = float(stats.receiver_tokens)
+            metrics[f"{src}/xtok_chunks_per_token"] = stats.chunks / stats.receiver_tokens
+            metrics[f"{src}/xtok_multi_token_share"] = stats.multi_tokens / stats.receiver_tokens
+            metrics[f"{src}/xtok_align_seconds"] = time.perf_counter() - t0
+    for (src, reason), (n, samples, first) in rejected.items():
+        text = f"{src}: {n} group(s), {samples} sample(s) rejected: {reason} (first: {first!r})"
+        reasons.append(text)
+        log.warning("node %s: %s", node.card.name, text)
+    return kept
+
+
+def why_unusable(node, g: Group, src: str, assigned: set[str], seen: set[str]) -> str | None:
+    """Why a group forwarded from ``src`` cannot be trained on, or None; cheapest checks first."""
+    if src == node.card.name:
+        return "the server stamped these groups with this node's own name"
+    if g.node != src:
+        return f"labelled as made by {g.node!r}, but the server received it from {src!r}"
+    if g.prompt_id not in assigned:
+        return f"prompt id not assigned to {src} in the round it was generated"
+    if g.prompt_id in seen:
+        return "prompt id used more than once in one round"
+    longest = max(len(c) for c in g.completions)
+    if longest > node.cfg.rollout.max_new_tokens:  # no honest engine samples past the cap
+        return f"a completion of {longest} tokens exceeds rollout.max_new_tokens={node.cfg.rollout.max_new_tokens}"
+    try:
+        problem = node.task.problem(g.prompt_id)
+    except KeyError as exc:
+        return f"unknown prompt id: {exc}"
+    if text_path(node, g):  # its prompt is in the sender's tokens: this node renders its own
+        return None
+    if not np.array_equal(node._prompt_tokens(problem), g.prompt_tokens):
+        return "prompt tokens differ from this node's encoding of the prompt"
+    return None
+
+
+def text_path(node, g: Group) -> bool:
+    """A foreign group this node trains on through its text (``exchange.cross_tokenizer``)."""
+    if g.node == node.card.name:
+        return False
+    return g.tokenizer_fp != node.fingerprint or node.cfg.exchange.cross_tokenizer == "always"

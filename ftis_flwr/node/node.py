@@ -1,0 +1,393 @@
+"""One participant: its policy, optimiser, rollout engine and the groups it generated last round.
+
+A round is one call of :meth:`Node.step` (DESIGN: One round, one message per node):
+
+1. train on last round's own groups (exactly on-policy) plus the groups received from the other
+   nodes (one update stale, corrected by the importance weights), with rewards recomputed here;
+2. generate G completions per new prompt with the updated policy;
+3. evaluate greedily on the task's held-out splits when asked.
+
+Nothing here knows about Flower; the worker feeds it decoded groups and ships its replies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ftis_flwr.config.dtypes import resolve_dtypes
+from ftis_flwr.config.plan import memory_warning
+from ftis_flwr.config.schema import ExperimentConfig, ModelCard
+from ftis_flwr.maths.advantages import frac_zero_std_groups, g_for_round, pooled_advantages, pooled_rewards
+from ftis_flwr.maths.loss import LossInputs, compute_loss
+from ftis_flwr.maths.loss_metrics import LossStats, clip_frac, loss_metrics, own_gap
+from ftis_flwr.node.engines import make_engine
+from ftis_flwr.node.intake import Received, usable  # noqa: F401 (Received: the node's input type)
+from ftis_flwr.node.logprobs import completion_logprobs, pack_batch
+from ftis_flwr.node.logprobs_shared import shared_prompt_logprobs
+from ftis_flwr.node.models import compute_context, load_policy, save_policy, stop_token_ids
+from ftis_flwr.tasks import make_task
+from ftis_flwr.wire import protocol
+from ftis_flwr.wire.groups import Group, PayloadError, text_fault, tokenizer_fingerprint
+from ftis_flwr.xtok.align import alignment_fault
+from ftis_flwr.xtok.token_bytes import TokenBytesError, completion_text
+from ftis_flwr.xtok.translate import sequence_gen
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepRequest:
+    """What the strategy asked of this node for one round."""
+
+    round: int
+    """0 = the first (generate-only) round; 1..num_rounds take an update each."""
+    num_rounds: int
+    prompt_indices: list[int]
+    """Indices into the task's training set to generate groups for (may be empty)."""
+    group_size: int
+    """Completions per prompt this node samples (G, or G/m in horizontal mode)."""
+    evaluate: bool
+    foreign: list[Received] = field(default_factory=list)
+    """What the server forwarded from other nodes' last round, already decoded and validated."""
+    rejected: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Source -> (groups, samples) of its payload that failed decoding (counted, never silent)."""
+    send_text: bool = False
+    """Put the completions' texts on the wire: a peer with another tokenizer (or
+    ``exchange.cross_tokenizer=always``) trains on them through the text (the server decides)."""
+
+
+@dataclass
+class StepResult:
+    groups: list[Group]
+    metrics: dict[str, float]
+    rejections: list[str] = field(default_factory=list)
+    """``"<source>: <reason>"`` per source and kind of rejected group, for the server's log."""
+
+
+def sampling_seed(card_seed: int, run_seed: int, round_idx: int) -> int:
+    """The torch seed of one node's sampling in one round: distinct per card, run and round."""
+    return (int(card_seed) * 1_000_003 + int(run_seed) * 7_919_000_047 + int(round_idx)) % (2**63)
+
+
+class Node:
+    """A node's whole training state, driven one round at a time."""
+
+    def __init__(self, card: ModelCard, experiment: ExperimentConfig, *, cache_dir: Path | None = None):
+        card, self.dtype_note = resolve_dtypes(card)  # "auto": bfloat16 only where it is native
+        if self.dtype_note:
+            log.warning(self.dtype_note)
+        self.card = card
+        self.cfg = experiment
+        torch.set_num_threads(card.torch_threads)
+        torch.manual_seed(sampling_seed(card.seed, experiment.rounds.seed, 0))
+        self.task = make_task(experiment.task)
+        self.memory_note = memory_warning(card, experiment)  # before building, not killed mid-run
+        if self.memory_note:
+            log.warning(self.memory_note)
+        self.policy = load_policy(card, task=self.task, cache_dir=cache_dir)
+        self.model = self.policy.model
+        self.tokenizer = self.policy.tokenizer
+        self.vocab_size = len(self.tokenizer)
+        """The sampling vocabulary: the tokenizer's tokens, never the model's spare output rows."""
+        self.stop_ids = stop_token_ids(self.tokenizer, self.model, card.stop_tokens)
+        """Ids that end a completion; the first is this node's end-of-turn token in aligned text."""
+        self.engine = make_engine(card.engine, self.model, self.tokenizer, vocab_size=self.vocab_size,
+                                  eos_token_ids=self.stop_ids, card=card)
+        self.compute = compute_context(card)
+        self.generate_metrics: dict[str, float] = {}
+        self.fingerprint = tokenizer_fingerprint(self.tokenizer)
+        self.align_fault = alignment_fault(self.tokenizer)
+        """Why this node's tokenizer cannot train with another tokenizer ("" when it can)."""
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.base_lr = card.lr if card.lr is not None else experiment.train.lr
+        self.optimizer = torch.optim.AdamW(self.params, lr=self.base_lr,
+                                           weight_decay=experiment.train.weight_decay)
+        self.pending: list[Group] = []
+        self.updates = 0
+        self.round = -1
+        """The last round this node completed (-1: none yet); ftis_flwr.node.state saves it."""
+        self.steps_run = 0
+        """Rounds this process has run (a resumed node restores ``round``, not this)."""
+        self._prompt_cache: dict[str, np.ndarray] = {}
+        log.info("node %s ready: %s (%d/%d trainable params)", card.name, self.policy.model_id,
+                 self.policy.trainable_params, self.policy.total_params)
+
+    # ------------------------------------------------------------------ round
+    def step(self, req: StepRequest) -> StepResult:
+        metrics: dict[str, float] = {"round": float(req.round)}
+        if not self.steps_run:  # the first round this process runs: what "auto" chose, once
+            metrics["weights_bfloat16"] = float(self.card.dtype == "bfloat16")
+            metrics["compute_bfloat16"] = float((self.card.compute_dtype or self.card.dtype) == "bfloat16")
+        for src, (n_groups, n_samples) in req.rejected.items():
+            metrics[f"{src}/payloads_rejected"] = 1.0
+            metrics[f"{src}/groups_rejected"] = float(n_groups)
+            metrics[f"{src}/samples_rejected"] = float(n_samples)
+        rejections: list[str] = []
+        batch = list(self.pending)
+        if self.cfg.advantage.mode != "alone":
+            batch += self._usable(req.foreign, metrics, rejections)
+        elif req.foreign:
+            metrics["foreign_ignored_alone"] = float(sum(g.size for r in req.foreign for g in r.groups))
+        t0 = time.perf_counter()
+        if batch:
+            metrics.update(self.train(batch, req.round, req.num_rounds))
+            for key in [k for k in metrics if k.endswith("/rewards_corrected")]:
+                rejections.append(f"{key.split('/')[0]}: {metrics[key]:.0f} sample(s) {protocol.REWARDS_NOTE} "
+                                  "from this node's own scoring of their text; its own were used")
+        metrics["seconds_train"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        self.pending = self.generate(req.prompt_indices, req.group_size, req.round, send_text=req.send_text)
+        metrics["seconds_generate"] = time.perf_counter() - t0
+        metrics.update(self.generate_metrics)
+        if self.pending:
+            metrics["reward_mean"] = float(np.mean(np.concatenate([g.rewards for g in self.pending])))
+        if req.evaluate:
+            t0 = time.perf_counter()
+            metrics.update(self.evaluate())
+            metrics["seconds_eval"] = time.perf_counter() - t0
+        self.round = req.round
+        self.steps_run += 1
+        sent = self.pending
+        if req.send_text:  # a payload carries every group's texts or none: the rest stay home
+            sent = [g for g in self.pending if g.texts is not None]
+            metrics["groups_unsent_no_text"] = float(len(self.pending) - len(sent))
+        return StepResult(groups=sent, metrics=metrics, rejections=rejections)
+
+    # ---------------------------------------------------------------- helpers
+    def _prompt_tokens(self, problem) -> np.ndarray:
+        cached = self._prompt_cache.get(problem.id)
+        if cached is None:
+            ids = self.task.prompt_ids(problem, self.tokenizer)
+            cached = self._prompt_cache[problem.id] = np.asarray(ids, dtype=np.int64)
+        return cached
+
+    def _usable(self, received: list[Received], metrics: dict[str, float],
+                reasons: list[str]) -> list[Group]:
+        """Foreign groups this node may train on (:func:`ftis_flwr.node.intake.usable`)."""
+        return usable(self, received, metrics, reasons)
+
+    def _rewards(self, group: Group) -> np.ndarray:
+        """Recomputed from the decoded text: a node never trusts a reward it did not compute."""
+        problem = self.task.problem(group.prompt_id)
+        texts = self.tokenizer.batch_decode([c.tolist() for c in group.completions], skip_special_tokens=True)
+        return np.asarray([self.task.reward(t, problem) for t in texts], dtype=np.float32)
+
+    def _lr_scale(self) -> float:
+        warm = self.cfg.train.warmup_rounds
+        return 1.0 if warm <= 0 else min(1.0, (self.updates + 1) / warm)
+
+    # ------------------------------------------------------------------ train
+    def train(self, groups: list[Group], round_idx: int, num_rounds: int) -> dict[str, float]:
+        """One F-TIS update (``updates_per_round`` optimiser steps) on own + received groups.
+
+        Every step after the first takes its ratio against the first step's log-probs (pi_old,
+        kept on the CPU per micro-batch), and keeps the weights and filter decisions of the
+        round start (:mod:`ftis_flwr.maths.loss`). Metrics describe the first step; ``*_last`` the last.
+        """
+        cfg = self.cfg
+        rewards = [self._rewards(g) for g in groups]
+        metrics: dict[str, float] = {}
+        for g, r in zip(groups, rewards):  # a peer's claimed rewards are never used, only counted
+            wrong = int(np.sum(np.abs(np.asarray(g.rewards, np.float32) - r) > 1e-6))
+            if wrong and g.node != self.card.name:
+                key = f"{g.node}/rewards_corrected"
+                metrics[key] = metrics.get(key, 0.0) + wrong
+        keys = self._group_keys(groups)
+        samples = self._samples(groups, rewards)
+        g_now = g_for_round(self.card.g, cfg.loss.kl_threshold, round_idx, num_rounds)
+        loss_cfg = dataclasses.replace(cfg.loss, kl_threshold=g_now)
+        for pg in self.optimizer.param_groups:
+            pg["lr"] = self.base_lr * self._lr_scale()
+
+        self.model.train()
+        mb = cfg.train.micro_batch_size
+        n_updates = cfg.train.updates_per_round
+        old: list[torch.Tensor] = []  # per micro-batch pi_old log-probs (CPU), for updates >= 1
+        for update in range(n_updates):
+            self.optimizer.zero_grad(set_to_none=True)
+            denominator = 0.0
+            stats: list[LossStats] = []
+            for k, start in enumerate(range(0, len(samples), mb)):
+                inputs = self._loss_inputs(samples[start:start + mb], old[k] if update else None)
+                out = compute_loss(inputs, loss_cfg, metrics=False)
+                if out.denominator > 0:
+                    out.loss_sum.backward()
+                denominator += out.denominator
+                stats.append(out.stats)
+                if update == 0 and n_updates > 1:  # the forward the first update trains on
+                    old.append(inputs.logprobs.detach().to("cpu", copy=True))
+            if denominator > 0:
+                for p in self.params:
+                    if p.grad is not None:
+                        p.grad.div_(denominator)
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, cfg.train.grad_clip))
+            if denominator > 0 and math.isfinite(grad_norm):
+                self.optimizer.step()
+            elif not math.isfinite(grad_norm):
+                log.warning("node %s: non-finite grad norm, step skipped", self.card.name)
+                metrics["steps_skipped_nonfinite"] = metrics.get("steps_skipped_nonfinite", 0.0) + 1
+            if update == 0:  # the round-start policy: what the filter and the weights saw
+                whole = LossStats.concat(stats)
+                metrics.update(loss_metrics(whole, loss_cfg.trunc_c))
+                metrics.update(own_gap(whole))
+                metrics["grad_norm"] = grad_norm
+            elif update == n_updates - 1:  # how far the policy moved within the round
+                whole = LossStats.concat(stats)
+                metrics["loss_last"] = whole.loss_sum / denominator if denominator > 0 else 0.0
+                metrics["grad_norm_last"] = grad_norm
+                frac = clip_frac(whole)
+                if frac is not None:
+                    metrics["clip_frac_last"] = frac
+        self.optimizer.zero_grad(set_to_none=True)
+        self.updates += 1
+        sync = getattr(self.engine, "sync_weights", None)  # an engine with its own copy (vLLM)
+        if sync is not None:
+            metrics["seconds_engine_sync"] = float(sync(self.model))
+        own = [r for g, r in zip(groups, rewards) if g.node == self.card.name]
+        foreign = [r for g, r in zip(groups, rewards) if g.node != self.card.name]
+        metrics.update({
+            "lr": self.base_lr * self._lr_scale(),
+            "g": g_now,
+            "frac_zero_std_groups": frac_zero_std_groups(pooled_rewards(rewards, keys)),
+            "train_reward_own": float(np.mean(np.concatenate(own))) if own else float("nan"),
+            "train_reward_foreign": float(np.mean(np.concatenate(foreign))) if foreign else float("nan"),
+            "updates": float(self.updates),
+        })
+        return metrics
+
+    def _group_keys(self, groups: list[Group]) -> list[str]:
+        """Groups sharing a key share advantage statistics (only horizontal mode pools)."""
+        horizontal = self.cfg.advantage.mode == "horizontal"
+        return [g.prompt_id if horizontal else f"{g.node}|{g.prompt_id}|{i}" for i, g in enumerate(groups)]
+
+    def _samples(self, groups: list[Group], rewards: list[np.ndarray]) -> list[tuple]:
+        """(prompt, completion, gen_lp, advantage, foreign, source, chunks) per sample, in group
+        order; ``chunks`` None on the token path."""
+        adv_cfg = self.cfg.advantage
+        advs = pooled_advantages(rewards, self._group_keys(groups), scale=adv_cfg.scale_rewards,
+                                 eps=adv_cfg.eps)
+        samples = []
+        for g, adv in zip(groups, advs):
+            foreign = g.node != self.card.name
+            chunks = g.chunks if g.chunks is not None else [None] * g.size
+            for c, lp, a, ch in zip(g.completions, g.logprobs, adv, chunks):
+                samples.append((g.prompt_tokens, c, lp, float(a), foreign, g.node, ch))
+        return samples
+
+    def _loss_inputs(self, chunk, old: torch.Tensor | None = None) -> LossInputs:
+        """One micro-batch's forward; ``old``: its pi_old log-probs from the round's first update."""
+        prompts, comps, gens, advs, foreign, sources, chunks = zip(*chunk)
+        device = self.model.device
+        with self.compute():
+            if self.cfg.train.share_prompts:  # each distinct prompt runs once (ftis_flwr/node/logprobs_shared.py)
+                lp, mask = shared_prompt_logprobs(self.model, prompts, comps, pad_id=self.tokenizer.pad_token_id,
+                                                  temperature=self.cfg.rollout.temperature, vocab_size=self.vocab_size)
+            else:
+                batch = pack_batch(list(prompts), list(comps), pad_id=self.tokenizer.pad_token_id)
+                lp = completion_logprobs(self.model, batch.to(device), temperature=self.cfg.rollout.temperature,
+                                         vocab_size=self.vocab_size)
+                mask = batch.completion_mask.to(device).bool()
+        gen = torch.zeros_like(lp, dtype=torch.float32)
+        for i, g in enumerate(gens):
+            gen[i, : len(g)] = torch.from_numpy(np.asarray(g, dtype=np.float32))
+        chunk_ids = None
+        if any(c is not None for c in chunks):
+            chunk_ids = torch.zeros(lp.shape, dtype=torch.long)
+            for i, (c, comp) in enumerate(zip(chunks, comps)):
+                chunk_ids[i, : len(comp)] = torch.arange(len(comp)) if c is None else torch.from_numpy(c)
+            if self.cfg.loss.cross_tokenizer_ratio == "sequence":
+                gen = sequence_gen(gen, old if old is not None else lp.detach(), chunks, comps)
+            chunk_ids = chunk_ids.to(device)
+        return LossInputs(
+            logprobs=lp.float(),
+            gen_logprobs=gen,
+            advantages=torch.tensor(advs, dtype=torch.float32, device=device),
+            mask=mask,
+            foreign=torch.tensor(foreign, dtype=torch.bool, device=device),
+            sources=list(sources),
+            old_logprobs=None if old is None else old.to(device),
+            chunks=chunk_ids,
+        )
+
+    # --------------------------------------------------------------- generate
+    def generate(self, indices: list[int], n: int, round_idx: int, *, send_text: bool = False) -> list[Group]:
+        """G completions per prompt, with rewards; ``send_text``: each group also carries its
+        completions' texts and byte lengths where it can (else ``texts`` stays None)."""
+        if not indices:
+            return []
+        r = self.cfg.rollout
+        problems = [self.task.train_problem(i) for i in indices]
+        prompts = [self._prompt_tokens(p) for p in problems]
+        with self.compute():
+            samples = self.engine.sample(
+                [p.tolist() for p in prompts], n, temperature=r.temperature, top_k=r.top_k,
+                top_p=r.top_p, max_new_tokens=r.max_new_tokens, batch_size=r.batch_size,
+                generator_seed=sampling_seed(self.card.seed, self.cfg.rounds.seed, round_idx))
+        groups, dropped = [], 0
+        for problem, prompt, group in zip(problems, prompts, samples):
+            g = Group(
+                prompt_id=problem.id, prompt_tokens=prompt,
+                completions=[s.tokens for s in group], logprobs=[s.logprobs for s in group],
+                rewards=np.zeros(len(group), dtype=np.float32), node=self.card.name,
+                model_id=self.policy.model_id, tokenizer_fp=self.fingerprint)
+            try:  # a group that cannot go on the wire is dropped and counted, never the whole reply
+                g.validate(self.vocab_size)
+            except PayloadError as exc:
+                dropped += 1
+                log.warning("node %s drops its own group %s: %s", self.card.name, problem.id, exc)
+                continue
+            g.rewards = self._rewards(g)
+            if send_text:
+                self._attach_texts(g)
+            groups.append(g)
+        self.generate_metrics = {"groups_dropped_unencodable": float(dropped)}
+        return groups
+
+    def _attach_texts(self, g: Group) -> None:
+        """Texts and byte lengths of ``g``'s completions (``Group.texts``), or none with a warning
+        when one cannot be put on the wire (a token that stands for no text; a completion cut
+        inside a multi-byte character is not valid UTF-8)."""
+        texts, lengths = [], []
+        for ids in g.completions:
+            try:
+                text, lens = completion_text(self.tokenizer, ids, self.stop_ids)
+            except TokenBytesError as exc:
+                why = str(exc)
+            else:
+                why = text_fault(text, lens, len(ids))
+            if why:
+                log.warning("node %s: group %s goes without its texts (peers of another tokenizer "
+                            "cannot use it): %s", self.card.name, g.prompt_id, why)
+                return
+            texts.append(text)
+            lengths.append(lens)
+        g.texts, g.byte_lengths = texts, lengths
+
+    # --------------------------------------------------------------- evaluate
+    def evaluate(self) -> dict[str, float]:
+        """Greedy pass@1 on each held-out split (SPEC §9)."""
+        out = {}
+        size = self.cfg.rounds.eval_size
+        for split in self.task.eval_splits:
+            problems = self.task.problems(split)
+            problems = problems[:size] if size else problems
+            prompts = [self._prompt_tokens(p).tolist() for p in problems]
+            with self.compute():
+                completions = self.engine.greedy(prompts, max_new_tokens=self.cfg.rollout.max_new_tokens,
+                                                 batch_size=self.cfg.rollout.batch_size)
+            texts = self.tokenizer.batch_decode([c.tolist() for c in completions], skip_special_tokens=True)
+            scores = [self.task.reward(t, p) for t, p in zip(texts, problems)]
+            out[f"eval/{split}/accuracy"] = float(np.mean(scores)) if scores else float("nan")
+        return out
+
+    def save(self, out_dir: Path) -> Path:
+        return save_policy(self.policy, Path(out_dir))
+

@@ -1,0 +1,558 @@
+"""A long-lived process per node and run that holds the Node; ClientApps reach it over a socket.
+
+Why: Flower starts a fresh ClientApp process per message in deployment and moves simulated
+clients between Ray workers every round, but a model, its optimiser state and a rollout engine
+cannot be rebuilt every round. So the first ClientApp call for a (run, node) spawns this worker
+(detached, its own session), later calls connect to it; a file lock makes sure only one is ever
+spawned. Requests travel over ``multiprocessing.connection`` on a Unix socket in a private (0700)
+folder under the temp dir, with a random auth key
+kept in a 0600 file. The worker exits on ``finish``/``stop``, or after ``idle_timeout`` seconds
+without a request.
+
+Layout of a worker's directory ``<cache>/workers/<run>/<node>/``:
+``spec.json`` (card + experiment), ``address.json`` (host, port, pid, authkey; 0600),
+``starts.log`` (one line per process start), ``worker.log`` (its stdout/stderr), ``lock``,
+``state/round-NNNNNN/`` (the node's training state, :mod:`ftis_flwr.node.state`): a worker that
+is started again for the same run (after a crash, a kill or its idle timeout) resumes from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass
+from multiprocessing.connection import AuthenticationError, Client, Listener, answer_challenge, deliver_challenge
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+SPAWN_TIMEOUT = 120.0
+HANDSHAKE_TIMEOUT = 5.0
+"""A connection that has not authenticated within this many seconds is closed: a silent peer
+occupies one thread of the worker for at most this long and never delays a request."""
+REQUEST_TIMEOUT = 7200.0
+"""Default wait for a reply; the ClientApp passes the experiment's round timeout instead."""
+PING_TIMEOUT = 30.0
+
+
+class WorkerError(RuntimeError):
+    """The node's worker failed to start or failed a request; the message says why."""
+
+
+class WorkerTimeout(WorkerError):
+    """The worker sent no reply in time: it is hung or far too slow (the caller replaces it)."""
+
+
+def safe_name(text: str) -> str:
+    """A single path component from server-sent text: letters, digits, - _ . only, never "."
+    or ".." (a run name or node name can never climb out of the folder it is put in)."""
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in str(text))[:128]
+    return safe if safe.strip(".") else "_" + safe
+
+
+def worker_dir(cache_dir: Path, run_key: str, node: str) -> Path:
+    return Path(cache_dir) / "workers" / safe_name(run_key) / safe_name(node)
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs; a zombie (dead, not yet reaped by the ClientApp process that started
+    it) does not, and its empty command line must not make it look like some other program."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _is_worker(pid: int) -> bool:
+    """Whether live ``pid`` runs this module (a pid reused by another program is never killed)."""
+    try:
+        return b"ftis_flwr.node.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True  # no /proc (not Linux): trust the pid we wrote
+
+
+def kill_worker_group(pid: int) -> None:
+    """SIGKILL a worker and everything it started (a vLLM engine core, a reward judge).
+
+    A worker is started in its own session, so its process group id is its pid and its children
+    share it; killing only the pid would orphan them (a vLLM ``EngineCore`` holds GBs). If the
+    worker is already dead, its group is killed all the same: Linux keeps a pid unused while a
+    process group of that id exists, so a live group with the dead worker's id is its orphans."""
+    if _pid_alive(pid) and not _is_worker(pid):
+        return
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def worker_runs(cache_dir: Path) -> set[str]:
+    """The run folders under ``<cache>/workers`` now (see :func:`kill_workers_of_new_runs`)."""
+    return {p.name for p in (Path(cache_dir) / "workers").glob("*") if p.is_dir()}
+
+
+def kill_workers_of_new_runs(cache_dir: Path, before: set[str]) -> int:
+    """SIGKILL (with their process groups) the workers of the runs started since ``before`` was
+    taken with :func:`worker_runs`: for a run whose name is not known to the caller (a
+    deployment's ServerApp names it). A concurrent run that started after ``before`` is killed
+    too: when the run name is known, use :func:`kill_workers_of_run`. Returns how many workers
+    were signalled."""
+    return _kill_listed([a for a in (Path(cache_dir) / "workers").glob("*/*/address.json")
+                         if a.parent.parent.name not in before])
+
+
+def kill_workers_of_run(cache_dir: Path, run_name: str) -> int:
+    """SIGKILL (with their process groups) the workers of run ``run_name`` under ``cache_dir``:
+    what a finished or failed simulation left, nothing of any other run sharing the cache (a
+    concurrent run that started later included, which :func:`kill_workers_of_new_runs` cannot
+    tell apart). Returns how many workers were signalled."""
+    return _kill_listed(list((Path(cache_dir) / "workers" / run_name).glob("*/address.json")))
+
+
+def _kill_listed(addresses: list[Path]) -> int:
+    """Kill the worker group named by each ``address.json``; how many were signalled."""
+    n = 0
+    for address in sorted(addresses):
+        try:
+            kill_worker_group(int(json.loads(address.read_text())["pid"]))
+            n += 1
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    return n
+
+
+def _kill_own_group_but_me() -> int:
+    """On a worker's exit: SIGKILL what is left in its process group besides itself (children
+    an engine's own shutdown missed); only when it leads its group, as :func:`connect_or_spawn`
+    starts it. Returns how many were killed."""
+    me = os.getpid()
+    if os.getpgid(0) != me:
+        return 0
+    killed = 0
+    for entry in Path("/proc").glob("[0-9]*"):
+        pid = int(entry.name)
+        try:
+            if pid != me and os.getpgid(pid) == me:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+        except (ProcessLookupError, PermissionError):
+            pass
+    return killed
+
+
+@contextmanager
+def _locked(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+@dataclass
+class WorkerHandle:
+    """How to reach a running worker: a Unix socket in a private (0700) folder, plus an auth key."""
+
+    directory: Path
+    socket: str
+    pid: int
+    authkey: bytes
+
+    @classmethod
+    def read(cls, directory: Path) -> "WorkerHandle | None":
+        try:
+            data = json.loads((directory / "address.json").read_text())
+            return cls(directory, str(data["socket"]), int(data["pid"]), bytes.fromhex(data["authkey"]))
+        except (FileNotFoundError, json.JSONDecodeError, KeyError, ValueError):
+            return None
+
+    def call(self, op: str, payload: Any = None, timeout: float = REQUEST_TIMEOUT) -> Any:
+        """Send one request and wait at most ``timeout`` seconds for its reply."""
+        try:
+            conn = Client(self.socket, family="AF_UNIX", authkey=self.authkey)
+        except (OSError, EOFError, AuthenticationError) as exc:
+            raise WorkerError(f"cannot reach node worker pid {self.pid} at {self.socket}: {exc}") from exc
+        with conn:
+            conn.send((op, payload))
+            try:
+                if not conn.poll(timeout):
+                    raise WorkerTimeout(f"node worker pid {self.pid} sent no reply to {op!r} within "
+                                        f"{timeout:.0f} s; see {self.directory / 'worker.log'}")
+                status, value = conn.recv()
+            except (EOFError, OSError):
+                raise WorkerError(f"node worker pid {self.pid} died during {op!r}; see "
+                                  f"{self.directory / 'worker.log'}") from None
+        if status == "error":
+            raise WorkerError(f"node worker failed {op!r}: {value}")
+        return value
+
+    ready: bool = False
+    """Whether the worker had built its node at the last ping (a new worker has not)."""
+
+    def alive(self) -> bool:
+        """Answers a ping (answered even while a request runs: it takes no lock)."""
+        if not _pid_alive(self.pid):
+            return False
+        try:
+            self.ready = bool(self.call("ping", timeout=PING_TIMEOUT).get("ready"))
+        except WorkerError:
+            return False
+        return True
+
+    def kill(self, why: str) -> None:
+        """Replace a hung worker: SIGKILL its pid (the next message starts a new one, which
+        resumes from the node's saved state)."""
+        log.warning("killing node worker pid %d: %s", self.pid, why)
+        kill_worker_group(self.pid)
+        (self.directory / "address.json").unlink(missing_ok=True)
+
+
+def connect_or_spawn(directory: Path, spec: dict[str, Any], *, env: dict[str, str] | None = None,
+                     timeout: float = SPAWN_TIMEOUT) -> WorkerHandle:
+    """Return the node's running worker, starting it first if there is none (one, ever)."""
+    directory = Path(directory)
+    with _locked(directory / "lock"):
+        handle = WorkerHandle.read(directory)
+        if handle is not None and handle.alive():
+            return handle
+        if handle is not None:  # dead or deaf: it (or what it left, e.g. a vLLM engine core) goes
+            kill_worker_group(handle.pid)
+        (directory / "address.json").unlink(missing_ok=True)
+        (directory / "spec.json").write_text(json.dumps(spec))
+        child_env = dict(os.environ)
+        child_env.update(env or {})
+        pkg_root = str(Path(__file__).resolve().parents[2])
+        child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [pkg_root, child_env.get("PYTHONPATH", "")]))
+        with open(directory / "worker.log", "ab") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "ftis_flwr.node.worker", "--dir", str(directory)],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                env=child_env, start_new_session=True, cwd=str(directory))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            handle = WorkerHandle.read(directory)
+            if handle is not None and handle.pid == proc.pid:
+                return handle
+            if proc.poll() is not None:
+                tail = (directory / "worker.log").read_text(errors="replace")[-2000:]
+                raise WorkerError(f"node worker exited with code {proc.returncode} before listening:\n{tail}")
+            time.sleep(0.05)
+        kill_worker_group(proc.pid)
+        raise WorkerError(f"node worker did not start listening within {timeout:.0f} s")
+
+
+def stop_worker(directory: Path) -> bool:
+    """Ask the node's worker in ``directory`` to exit, if one is running; True if one was."""
+    handle = WorkerHandle.read(Path(directory))
+    if handle is None or not _pid_alive(handle.pid):
+        return False
+    try:
+        handle.call("stop", timeout=PING_TIMEOUT)
+    except WorkerError:  # busy past the timeout or already gone: its idle timeout ends it
+        return False
+    return True
+
+
+# ----------------------------------------------------------------------------- worker side
+
+
+class _Server:
+    """Serves one node's requests, one at a time, in the worker process."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.spec = json.loads((directory / "spec.json").read_text())
+        self.idle_timeout = float(self.spec.get("idle_timeout", 900.0))
+        self.last_request = time.monotonic()
+        self.deadline: float | None = None
+        """monotonic time by which the next request must come if the run goes on: the server's
+        promise with each round (``next_within``); past it, the run has ended (stopped, failed,
+        or its ServerApp died without a STOP) and the worker exits, freeing its memory."""
+        self.deadline_s = 0.0
+        self.busy = False
+        self.node = None
+        self.load_error: str | None = None
+        self.resumed_from: int | None = None
+        """The round of the state the node was last restored from, reported once in a reply."""
+
+    def _load(self):
+        from ftis_flwr.config.merge import card_from_dict, from_dict
+        from ftis_flwr.node.node import Node
+
+        # import_registries: a loss.method given as "package.module:function" is imported and
+        # registered here, in the worker process, before the Node looks it up.
+        experiment = from_dict(self.spec["experiment"], import_registries=True)
+        card = card_from_dict(self.spec["card"])
+        if card.device.startswith("cuda:"):
+            card.device = "cuda"  # CUDA_VISIBLE_DEVICES already pins the chosen GPU
+        return Node(card, experiment, cache_dir=Path(self.spec["cache_dir"]))
+
+    def _watchdog(self):
+        while True:
+            time.sleep(1.0)
+            if not self.busy and time.monotonic() - self.last_request > self.idle_timeout:
+                log.info("idle for %.0f s: exiting", self.idle_timeout)
+                self._cleanup()
+                os._exit(0)
+            if not self.busy and self.deadline is not None and time.monotonic() > self.deadline:
+                log.warning("no message within %.0f s of the last round's start, as the server promised "
+                            "while the run goes on: the run has ended; exiting (the saved state stays for "
+                            "a resume)", self.deadline_s)
+                self._cleanup()
+                os._exit(0)
+
+    def _cleanup(self):
+        """Before ``os._exit``: shut the rollout engine down (no destructor runs after it), kill
+        whatever it left in the group, and remove the address and the private folder."""
+        engine = getattr(self.node, "engine", None)
+        close = getattr(engine, "close", None)
+        if close is not None:
+            try:
+                close()
+            except Exception as exc:  # exiting anyway: the group kill below is the backstop
+                log.warning("engine shutdown failed: %s", exc)
+        try:
+            n = _kill_own_group_but_me()
+            if n:
+                log.info("killed %d leftover process(es) of this worker's group", n)
+        except OSError as exc:
+            log.warning("could not clear this worker's process group: %s", exc)
+        handle = WorkerHandle.read(self.directory)
+        if handle is not None and handle.pid == os.getpid():
+            (self.directory / "address.json").unlink(missing_ok=True)
+        if getattr(self, "private", None) is not None:
+            shutil.rmtree(self.private, ignore_errors=True)
+
+    def handle(self, op: str, payload: Any) -> tuple[Any, bool]:
+        """-> (reply value, stop after replying)."""
+        if op == "stop":  # ("ping" is answered in _serve_one, without the lock)
+            return {"pid": os.getpid()}, True
+        if self.node is None:  # built on the first request; a failure is retried on the next one
+            try:                # (a transient cause, e.g. out of memory at load, can go away)
+                self.node = self._load()
+                self.load_error = None
+            except Exception:
+                self.load_error = traceback.format_exc()
+                raise WorkerError(f"the node could not be built:\n{self.load_error}") from None
+            self._resume(None)
+        if op == "step":
+            return self._step(payload), False
+        if op == "finish":
+            path = self.node.save(Path(payload["out_dir"]))
+            shutil.rmtree(self.state_root, ignore_errors=True)  # the final model is saved
+            return {"checkpoint": str(path), "updates": self.node.updates}, True
+        raise WorkerError(f"unknown request {op!r}")
+
+    @property
+    def state_root(self) -> Path:
+        return self.directory / "state"
+
+    def _resume(self, at_most: int | None) -> None:
+        """Load the newest saved state (at most round ``at_most``) into the node, if there is one."""
+        from ftis_flwr.node.state import load_state
+
+        before = (self.node.round, self.node.updates)
+        found = load_state(self.node, self.state_root, at_most=at_most)
+        if found is not None:
+            self.resumed_from = found
+            log.info("node %s resumed from its state of round %d (updates %d; it was at round %d, "
+                     "updates %d)", self.node.card.name, found, self.node.updates, *before)
+
+    def _step(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """One round; a round this node already ran (a resumed server) is replayed from the state
+        saved before it, never applied on top of it. Saves the state before replying."""
+        from ftis_flwr.node.state import save_state
+
+        t0 = time.perf_counter()
+        payload = dict(payload)
+        within = float(payload.pop("next_within", 0.0) or 0.0)
+        self.deadline, self.deadline_s = (time.monotonic() + within, within) if within > 0 else (None, 0.0)
+        rnd = int(payload["round"])
+        if rnd <= self.node.round:
+            log.info("node %s is at round %d and is asked for round %d again: rewinding",
+                     self.node.card.name, self.node.round, rnd)
+            if rnd == 0:
+                self.node = self._load()
+                self.resumed_from = -1
+            else:
+                self._resume(rnd - 1)
+                if self.node.round >= rnd:
+                    raise WorkerError(
+                        f"round {rnd} was already run by this node (it is at round {self.node.round}) "
+                        f"and no state saved at or before round {rnd - 1} is left to replay it from "
+                        f"(rounds.state_every={self.node.cfg.rounds.state_every})")
+        reply = step_from_payloads(self.node, payload)
+        if self.resumed_from is not None:
+            reply["metrics"]["resumed_from_round"] = float(self.resumed_from)
+            self.resumed_from = None
+        every = self.node.cfg.rounds.state_every
+        if every and (rnd % every == 0 or rnd == int(payload["num_rounds"])):
+            info = save_state(self.node, self.state_root, rnd)
+            reply["metrics"].update(state_save_seconds=info.seconds, state_bytes=float(info.nbytes))
+        # the whole request: compute plus decoding, checks and encoding (benchmarks/round_breakdown.py)
+        reply["metrics"]["worker_seconds"] = time.perf_counter() - t0
+        return reply
+
+    def serve(self):
+        authkey = secrets.token_bytes(32)
+        private = Path(tempfile.mkdtemp(prefix="ftis-worker-"))  # 0700: other users cannot connect
+        self.private = private
+        path = str(private / "sock")  # short: Unix socket paths are capped at 108 bytes
+        listener = Listener(path, family="AF_UNIX")
+        os.chmod(path, 0o600)
+        with open(self.directory / "starts.log", "a") as fh:
+            fh.write(f"{time.time():.3f} pid={os.getpid()}\n")
+        tmp = self.directory / f"address.json.{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"socket": path, "pid": os.getpid(), "authkey": authkey.hex()}, fh)
+        os.replace(tmp, self.directory / "address.json")
+        threading.Thread(target=self._watchdog, daemon=True).start()
+        log.info("node worker pid %d listening on %s", os.getpid(), path)
+        self._lock = threading.Lock()
+        while True:  # the process ends in _serve_one (stop, finish) or in _watchdog (idle)
+            try:
+                conn = listener.accept()  # no handshake here: it runs on the connection's thread
+            except OSError as exc:
+                log.warning("accept failed: %s", exc)
+                continue
+            threading.Thread(target=self._serve_one, args=(conn, authkey), daemon=True).start()
+
+    def _serve_one(self, conn, authkey: bytes) -> None:
+        """Authenticate within HANDSHAKE_TIMEOUT, then answer one request (requests run one at a
+        time under a lock; the node is not thread-safe)."""
+        timer = threading.Timer(HANDSHAKE_TIMEOUT, _shutdown, args=(conn,))
+        timer.start()
+        try:
+            deliver_challenge(conn, authkey)  # mutual, as Listener(authkey=...) does
+            answer_challenge(conn, authkey)
+            if not conn.poll(HANDSHAKE_TIMEOUT):
+                raise TimeoutError("no request after the handshake")
+            op, payload = conn.recv()
+        except Exception as exc:  # a bad key, a silent or vanished peer: only this thread ends
+            log.warning("rejected a connection: %s", exc or type(exc).__name__)
+            conn.close()
+            return
+        finally:
+            timer.cancel()
+        if op == "ping":  # no lock: a busy worker still proves it is alive
+            try:
+                conn.send(("ok", {"pid": os.getpid(), "ready": self.node is not None, "busy": self.busy}))
+            except (OSError, EOFError):
+                pass
+            conn.close()
+            return
+        with self._lock:
+            self.busy = True
+            self.last_request = time.monotonic()
+            stop = False
+            try:
+                try:
+                    value, stop = self.handle(op, payload)
+                    conn.send(("ok", value))
+                except Exception as exc:
+                    log.error("request %r failed:\n%s", op, traceback.format_exc())
+                    conn.send(("error", f"{type(exc).__name__}: {exc}"))
+            except (EOFError, OSError) as exc:
+                log.warning("connection lost: %s", exc)
+            finally:
+                conn.close()
+                self.busy = False
+                self.last_request = time.monotonic()
+            if stop:
+                self._cleanup()
+                os._exit(0)
+
+
+def _shutdown(conn) -> None:
+    """Wake a thread blocked reading ``conn`` (closing the fd alone would not)."""
+    try:
+        socket.socket(fileno=os.dup(conn.fileno())).shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+def step_from_payloads(node, payload: dict[str, Any]) -> dict[str, Any]:
+    """Decode received payloads (rejecting bad ones loudly), run the round, encode the reply.
+
+    ``payload["foreign_payloads"]``: {source: (arrays, meta, assigned train indices)}, the source
+    being the server's stamp. A payload that fails decoding is counted in groups and samples.
+    """
+    from ftis_flwr.node.node import Received, StepRequest
+    from ftis_flwr.wire.rollouts import PayloadError, decode_groups, encode_groups, payload_size
+
+    payload = dict(payload)
+    payload.pop("next_within", None)  # the worker's own business (_Server._step)
+    foreign, rejected, reasons = [], {}, []
+    for src, (arrays, meta, indices) in payload.pop("foreign_payloads", {}).items():
+        try:
+            groups = decode_groups(arrays, meta, expected_fp=node.fingerprint,
+                                   vocab_size=node.vocab_size, wire=node.cfg.wire,
+                                   cross_tokenizer=node.cfg.exchange.cross_tokenizer)
+        except PayloadError as exc:
+            n_groups, n_samples = rejected[src] = payload_size(arrays, meta)
+            reasons.append(f"{src}: payload rejected ({n_groups} group(s), {n_samples} sample(s)): {exc}")
+            log.warning("node %s: %s", node.card.name, reasons[-1])
+            continue
+        foreign.append(Received(src, groups, [int(i) for i in indices]))
+    result = node.step(StepRequest(**payload, foreign=foreign, rejected=rejected))
+    wire = node.cfg.wire
+    arrays, meta = encode_groups(result.groups, logprob_dtype=wire.logprob_dtype,
+                                 vocab_size=node.vocab_size, format=wire.format,
+                                 compress=wire.compress)
+    return {"arrays": arrays, "meta": meta, "metrics": result.metrics,
+            "rejections": reasons + result.rejections,
+            "node": node.card.name, "model_id": node.policy.model_id, "tokenizer_fp": node.fingerprint,
+            "align_fault": node.align_fault}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="ftis-flwr node worker (started by the ClientApp)")
+    parser.add_argument("--dir", required=True, type=Path)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    _keep_niceness()
+    _Server(args.dir).serve()
+
+
+def _keep_niceness() -> None:
+    """A worker leads its own session, and Linux's autogroup scheduler shares the CPU between
+    sessions before it looks at nice values: a worker of a niced sweep (``nice -n 15``, or Ray's
+    own actors at 15) would compete at full weight with the shell's work. Give this session's
+    autogroup the nice value the worker inherited (no-op where autogroups do not exist)."""
+    nice = os.nice(0)
+    if nice > 0:
+        try:
+            Path("/proc/self/autogroup").write_text(str(nice))
+        except OSError:
+            pass
+
+
+if __name__ == "__main__":
+    main()

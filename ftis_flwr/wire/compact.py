@@ -1,0 +1,402 @@
+"""Wire format 2 ("compact"): one byte container per payload (issue #9).
+
+Why: format 1 ships seven npy arrays plus per-group string lists, so on short completions the
+headers and the strings cost more than the tokens (13.5 B/token in the offline default's runs).
+Here everything is one little-endian byte string: a fixed 44-byte header, then byte-aligned
+sections whose sizes all follow from the header, so a receiver checks the declared counts against
+its caps and the exact container length *before* it unpacks (or decompresses) anything.
+
+Header (``<4sBBBB9I``): magic ``FTWC``, version 2, flags (bits 0-1 log-prob codec: 0 fp32,
+1 fp16, 2 bf16; bit 2 body zlib-compressed), ``id_bits`` (bits per token id), 0; then groups,
+completions, completion tokens, prompt tokens, strings, string bytes, reward palette size
+(0 = raw fp32 rewards), body bytes (uncompressed), and one word of four bit widths (prompt
+length, group size, completion length, string length).
+
+Body sections, in order, each padded to a whole byte (padding bits must be 0): string lengths;
+UTF-8 string table (each distinct string once); per group 4 indices into it (prompt_id, node,
+model_id, tokenizer_fp); prompt lengths; group sizes; completion lengths; prompt ids; completion
+ids (all bit-packed, most significant bit first); log-probs (4 or 2 bytes each); rewards (fp32
+each, or a palette of distinct fp32 values plus bit-packed indices: lossless, and 0/1 rewards
+cost a bit each). With the zlib flag (set by a sender only where the stream is smaller) the body after the
+header is one zlib stream, which is
+inflated to at most the declared body size (itself capped) and must end exactly there.
+
+Text (flag bit 3, cross-tokenizer F-TIS: for receivers with another tokenizer): an 8-byte
+extension after the header (``<2I``: text bytes, bits per byte length), and two more body
+sections after the rewards: each completion token's byte length (bit-packed; a final
+end-of-turn token's is 0) and the completions' UTF-8 texts, concatenated (each completion's
+share is the sum of its tokens' lengths).
+
+This module is pure bytes <-> :class:`Fields`; the semantic checks (offsets, vocabulary, log-prob
+signs, caps per group) are format-independent and live in :mod:`ftis_flwr.wire.rollouts`.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from ftis_flwr.config.schema import WireConfig
+from ftis_flwr.wire.groups import PayloadError
+
+MAGIC = b"FTWC"
+VERSION = 2
+HEADER = struct.Struct("<4sBBBB9I")
+LP_CODECS = ("fp32", "fp16", "bf16")
+COMPRESSORS = ("none", "zlib")
+STR_KEYS = ("prompt_id", "node", "model_id", "tokenizer_fp")
+_ZLIB = 4
+_TEXT = 8
+EXT = struct.Struct("<2I")
+"""The text extension after the header: text bytes, bits per token byte length."""
+_MAX_WIDTH = 32
+_MAX_ID_BITS = 31  # int32 ids, as format 1
+
+
+@dataclass
+class Fields:
+    """A payload's content, structurally read but not yet checked (both formats decode to this).
+
+    Token ids and offsets are int64, log-probs float32 (decoded from their wire codec), rewards
+    float32; ``strings[key]`` has one str per group for each of :data:`STR_KEYS`.
+    """
+
+    strings: dict[str, list[str]]
+    prompt_ids: np.ndarray
+    prompt_offsets: np.ndarray
+    completion_ids: np.ndarray
+    completion_offsets: np.ndarray
+    group_offsets: np.ndarray
+    logprobs: np.ndarray
+    rewards: np.ndarray
+    text: np.ndarray | None = None
+    """uint8: the completions' texts, concatenated (cross-tokenizer payloads only)."""
+    byte_lengths: np.ndarray | None = None
+    """int64, one per completion token: the bytes of the text it covers (with ``text``)."""
+
+
+# ---- numbers: bit packing and 16-bit log-probs -------------------------------------------------
+
+
+def bits_for(max_value: int) -> int:
+    """Bits that hold every value in [0, max_value] (0 when max_value is 0)."""
+    return int(max_value).bit_length()
+
+
+def pack_bits(values: np.ndarray, width: int) -> bytes:
+    """Values (< 2**width, width <= 32) as ``width``-bit fields, most significant bit first,
+    zero padded to a whole byte."""
+    v = np.asarray(values).ravel()
+    if width == 0 or len(v) == 0:
+        return b""
+    bits = np.unpackbits(v.astype(">u4").view(np.uint8).reshape(-1, 4), axis=1)
+    return np.packbits(bits[:, 32 - width :].ravel()).tobytes()
+
+
+def packed_len(count: int, width: int) -> int:
+    return (count * width + 7) // 8
+
+
+def unpack_bits(buf: memoryview, count: int, width: int, what: str) -> np.ndarray:
+    """Inverse of :func:`pack_bits` (int64); PayloadError if a padding bit is set."""
+    if width == 0 or count == 0:
+        return np.zeros(count, np.int64)
+    bits = np.unpackbits(np.frombuffer(buf, np.uint8))
+    if bits[count * width :].any():
+        raise PayloadError(f"compact payload: section {what!r} has non-zero padding bits")
+    padded = np.zeros((count, 32), np.uint8)
+    padded[:, 32 - width :] = bits[: count * width].reshape(count, width)
+    return np.packbits(padded, axis=1).view(">u4").ravel().astype(np.int64)
+
+
+def bf16_bits(x: np.ndarray) -> np.ndarray:
+    """fp32 -> upper 16 bits of the bit pattern, rounded to nearest even (as torch does)."""
+    bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return rounded.astype(np.uint16)
+
+
+def bf16_to_fp32(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def encode_logprobs(flat: np.ndarray, codec: str, *, check: bool = True) -> np.ndarray:
+    """fp32 log-probs in the wire codec's numpy dtype; PayloadError if a value overflows it
+    (``check``: what an honest sender wants; a forger's packer casts whatever it is given)."""
+    if codec == "fp32":
+        return flat.astype(np.float32)
+    if codec == "fp16":
+        with np.errstate(over="ignore"):  # reported below, as a PayloadError
+            out = flat.astype(np.float16)
+    elif codec == "bf16":
+        out = bf16_bits(flat)
+    else:
+        raise ValueError(f"logprob_dtype must be one of {LP_CODECS}, got {codec!r}")
+    if check and not np.all(np.isfinite(decode_logprobs(out, codec))):
+        raise PayloadError(f"log-probs overflow {codec} (smallest {flat.min()})")
+    return out
+
+
+def decode_logprobs(wire: np.ndarray, codec: str) -> np.ndarray:
+    if codec == "bf16":
+        return bf16_to_fp32(wire)
+    return wire.astype(np.float32)
+
+
+_LP_WIRE = {"fp32": np.dtype("<f4"), "fp16": np.dtype("<f2"), "bf16": np.dtype("<u2")}
+
+
+# ---- container -----------------------------------------------------------------------------------
+
+
+def _widths_word(widths: tuple[int, int, int, int]) -> int:
+    return widths[0] | widths[1] << 8 | widths[2] << 16 | widths[3] << 24
+
+
+def _section_sizes(h: dict) -> list[tuple[str, int]]:
+    """(section, bytes) of the body in order, computed from the header alone."""
+    n, c, t, p, s = h["groups"], h["completions"], h["tokens"], h["prompt_tokens"], h["strings"]
+    wp, wg, wc, ws = h["widths"]
+    k = h["palette"]
+    return [
+        ("string lengths", packed_len(s, ws)),
+        ("string table", h["string_bytes"]),
+        ("string indices", packed_len(4 * n, bits_for(max(s - 1, 0)))),
+        ("prompt lengths", packed_len(n, wp)),
+        ("group sizes", packed_len(n, wg)),
+        ("completion lengths", packed_len(c, wc)),
+        ("prompt ids", packed_len(p, h["id_bits"])),
+        ("completion ids", packed_len(t, h["id_bits"])),
+        ("log-probs", t * _LP_WIRE[h["codec"]].itemsize),
+        ("rewards", 4 * k + packed_len(c, bits_for(max(k - 1, 0))) if k else 4 * c),
+    ] + ([("byte lengths", packed_len(t, h["length_bits"])), ("text", h["text_bytes"])]
+         if h["text"] else [])
+
+
+def pack(fields: Fields, *, id_bits: int, codec: str = "fp32", compress: str = "none",
+         level: int = 6, check_range: bool = False) -> bytes:
+    """Fields -> container bytes. No semantic checks: callers validate groups first (a forger may
+    call this directly, which is why the receiver checks everything); ``check_range``: refuse
+    log-probs the 16-bit codec cannot hold. ``compress="zlib"`` sets the flag only when the
+    stream is smaller than the body."""
+    if codec not in LP_CODECS:
+        raise ValueError(f"logprob_dtype must be one of {LP_CODECS}, got {codec!r}")
+    if compress not in COMPRESSORS:
+        raise ValueError(f"wire.compress must be one of {COMPRESSORS}, got {compress!r}")
+    n = len(fields.group_offsets) - 1
+    table: dict[str, int] = {}
+    for g in range(n):
+        for key in STR_KEYS:
+            table.setdefault(fields.strings[key][g], len(table))
+    encoded = [s.encode("utf-8") for s in table]
+    str_lens = np.array([len(b) for b in encoded], np.int64)
+    indices = np.array([table[fields.strings[key][g]] for g in range(n) for key in STR_KEYS],
+                       np.int64)
+    plen = np.diff(fields.prompt_offsets)
+    gsize = np.diff(fields.group_offsets)
+    clen = np.diff(fields.completion_offsets)
+    widths = tuple(bits_for(int(a.max()) if len(a) else 0) for a in (plen, gsize, clen, str_lens))
+    rewards = np.asarray(fields.rewards, np.float32)
+    palette, idx = np.unique(rewards.view(np.uint32), return_inverse=True)
+    k = len(palette)
+    palette_cost = 4 * k + packed_len(len(rewards), bits_for(max(k - 1, 0)))
+    use_palette = 0 < k and palette_cost < 4 * len(rewards)
+    if use_palette:
+        reward_bytes = palette.astype("<u4").tobytes() + pack_bits(idx, bits_for(max(k - 1, 0)))
+    else:
+        reward_bytes = rewards.astype("<f4").tobytes()
+    lp = encode_logprobs(np.asarray(fields.logprobs, np.float32), codec, check=check_range)
+    lp = lp.astype(_LP_WIRE[codec])
+    body = b"".join([
+        pack_bits(str_lens, widths[3]),
+        b"".join(encoded),
+        pack_bits(indices, bits_for(max(len(table) - 1, 0))),
+        pack_bits(plen, widths[0]),
+        pack_bits(gsize, widths[1]),
+        pack_bits(clen, widths[2]),
+        pack_bits(fields.prompt_ids, id_bits),
+        pack_bits(fields.completion_ids, id_bits),
+        lp.tobytes(),
+        reward_bytes,
+    ])
+    ext = b""
+    if fields.text is not None:
+        lengths = np.asarray(fields.byte_lengths, np.int64)
+        length_bits = bits_for(int(lengths.max()) if len(lengths) else 0)
+        text = np.asarray(fields.text, np.uint8).tobytes()
+        ext = EXT.pack(len(text), length_bits)
+        body += pack_bits(lengths, length_bits) + text
+    packed = zlib.compress(body, level) if compress == "zlib" else body
+    if len(packed) >= len(body):  # zlib only where it pays: tiny or random bodies go as they are
+        packed = body
+    flags = LP_CODECS.index(codec) | (_ZLIB if packed is not body else 0) | (_TEXT if ext else 0)
+    header = HEADER.pack(MAGIC, VERSION, flags, id_bits, 0, n, len(clen),
+                         len(fields.completion_ids), len(fields.prompt_ids), len(table),
+                         int(str_lens.sum()), k if use_palette else 0, len(body),
+                         _widths_word(widths))
+    return header + ext + packed
+
+
+def read_header(buf: bytes | memoryview) -> dict:
+    """The header's fields (nothing else read); PayloadError if it is short or not format 2."""
+    if len(buf) < HEADER.size:
+        raise PayloadError(f"compact payload: {len(buf)} bytes, shorter than its "
+                           f"{HEADER.size}-byte header")
+    (magic, version, flags, id_bits, zero, n, c, t, p, s, sb, k, body,
+     widths) = HEADER.unpack_from(buf, 0)
+    if magic != MAGIC:
+        raise PayloadError(f"compact payload: magic {magic!r}, expected {MAGIC!r}")
+    if version != VERSION:
+        raise PayloadError(f"compact payload: version {version}, this receiver reads {VERSION}")
+    if flags & ~(_ZLIB | _TEXT | 3) or (flags & 3) >= len(LP_CODECS) or zero:
+        raise PayloadError(f"compact payload: unknown flags {flags:#04x} / reserved byte {zero}")
+    w = tuple((widths >> sh) & 0xFF for sh in (0, 8, 16, 24))
+    if id_bits > _MAX_ID_BITS or max(w) > _MAX_WIDTH:
+        raise PayloadError(f"compact payload: bit widths {id_bits} (ids) / {w} exceed "
+                           f"{_MAX_ID_BITS} / {_MAX_WIDTH}")
+    text_bytes, length_bits = 0, 0
+    if flags & _TEXT:
+        if len(buf) < HEADER.size + EXT.size:
+            raise PayloadError(f"compact payload: {len(buf)} bytes, shorter than its header and "
+                               f"{EXT.size}-byte text extension")
+        text_bytes, length_bits = EXT.unpack_from(buf, HEADER.size)
+        if length_bits > _MAX_WIDTH:
+            raise PayloadError(f"compact payload: {length_bits} bits per byte length exceed {_MAX_WIDTH}")
+    return {"codec": LP_CODECS[flags & 3], "zlib": bool(flags & _ZLIB), "id_bits": id_bits,
+            "groups": n, "completions": c, "tokens": t, "prompt_tokens": p, "strings": s,
+            "string_bytes": sb, "palette": k, "body_bytes": body, "widths": w,
+            "text": bool(flags & _TEXT), "text_bytes": text_bytes, "length_bits": length_bits,
+            "header_bytes": HEADER.size + (EXT.size if flags & _TEXT else 0)}
+
+
+def check_token_cap(tokens: int, wire: WireConfig) -> None:
+    if tokens > wire.max_tokens_per_payload:
+        raise PayloadError(f"{tokens} completion tokens exceed wire.max_tokens_per_payload="
+                           f"{wire.max_tokens_per_payload}")
+
+
+def check_caps(h: dict, container_bytes: int, wire: WireConfig) -> None:
+    """Declared counts and sizes against the receiver's caps: before anything is allocated."""
+    if container_bytes > wire.max_payload_bytes or h["body_bytes"] > wire.max_payload_bytes:
+        raise PayloadError(f"compact payload: {max(container_bytes, h['body_bytes'])} bytes "
+                           f"exceed wire.max_payload_bytes={wire.max_payload_bytes}")
+    if h["groups"] > wire.max_groups:
+        raise PayloadError(f"{h['groups']} groups exceed wire.max_groups={wire.max_groups}")
+    check_token_cap(h["tokens"], wire)
+    if h["completions"] > h["groups"] * wire.max_completions_per_group:
+        raise PayloadError(f"compact payload: {h['completions']} completions in {h['groups']} "
+                           f"groups exceed wire.max_completions_per_group="
+                           f"{wire.max_completions_per_group} per group")
+    if h["strings"] > 4 * h["groups"]:
+        raise PayloadError(f"compact payload: {h['strings']} strings for {h['groups']} groups "
+                           f"(at most 4 per group)")
+    if h["palette"] > h["completions"]:
+        raise PayloadError(f"compact payload: reward palette of {h['palette']} values for "
+                           f"{h['completions']} completions")
+
+
+def unpack(buf: bytes | memoryview, wire: WireConfig) -> Fields:
+    """Container bytes -> Fields, checking structure only; PayloadError naming the fault."""
+    buf = memoryview(buf)
+    h = read_header(buf)
+    check_caps(h, len(buf), wire)
+    sizes = _section_sizes(h)
+    expected = sum(size for _, size in sizes)
+    if h["body_bytes"] != expected:
+        raise PayloadError(f"compact payload: header declares a {h['body_bytes']}-byte body, its "
+                           f"counts need {expected}")
+    rest = buf[h["header_bytes"] :]
+    if h["zlib"]:
+        body = _inflate(rest, expected)
+    elif len(rest) != expected:
+        kind = "truncated" if len(rest) < expected else "trailing bytes"
+        raise PayloadError(f"compact payload: body is {len(rest)} bytes, the header's counts need "
+                           f"{expected} ({kind})")
+    else:
+        body = rest
+    sec, at = {}, 0
+    for name, size in sizes:
+        sec[name] = body[at : at + size]
+        at += size
+    wp, wg, wc, ws = h["widths"]
+    n, c, t, p = h["groups"], h["completions"], h["tokens"], h["prompt_tokens"]
+    str_lens = unpack_bits(sec["string lengths"], h["strings"], ws, "string lengths")
+    if int(str_lens.sum()) != h["string_bytes"]:
+        raise PayloadError(f"compact payload: string lengths sum to {int(str_lens.sum())}, the "
+                           f"table holds {h['string_bytes']} bytes")
+    table_bytes, strings, at = bytes(sec["string table"]), [], 0
+    for i, size in enumerate(str_lens.tolist()):
+        if size == 0:
+            raise PayloadError(f"compact payload: string {i} is empty")
+        try:
+            strings.append(table_bytes[at : at + size].decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise PayloadError(f"compact payload: string {i} is not UTF-8 ({e.reason})") from None
+        at += size
+    idx = unpack_bits(sec["string indices"], 4 * n, bits_for(max(h["strings"] - 1, 0)),
+                      "string indices")
+    if n and idx.max() >= h["strings"]:
+        g = int(np.argmax(idx >= h["strings"])) // 4
+        raise PayloadError(f"compact payload: group {g} names string {int(idx.max())}, the table "
+                           f"has {h['strings']}")
+    per_group = idx.reshape(n, 4)
+    fields_str = {key: [strings[i] for i in per_group[:, j].tolist()]
+                  for j, key in enumerate(STR_KEYS)}
+    plen = unpack_bits(sec["prompt lengths"], n, wp, "prompt lengths")
+    gsize = unpack_bits(sec["group sizes"], n, wg, "group sizes")
+    clen = unpack_bits(sec["completion lengths"], c, wc, "completion lengths")
+    prompt_ids = unpack_bits(sec["prompt ids"], p, h["id_bits"], "prompt ids")
+    completion_ids = unpack_bits(sec["completion ids"], t, h["id_bits"], "completion ids")
+    lp_wire = np.frombuffer(sec["log-probs"], _LP_WIRE[h["codec"]])
+    logprobs = decode_logprobs(lp_wire.astype(lp_wire.dtype.newbyteorder("=")), h["codec"])
+    k = h["palette"]
+    if k:
+        palette = np.frombuffer(sec["rewards"][: 4 * k], "<u4").astype(np.uint32)
+        ridx = unpack_bits(sec["rewards"][4 * k :], c, bits_for(k - 1), "rewards")
+        if c and ridx.max() >= k:
+            raise PayloadError(f"compact payload: completion {int(np.argmax(ridx >= k))} names "
+                               f"reward {int(ridx.max())}, the palette has {k}")
+        rewards = palette[ridx].view(np.float32)
+    else:
+        rewards = np.frombuffer(sec["rewards"], "<f4").astype(np.float32)
+    text = byte_lengths = None
+    if h["text"]:
+        byte_lengths = unpack_bits(sec["byte lengths"], t, h["length_bits"], "byte lengths")
+        text = np.frombuffer(sec["text"], np.uint8)
+    return Fields(strings=fields_str, prompt_ids=prompt_ids, prompt_offsets=offsets(plen),
+                  completion_ids=completion_ids, completion_offsets=offsets(clen),
+                  group_offsets=offsets(gsize), logprobs=logprobs, rewards=rewards,
+                  text=text, byte_lengths=byte_lengths)
+
+
+def offsets(lengths) -> np.ndarray:
+    """[0, l0, l0+l1, ...] as int64."""
+    out = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=out[1:])
+    return out
+
+
+def flat(parts: list[np.ndarray], dtype) -> np.ndarray:
+    return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype=dtype)
+
+
+def _inflate(data: memoryview, expected: int) -> bytes:
+    """zlib body of exactly ``expected`` bytes (already capped), never inflating past it."""
+    d = zlib.decompressobj()
+    try:
+        body = d.decompress(data, expected)
+        if len(body) == expected and not d.eof:  # a stream that would inflate further
+            body += d.decompress(d.unconsumed_tail, 1)
+    except zlib.error as e:
+        raise PayloadError(f"compact payload: zlib body is corrupt ({e})") from None
+    if len(body) != expected or not d.eof:
+        raise PayloadError(f"compact payload: zlib body inflates to {len(body)}"
+                           f"{'+' if len(body) >= expected else ''} bytes (not a complete stream "
+                           f"of the declared {expected})")
+    if d.unused_data or d.unconsumed_tail:
+        raise PayloadError(f"compact payload: {len(d.unused_data) + len(d.unconsumed_tail)} "
+                           "trailing bytes after the zlib body")
+    return body

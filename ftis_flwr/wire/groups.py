@@ -1,0 +1,175 @@
+"""Groups of completions: G samples of one prompt by one generator, with its token log-probs.
+
+The data model of the method, free of any transport (the node and the maths import it without
+Flower; ``ftis_flwr.wire.rollouts`` puts groups on the wire). Rules a group must meet (sender and
+receiver alike): a prompt has >= 1 token; a group has >= 1 completion; every completion has >= 1 token (a model always emits at least one token, EOS or a
+token cut by the length cap, so an empty completion can only be a fault); log-probs are finite
+and <= ``LOGPROB_TOLERANCE`` (1e-4: log-softmax rounding may give tiny positive values, anything
+larger is not a log-probability); ids lie in [0, vocab_size); rewards are finite.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+import numpy as np
+
+LOGPROB_TOLERANCE = 1e-4
+
+
+class PayloadError(ValueError):
+    """A group or payload breaks the wire rules; the message names the group and the fault."""
+
+
+@dataclass
+class Group:
+    """G completions of one prompt by one generator, with the generator's token log-probs."""
+
+    prompt_id: str
+    prompt_tokens: np.ndarray
+    completions: list[np.ndarray]
+    logprobs: list[np.ndarray]
+    rewards: np.ndarray
+    node: str
+    model_id: str
+    tokenizer_fp: str
+    texts: list[bytes] | None = None
+    """Cross-tokenizer path (SPEC §4), for receivers with another tokenizer: each completion's
+    text as UTF-8 bytes, what its tokens stand for (a final end-of-turn token stands for none)."""
+    byte_lengths: list[np.ndarray] | None = None
+    """With ``texts``: per completion, the bytes of its text each token covers, in order: >= 1,
+    except a final end-of-turn token's 0 (so a last length of 0 says the completion ended its
+    turn; a truncated one has none). They add up to the text's length."""
+    chunks: list[np.ndarray] | None = None
+    """Receiver side only, never on the wire: after alignment (:mod:`ftis_flwr.xtok.align`) the group
+    is in the receiver's tokens and each completion's tokens carry their chunk index 0, 1, ...;
+    its ``logprobs`` then hold the sender's log-prob of each chunk on the chunk's last token."""
+
+    @property
+    def size(self) -> int:
+        """Number of completions in the group."""
+        return len(self.completions)
+
+    @property
+    def num_tokens(self) -> int:
+        """Completion tokens in the group (the prompt is not counted)."""
+        return int(sum(len(c) for c in self.completions))
+
+    def validate(self, vocab_size: int | None = None) -> None:
+        """Raise PayloadError unless the group meets the wire rules (module docstring)."""
+        where = f"group {self.prompt_id!r}"
+        for name in ("prompt_id", "node", "model_id", "tokenizer_fp"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise PayloadError(f"{where}: {name} must be a non-empty str, got {value!r}")
+        _check_ids(self.prompt_tokens, vocab_size, f"{where}: prompt_tokens")
+        if not isinstance(self.completions, list) or not isinstance(self.logprobs, list):
+            raise PayloadError(f"{where}: completions and logprobs must be lists of arrays")
+        if not self.completions:
+            raise PayloadError(f"{where}: a group needs at least one completion")
+        if len(self.logprobs) != len(self.completions):
+            raise PayloadError(
+                f"{where}: {len(self.completions)} completions but {len(self.logprobs)} "
+                "log-prob arrays"
+            )
+        for i, (ids, lps) in enumerate(zip(self.completions, self.logprobs)):
+            _check_ids(ids, vocab_size, f"{where}: completion {i}")
+            lps = np.asarray(lps)
+            if lps.ndim != 1 or lps.dtype.kind != "f":
+                raise PayloadError(f"{where}: completion {i}: log-probs must be a 1-D float array")
+            if len(lps) != len(ids):
+                raise PayloadError(
+                    f"{where}: completion {i}: {len(ids)} tokens but {len(lps)} log-probs"
+                )
+            bad = _first_bad_logprob(lps.astype(np.float32))
+            if bad is not None:
+                raise PayloadError(f"{where}: completion {i} token {bad[0]}: {bad[1]}")
+        rewards = np.asarray(self.rewards)
+        if rewards.shape != (len(self.completions),) or rewards.dtype.kind not in "fiub":
+            raise PayloadError(
+                f"{where}: rewards must be a numeric array of shape ({len(self.completions)},),"
+                f" got shape {rewards.shape}"
+            )
+        if not np.all(np.isfinite(rewards)):
+            raise PayloadError(f"{where}: rewards contain non-finite values")
+        if (self.texts is None) != (self.byte_lengths is None):
+            raise PayloadError(f"{where}: texts and byte_lengths come together or not at all")
+        if self.texts is not None:
+            if len(self.texts) != len(self.completions) or len(self.byte_lengths) != len(self.completions):
+                raise PayloadError(f"{where}: {len(self.completions)} completions but {len(self.texts)} "
+                                   f"texts and {len(self.byte_lengths)} byte-length arrays")
+            for i, (ids, text, lengths) in enumerate(zip(self.completions, self.texts, self.byte_lengths)):
+                why = text_fault(text, np.asarray(lengths), len(ids))
+                if why:
+                    raise PayloadError(f"{where}: completion {i}: {why}")
+
+
+def text_fault(text: bytes, lengths: np.ndarray, n_tokens: int) -> str:
+    """Why one completion's text and byte lengths break the wire rules (``Group.byte_lengths``),
+    or "" when they meet them."""
+    if not isinstance(text, (bytes, bytearray)):
+        return f"text must be bytes, got {type(text).__name__}"
+    if lengths.ndim != 1 or lengths.dtype.kind not in "iu" or len(lengths) != n_tokens:
+        return f"byte lengths must be a 1-D integer array of {n_tokens} (one per token)"
+    inner = lengths[:-1]
+    if (inner <= 0).any():
+        return (f"token {int(np.argmax(inner <= 0))} covers {int(inner.min())} bytes (only a final "
+                "end-of-turn token covers none)")
+    if lengths[-1] < 0:
+        return f"the last token covers {int(lengths[-1])} bytes"
+    if int(lengths.sum()) != len(text):
+        return f"byte lengths add up to {int(lengths.sum())}, the text has {len(text)} bytes"
+    try:
+        bytes(text).decode("utf-8")
+    except UnicodeDecodeError as e:
+        return f"text is not valid UTF-8 ({e.reason} at byte {e.start})"
+    return ""
+
+
+def _check_ids(ids: np.ndarray, vocab_size: int | None, where: str) -> None:
+    ids = np.asarray(ids)
+    if ids.ndim != 1 or ids.dtype.kind not in "iu":
+        raise PayloadError(f"{where}: token ids must be a 1-D integer array")
+    if len(ids) == 0:
+        raise PayloadError(f"{where}: has no tokens (at least one is required)")
+    if ids.min() < 0 or (vocab_size is not None and ids.max() >= vocab_size):
+        raise PayloadError(
+            f"{where}: token id out of range [0, {vocab_size}): min {ids.min()}, max {ids.max()}"
+        )
+
+
+def _first_bad_logprob(lps: np.ndarray) -> tuple[int, str] | None:
+    """(position, fault) of the first non-finite or positive log-prob, else None."""
+    bad = ~np.isfinite(lps) | (lps > LOGPROB_TOLERANCE)
+    if not bad.any():
+        return None
+    pos = int(np.argmax(bad))
+    value = float(lps[pos])
+    kind = "non-finite" if not np.isfinite(value) else f"positive (> {LOGPROB_TOLERANCE})"
+    return pos, f"log-prob {value} is {kind}"
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """Short hex hash of the vocabulary and special tokens: equal iff ids mean the same text.
+
+    Covers token->id (sorted, added tokens included) and the bos/eos/pad/unk ids and strings,
+    because a receiver scores and trains on received ids with its own tokenizer.
+    """
+    vocab = sorted((str(tok), int(idx)) for tok, idx in tokenizer.get_vocab().items())
+    special = {
+        f"{name}{suffix}": getattr(tokenizer, f"{name}{suffix}", None)
+        for name in ("bos", "eos", "pad", "unk")
+        for suffix in ("_token", "_token_id")
+    }
+    blob = json.dumps({"vocab": vocab, "special": special}, ensure_ascii=True, default=str)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+
+
+def groups_by_node(groups: list[Group]) -> dict[str, list[Group]]:
+    """Groups keyed by generator node, order kept (for redistribution and per-source stats)."""
+    out: dict[str, list[Group]] = {}
+    for g in groups:
+        out.setdefault(g.node, []).append(g)
+    return out

@@ -1,0 +1,155 @@
+"""Aligning two tokenizations of one completion text into chunks (cross-tokenizer F-TIS, SPEC §4).
+
+Why: a receiver whose tokenizer differs from the sender's cannot score the sender's token ids. It
+scores the completion's *text* with its own tokens instead, and compares the two sides where both
+have a token boundary at the same byte: a chunk is a run of sender tokens and a run of receiver
+tokens that cover exactly the same bytes, the smallest such runs. By the chain rule a chunk's
+log-prob is the sum of its tokens' log-probs on either side, so the importance weight is taken per
+chunk. Between identical tokenizations every chunk is one token, and the token path is recovered.
+
+The walk is the byte-offset alignment of TRL's GOLD trainer, for any pair of fast tokenizers: the
+sender's side comes as token byte lengths (they tile the text), the receiver's from its own
+tokenizer's offsets (characters, turned into UTF-8 bytes here). A receiver token whose span crosses
+a byte position (one of two tokens that share a multi-byte character, say) leaves no boundary
+there, so such tokens always share a chunk. Pure numpy, no model: tested on synthetic and real
+tokenizers (tests/test_align.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ftis_flwr.xtok.token_bytes import TokenBytesError, token_bytes
+
+CROSS_TOKENIZER_MODES = ("auto", "always", "off")
+"""``exchange.cross_tokenizer``: when a foreign sample takes the text (chunk) path."""
+CROSS_TOKENIZER_RATIOS = ("chunk", "sequence")
+"""``loss.cross_tokenizer_ratio``: per aligned chunk, or one per completion from mean log-probs."""
+
+
+class AlignError(ValueError):
+    """Two tokenizations that cannot be aligned (spans that do not tile the text, a tokenizer
+    without offsets); the message says which."""
+
+
+@dataclass(frozen=True)
+class Chunks:
+    """The chunks of one completion: each side's tokens mapped to chunk indices 0..n-1 in order."""
+
+    sender: np.ndarray
+    """[n_sender_tokens] int64: the chunk of each sender token (non-decreasing, every chunk hit)."""
+    receiver: np.ndarray
+    """[n_receiver_tokens] int64: the chunk of each receiver token (same rules)."""
+    n: int
+    """Number of chunks (0 only for an empty completion)."""
+
+    def sums(self, values: np.ndarray, side: str = "receiver") -> np.ndarray:
+        """Per-chunk sums of per-token ``values`` of one side (the chain rule for log-probs)."""
+        index = self.sender if side == "sender" else self.receiver
+        return np.bincount(index, weights=np.asarray(values, np.float64), minlength=self.n)
+
+
+def sender_cuts(byte_lengths: np.ndarray, total: int) -> np.ndarray:
+    """The inner token boundaries (byte positions) of the sender, checked to tile ``total`` bytes."""
+    lengths = np.asarray(byte_lengths)
+    if lengths.ndim != 1 or not np.issubdtype(lengths.dtype, np.integer):
+        raise AlignError(f"sender byte lengths must be a 1-D integer array, got {lengths.dtype} "
+                         f"{lengths.shape}")
+    if len(lengths) and lengths.min() <= 0:
+        raise AlignError(f"sender token {int(np.argmax(lengths <= 0))} has byte length "
+                         f"{int(lengths.min())}: every token covers at least one byte")
+    if int(lengths.sum()) != total:
+        raise AlignError(f"sender token byte lengths add up to {int(lengths.sum())}, the text has {total} bytes")
+    return np.cumsum(lengths)[:-1].astype(np.int64)
+
+
+def receiver_cuts(starts: np.ndarray, ends: np.ndarray, total: int) -> np.ndarray:
+    """Byte positions inside (0, total) where the receiver's tokens have a clean boundary: some
+    token ends there, some token starts there, and no token's span crosses it."""
+    starts, ends = np.asarray(starts, np.int64), np.asarray(ends, np.int64)
+    if len(starts) != len(ends) or (len(starts) and (starts.min() < 0 or ends.max() > total
+                                                      or (ends < starts).any())):
+        raise AlignError(f"receiver spans do not lie within the {total}-byte text")
+    inner = np.intersect1d(ends, starts)
+    inner = inner[(inner > 0) & (inner < total)]
+    if not len(inner):
+        return inner
+    crossing = np.zeros(total + 1, np.int64)  # +1 over (start, end): positions strictly inside a span
+    np.add.at(crossing, starts + 1, 1)
+    np.add.at(crossing, ends, -1)
+    inside = np.cumsum(crossing) > 0
+    return inner[~inside[inner]]
+
+
+def align(sender_lengths: np.ndarray, receiver_starts: np.ndarray, receiver_ends: np.ndarray,
+          total: int) -> Chunks:
+    """Chunks of a completion of ``total`` bytes: sender tokens of ``sender_lengths`` bytes each,
+    receiver tokens spanning [start, end) bytes (zero-width ones join the chunk they sit in)."""
+    s_cuts = sender_cuts(sender_lengths, total)
+    r_starts = np.asarray(receiver_starts, np.int64)
+    r_cuts = receiver_cuts(r_starts, receiver_ends, total)
+    common = np.intersect1d(s_cuts, r_cuts)
+    n_recv = len(r_starts)
+    if total == 0:
+        if n_recv:
+            raise AlignError(f"an empty text has {n_recv} receiver token(s)")
+        return Chunks(np.zeros(len(np.asarray(sender_lengths)), np.int64), np.zeros(0, np.int64), 0)
+    if n_recv == 0:
+        raise AlignError(f"a {total}-byte text has no receiver tokens")
+    s_starts = np.concatenate([[0], s_cuts])
+    sender = np.searchsorted(common, s_starts, side="right").astype(np.int64)
+    receiver = np.searchsorted(common, r_starts, side="right").astype(np.int64)
+    return Chunks(sender, receiver, len(common) + 1)
+
+
+def utf8_offsets(text: str, char_offsets) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends) in UTF-8 bytes of spans given in characters of ``text``."""
+    per_char = np.fromiter((len(ch.encode("utf-8")) for ch in text), np.int64, len(text))
+    at = np.concatenate([[0], np.cumsum(per_char)])
+    spans = np.asarray(char_offsets, np.int64).reshape(-1, 2)
+    return at[spans[:, 0]], at[spans[:, 1]]
+
+
+ALIGN_PROBE = "Hello, world: 12 + 30 = 42.\n  é€ 😀 中文 <think> x"
+"""A text with what alignment must survive (multi-byte characters, whitespace runs, digits)."""
+
+
+def alignment_fault(tokenizer) -> str:
+    """Why ``tokenizer`` cannot take part in cross-tokenizer F-TIS (no offsets, tokens whose bytes
+    cannot be read), or "" when it can: checked on :data:`ALIGN_PROBE` both as a receiver (spans
+    that tile the text) and as a sender (token bytes that rebuild what it encodes)."""
+    try:
+        ids, starts, ends = encode_with_spans(tokenizer, ALIGN_PROBE)
+        receiver_cuts(starts, ends, len(ALIGN_PROBE.encode("utf-8")))
+        token_bytes(tokenizer, ids)
+    except (AlignError, TokenBytesError) as exc:
+        return str(exc)
+    except Exception as exc:  # a tokenizer's own failure is a fault of that tokenizer, named
+        return f"{type(exc).__name__}: {exc}"
+    return ""
+
+
+def encode_with_spans(tokenizer, text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The receiver's own tokens of a completion text and their UTF-8 byte spans, without special
+    tokens (a BOS never enters a completion's chunks); AlignError for a tokenizer without offsets.
+
+    The spans are the tokens' own bytes (:mod:`ftis_flwr.xtok.token_bytes`) where those join to exactly
+    the text: a byte-level BPE that splits a multi-byte character then keeps that boundary, and a
+    tokenizer aligned with itself gets one token a chunk. Otherwise (a metaspace tokenizer that
+    prepends a space, say) they come from the tokenizer's character offsets."""
+    if not getattr(tokenizer, "is_fast", False):
+        raise AlignError(f"{type(tokenizer).__name__} is not a fast tokenizer: it gives no offsets, so "
+                         "its completions cannot be aligned with another tokenizer's")
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids = np.asarray(enc["input_ids"], np.int64)
+    try:
+        pieces = token_bytes(tokenizer, ids)
+    except TokenBytesError:
+        pieces = None
+    if pieces is not None and b"".join(pieces) == text.encode("utf-8") and all(pieces):
+        ends = np.cumsum([len(p) for p in pieces]).astype(np.int64)
+        return ids, ends - np.array([len(p) for p in pieces], np.int64), ends
+    starts, ends = utf8_offsets(text, enc["offset_mapping"] if len(ids) else np.zeros((0, 2)))
+    return ids, starts, ends
