@@ -148,19 +148,43 @@ def test_every_error_is_listed_at_once_without_a_traceback_chain():
     assert err.value.__cause__ is None and err.value.__context__ is None
 
 
-def test_choices_come_from_the_owning_registries():
-    from ftis_flwr import tasks
-    from ftis_flwr.maths import advantages, loss
-    from ftis_flwr.node import engines
-    from ftis_flwr.wire import rollouts
+def test_bad_choices_name_the_configured_values():
+    from ftis_flwr.config import choices
 
     with pytest.raises(ConfigError) as err:
         load_experiment(overrides={"loss.filter_rule": "xor", "task.name": "nope", "nodes.0.engine": "x",
                                    "wire.logprob_dtype": "fp8", "loss.method": "nope"})
     msg = str(err.value)
-    assert ", ".join(advantages.FILTER_RULES) in msg and ", ".join(tasks.TASK_NAMES) in msg
-    assert ", ".join(engines.ENGINES) in msg and ", ".join(rollouts.LOGPROB_DTYPES) in msg
-    assert ", ".join(sorted(loss.LOSS_REGISTRY)) in msg
+    assert ", ".join(choices.FILTER_RULES) in msg and ", ".join(choices.TASK_NAMES) in msg
+    assert ", ".join(choices.ENGINES) in msg and ", ".join(choices.LOGPROB_CODECS) in msg
+    assert "loss.method='nope' is not one of" in msg and "f-tis" in msg
+
+
+def test_the_configured_choices_are_what_the_code_implements():
+    """config.choices declares each vocabulary torch-free; the modules that implement them agree."""
+    from ftis_flwr.config import choices
+    from ftis_flwr.config.schema import TaskConfig
+    from ftis_flwr.maths.loss import LOSS_REGISTRY
+    from ftis_flwr.node.tiny import TINY_SIZES
+    from ftis_flwr.tasks import make_task
+    from ftis_flwr.wire.compact import LP_CODECS
+
+    assert set(choices.BUILTIN_LOSSES) <= set(LOSS_REGISTRY)
+    assert set(TINY_SIZES) == set(choices.TINY_SIZES)
+    assert set(LP_CODECS) == set(choices.LOGPROB_CODECS)
+    for name in choices.TASK_NAMES:  # builds lazily: nothing is read or downloaded here
+        assert make_task(TaskConfig(name=name)) is not None
+
+
+def test_validation_needs_no_torch():
+    """The choices are torch-free: validating a whole preset imports neither torch nor transformers."""
+    import subprocess
+    import sys
+
+    script = ("import sys; from ftis_flwr.config.merge import load_experiment; load_experiment('cpu-xtok');"
+              "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr[-2000:]
 
 
 @pytest.fixture

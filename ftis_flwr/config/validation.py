@@ -1,11 +1,10 @@
 """Validation of an :class:`~ftis_flwr.config.schema.ExperimentConfig`: every error at once, by key.
 
-The allowed values of each choice are read from the module that owns them (:data:`CHOICE_OWNERS`,
-:data:`CARD_CHOICE_OWNERS`), never copied here: a loss added with
-:func:`ftis_flwr.maths.loss.register_loss` is a valid ``loss.method`` as soon as it is registered, a task
-added to ``ftis_flwr.tasks.TASK_NAMES`` a valid ``task.name``, and so on.
+The allowed values of each choice come from :mod:`ftis_flwr.config.choices` (the maths' own from
+:mod:`ftis_flwr.maths.params`), torch-free, so validating costs about a second.
 
-``loss.method`` may also be an import path, ``"package.module:function"`` (or
+``loss.method`` is open: a built-in name, a name registered with
+:func:`ftis_flwr.maths.loss.register_loss`, or an import path ``"package.module:function"`` (or
 ``"f-package.module:function"`` for the filtered variant, by the ``f-`` convention of
 :mod:`ftis_flwr.maths.loss`): validation imports the module and registers the function under that exact
 name, so it works in every process that validates the experiment (the ServerApp, and each node
@@ -13,10 +12,11 @@ worker when it builds its Node). The module must be importable there (installed,
 ``PYTHONPATH``; the app directory is on the workers' path). ``function`` may also be a name the
 module registers with ``register_loss`` when it is imported.
 
-Importing the owners costs seconds (torch, transformers). ``validate(cfg)`` imports them;
-``validate(cfg, import_registries=False)`` (what the per-message ClientApp uses through
-``from_dict``) checks only against owners some code already imported and leaves the rest to the
-server, which validated the same experiment before sending it.
+A name that is not built in needs the loss registry, which imports torch (seconds).
+``validate(cfg)`` imports it; ``validate(cfg, import_registries=False)`` (what the per-message
+ClientApp uses through ``from_dict``) checks such a name only when the registry is already
+imported and otherwise leaves it to the server, which validated the same experiment before
+sending it.
 """
 
 from __future__ import annotations
@@ -25,38 +25,8 @@ import importlib
 import sys
 from typing import Any, Callable
 
+from ftis_flwr.config.choices import BUILTIN_LOSSES, CARD_CHOICES, CARD_DTYPES, EXPERIMENT_CHOICES
 from ftis_flwr.config.schema import ConfigError, ExperimentConfig, ModelCard
-
-CHOICE_OWNERS: dict[str, tuple[str, str]] = {
-    "loss.filter_rule": ("ftis_flwr.maths.advantages", "FILTER_RULES"),
-    "loss.filter_scope": ("ftis_flwr.maths.advantages", "FILTER_SCOPES"),
-    "loss.filter_action": ("ftis_flwr.maths.loss", "FILTER_ACTIONS"),
-    "loss.kl_estimator": ("ftis_flwr.maths.loss", "KL_ESTIMATORS"),
-    "loss.reduction": ("ftis_flwr.maths.loss", "REDUCTIONS"),
-    "advantage.scale_rewards": ("ftis_flwr.maths.advantages", "SCALES"),
-    "wire.logprob_dtype": ("ftis_flwr.wire.rollouts", "LOGPROB_DTYPES"),
-    "wire.format": ("ftis_flwr.wire.rollouts", "FORMATS"),
-    "wire.compress": ("ftis_flwr.wire.compact", "COMPRESSORS"),
-    "task.name": ("ftis_flwr.tasks", "TASK_NAMES"),
-    "exchange.select": ("ftis_flwr.server.budget", "SELECT_RULES"),
-    "exchange.schedule": ("ftis_flwr.server.async_rounds", "SCHEDULES"),
-    "exchange.cross_tokenizer": ("ftis_flwr.xtok.align", "CROSS_TOKENIZER_MODES"),
-    "loss.cross_tokenizer_ratio": ("ftis_flwr.xtok.align", "CROSS_TOKENIZER_RATIOS"),
-}
-"""Experiment key -> (owner module, attribute holding the allowed values)."""
-
-CARD_CHOICE_OWNERS: dict[str, tuple[str, str]] = {
-    "engine": ("ftis_flwr.node.engines", "ENGINES"),
-    "tiny_size": ("ftis_flwr.node.tiny", "TINY_SIZES"),
-    "tiny_tokenizer": ("ftis_flwr.node.tiny", "TINY_TOKENIZERS"),
-    "g.kind": ("ftis_flwr.maths.advantages", "G_KINDS"),
-}
-"""Model-card key -> (owner module, attribute holding the allowed values)."""
-
-ADVANTAGE_MODES = ("vertical", "horizontal", "alone")
-"""Owned here: the collaboration modes :class:`ftis_flwr.server.strategy.FTISStrategy` implements."""
-CARD_DTYPES = ("float32", "bfloat16", "float16", "auto")
-"""Owned here until ``ftis_flwr.node.models`` exposes its dtype table publicly."""
 
 
 def _get(cfg: Any, dotted: str) -> Any:
@@ -65,19 +35,8 @@ def _get(cfg: Any, dotted: str) -> Any:
     return cfg
 
 
-def allowed_values(owner: tuple[str, str], import_registries: bool = True) -> tuple[str, ...] | None:
-    """The owner's allowed values (dict keys for a table), or None when it is not to be imported."""
-    module_name, attr = owner
-    module = sys.modules.get(module_name)
-    if module is None:
-        if not import_registries:
-            return None
-        module = importlib.import_module(module_name)
-    return tuple(getattr(module, attr))
-
-
-def _choice_error(key: str, value: Any, choices: tuple[str, ...] | None) -> list[str]:
-    if choices is None or value in choices:
+def _choice_error(key: str, value: Any, choices: tuple) -> list[str]:
+    if value in choices:
         return []
     return [f"{key}={value!r} is not one of {', '.join(choices)}"]
 
@@ -95,6 +54,8 @@ def resolve_loss_method(name: str, import_registries: bool = True) -> str | None
     A registered name is used as is. ``"[f-]package.module:function"`` imports the module and
     registers ``function`` (an attribute, or a name the module registered) under ``name``.
     """
+    if name in BUILTIN_LOSSES:
+        return None
     registry = _loss_registry(import_registries)
     if registry is None or name in registry:
         return None
@@ -127,9 +88,8 @@ def experiment_errors(cfg: ExperimentConfig, *, import_registries: bool = True) 
     method_error = resolve_loss_method(cfg.loss.method, import_registries)
     if method_error:
         errors.append(method_error)
-    for key, owner in CHOICE_OWNERS.items():
-        errors += _choice_error(key, _get(cfg, key), allowed_values(owner, import_registries))
-    errors += _choice_error("advantage.mode", cfg.advantage.mode, ADVANTAGE_MODES)
+    for key, choices in EXPERIMENT_CHOICES.items():
+        errors += _choice_error(key, _get(cfg, key), choices)
     if cfg.loss.trunc_c <= 0:
         errors.append(f"loss.trunc_c={cfg.loss.trunc_c} must be > 0")
     if not 0 < cfg.loss.clip_eps < 1:
@@ -205,7 +165,7 @@ def experiment_errors(cfg: ExperimentConfig, *, import_registries: bool = True) 
 
 def exchange_errors(cfg: ExperimentConfig) -> list[str]:
     """The foreign-group budget (``exchange.*``): a budget needs a rule and a rule a budget
-    (the rule's name itself is checked against ``ftis_flwr.server.budget.SELECT_RULES``)."""
+    (the rule's name itself is checked against ``ftis_flwr.config.choices.SELECT_RULES``)."""
     ex, errors = cfg.exchange, []
     if ex.max_foreign_groups < 0:
         errors.append(f"exchange.max_foreign_groups={ex.max_foreign_groups} must be >= 0 (0 = all)")
@@ -230,8 +190,8 @@ def card_errors(card: ModelCard, *, import_registries: bool = True) -> list[str]
     """Every problem of one model card, each named ``nodes[<name>].<field>``."""
     where = f"nodes[{card.name}]"
     errors = []
-    for key, owner in CARD_CHOICE_OWNERS.items():
-        errors += _choice_error(f"{where}.{key}", _get(card, key), allowed_values(owner, import_registries))
+    for key, choices in CARD_CHOICES.items():
+        errors += _choice_error(f"{where}.{key}", _get(card, key), choices)
     errors += _choice_error(f"{where}.dtype", card.dtype, CARD_DTYPES)
     if card.compute_dtype:
         errors += _choice_error(f"{where}.compute_dtype", card.compute_dtype, CARD_DTYPES)

@@ -24,12 +24,7 @@ from typing import Sequence, TypeVar
 import numpy as np
 import torch
 
-from ftis_flwr.config.schema import GSchedule
-
-SCALES = ("group", "none")
-FILTER_RULES = ("and", "or")
-FILTER_SCOPES = ("foreign", "all")
-G_KINDS = ("constant", "linear")
+from ftis_flwr.maths.params import FILTER_RULES, FILTER_SCOPES, G_KINDS, SCALES, GSchedule  # noqa: F401 (their owner)
 
 ArrayLike = TypeVar("ArrayLike", np.ndarray, torch.Tensor)
 

@@ -61,10 +61,10 @@ from typing import Callable, Sequence
 
 import torch
 
-from ftis_flwr.config.schema import LossConfig
 from ftis_flwr.maths.advantages import FILTER_RULES, FILTER_SCOPES, filter_mask
 from ftis_flwr.maths.loss_chunks import Chunked, validate_chunks
 from ftis_flwr.maths.loss_metrics import LossStats, loss_metrics
+from ftis_flwr.maths.params import FILTER_ACTIONS, KL_ESTIMATORS, REDUCTIONS, LossConfig
 
 KL_MAX_LOG_RATIO = 600.0
 """k3 uses ``exp(min(d, 600))`` in float64: finite for any finite input (e^600 ~ 3.8e260)."""
@@ -73,9 +73,6 @@ VIS_MAX_LOG_RATIO = 20.0
 CLIPPED_RATIO = {"tis": "old", "f-tis": "old", "vis": "gen", "f-vis": "gen"}
 """Which log-ratio a method clips (``lp - old`` or ``lp - gen``), for the ``clip_frac`` metric."""
 
-FILTER_ACTIONS = ("zero", "drop")
-KL_ESTIMATORS = ("k3", "k1")
-REDUCTIONS = ("sequence", "token")
 
 
 @dataclass

@@ -36,6 +36,7 @@ from tokenizers import Regex, Tokenizer, decoders, pre_tokenizers
 from tokenizers import models as tok_models
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config
 
+from ftis_flwr.config.choices import TINY_TOKENIZERS  # noqa: F401 (implemented here)
 from ftis_flwr.config.schema import ModelCard, default_cache_dir
 from ftis_flwr.tasks.arithmetic import ArithmeticTask, op_weights, parse_ops
 
@@ -46,9 +47,6 @@ WARMSTART_VERSION = "2"
 SPECIAL_TOKENS = ("<pad>", "<eos>", "<unk>")
 CHARS = string.digits + "+-=*" + " " + string.ascii_lowercase + ".,:;!?()'\"#_%$\n" + "<>/"
 """The character vocabulary, in id order after the special tokens. Append only: ids must never move."""
-TINY_TOKENIZERS = ("char", "bpe", "unigram")
-"""``ModelCard.tiny_tokenizer``: the character-level one, or the offline byte-level BPE or
-SentencePiece-style unigram (:mod:`ftis_flwr.node.tiny_bpe`)."""
 TINY_MAX_POSITIONS = 64
 TINY_SIZES: dict[str, dict[str, int]] = {
     "small": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,

@@ -49,8 +49,6 @@ from ftis_flwr.wire.selection import Cuttable, group_count, merge
 
 log = logging.getLogger("ftis_flwr.server.strategy")
 
-SCHEDULES = ("sync", "async")
-"""``exchange.schedule`` values."""
 ASYNC_HELLO_TIMEOUT = 30.0
 """Longest wait for a new SuperNode's HELLO answer while the other nodes' replies wait (a
 deployed SuperNode answers in seconds: its 3 s poll, then a fresh ClientApp process)."""

@@ -29,13 +29,12 @@ from collections.abc import Callable, Mapping
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord
 
+from ftis_flwr.config.choices import SELECT_RULES
 from ftis_flwr.config.schema import ExchangeConfig, WireConfig
 from ftis_flwr.wire.selection import Cuttable, WireSelectError
 
 log = logging.getLogger("ftis_flwr.server.strategy")
 
-SELECT_RULES = ("all", "random", "reward_variance", "low_kl")
-"""``exchange.select`` values; "all" = no budget (``max_foreign_groups`` 0)."""
 Payload = tuple[ArrayRecord, ConfigRecord, list[int]]
 """(arrays, meta, train indices the server assigned to the source) as the strategy keeps them."""
 COMPUTE_KEYS = ("seconds_train", "seconds_generate", "seconds_eval", "state_save_seconds")

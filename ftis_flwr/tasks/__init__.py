@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ftis_flwr.config.choices import TASK_NAMES
 from ftis_flwr.tasks.arithmetic import ArithmeticTask, carry_add, op_of, op_weights, parse_ops
 from ftis_flwr.tasks.base import Problem, Task
 from ftis_flwr.tasks.basic_math import BasicMathTask
@@ -12,7 +13,6 @@ from ftis_flwr.tasks.gsm8k import MathTask, gsm8k_task, load_jsonl, math500_task
 if TYPE_CHECKING:
     from ftis_flwr.config.schema import TaskConfig
 
-TASK_NAMES = ("arithmetic", "arithmetic-heldout", "basic-math", "basic-math-20", "gsm8k", "math500")
 
 
 def make_task(cfg: "TaskConfig") -> Task:

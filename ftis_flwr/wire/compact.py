@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ftis_flwr.config.choices import COMPRESSORS  # noqa: F401 (implemented here)
 from ftis_flwr.config.schema import WireConfig
 from ftis_flwr.wire.groups import PayloadError
 
@@ -46,7 +47,8 @@ MAGIC = b"FTWC"
 VERSION = 2
 HEADER = struct.Struct("<4sBBBB9I")
 LP_CODECS = ("fp32", "fp16", "bf16")
-COMPRESSORS = ("none", "zlib")
+"""The log-prob codecs in wire order: the index is the container's codec flag, so never reorder
+(the set is ``config.choices.LOGPROB_CODECS``, checked by a test)."""
 STR_KEYS = ("prompt_id", "node", "model_id", "tokenizer_fp")
 _ZLIB = 4
 _TEXT = 8

@@ -25,6 +25,7 @@ from io import BytesIO
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord
 
+from ftis_flwr.config.choices import WIRE_FORMATS
 from ftis_flwr.config.schema import WireConfig
 from ftis_flwr.wire import arrays as wire_arrays
 from ftis_flwr.wire import compact as wire_compact
@@ -40,7 +41,7 @@ from ftis_flwr.wire.compact import flat as _flat
 from ftis_flwr.wire.compact import offsets as _offsets
 from ftis_flwr.wire.groups import Group, PayloadError, _first_bad_logprob, text_fault
 
-FORMATS = ("compact", "arrays")
+FORMATS = WIRE_FORMATS
 WIRE_KEY = "wire"
 """The compact format's one ArrayRecord key."""
 LOGPROB_DTYPES = wire_compact.LP_CODECS

@@ -21,12 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ftis_flwr.config.choices import CROSS_TOKENIZER_MODES, CROSS_TOKENIZER_RATIOS  # noqa: F401 (implemented here)
 from ftis_flwr.xtok.token_bytes import TokenBytesError, token_bytes
-
-CROSS_TOKENIZER_MODES = ("auto", "always", "off")
-"""``exchange.cross_tokenizer``: when a foreign sample takes the text (chunk) path."""
-CROSS_TOKENIZER_RATIOS = ("chunk", "sequence")
-"""``loss.cross_tokenizer_ratio``: per aligned chunk, or one per completion from mean log-probs."""
 
 
 class AlignError(ValueError):

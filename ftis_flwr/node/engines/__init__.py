@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from ftis_flwr.config.choices import ENGINES
 from ftis_flwr.node.engines.hf import HFEngine, Sample
 
 __all__ = ["ENGINES", "HFEngine", "Sample", "make_engine", "vllm_available"]
 
-ENGINES = ("hf", "vllm")
 
 
 def vllm_available() -> bool:

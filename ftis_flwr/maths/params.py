@@ -1,0 +1,76 @@
+"""The maths' own settings and their allowed values: plain dataclasses and tuples, no torch.
+
+:class:`LossConfig` and :class:`GSchedule` are what the loss family and the g schedule read; the
+experiment's configuration (:mod:`ftis_flwr.config.schema`) composes them, so the maths never
+imports the configuration. The tuples are the vocabularies the maths implements; the configuration
+validates against them without importing torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BUILTIN_LOSSES = ("nois", "vis", "tis", "f-nois", "f-vis", "f-tis")
+"""``loss.method`` names :mod:`ftis_flwr.maths.loss` registers itself (more with ``register_loss``)."""
+SCALES = ("group", "none")
+"""``advantage.scale_rewards``: divide by the group std, or mean-centre only."""
+FILTER_RULES = ("and", "or")
+"""``loss.filter_rule``: filter when A<=0 and/or KL>g."""
+FILTER_SCOPES = ("foreign", "all")
+"""``loss.filter_scope``: which samples the filter may drop."""
+FILTER_ACTIONS = ("zero", "drop")
+"""``loss.filter_action``: zero a filtered sample's advantage, or drop it from the loss."""
+KL_ESTIMATORS = ("k3", "k1")
+"""``loss.kl_estimator``: the per-token KL estimate the filter sums."""
+REDUCTIONS = ("sequence", "token")
+"""``loss.reduction``: mean per sequence then over sequences, or over all tokens."""
+CROSS_TOKENIZER_RATIOS = ("chunk", "sequence")
+"""``loss.cross_tokenizer_ratio``: per aligned chunk, or one per completion from mean log-probs."""
+G_KINDS = ("constant", "linear")
+"""``nodes.N.g.kind``: a constant g, or linear from ``start`` to ``end`` over the rounds."""
+
+
+@dataclass
+class LossConfig:
+    """The F-TIS loss family and its filter (SPEC §5-6)."""
+
+    method: str = "f-tis"
+    """Loss method: a name in ``ftis_flwr.maths.loss.LOSS_REGISTRY`` (built in: nois, vis, tis, f-nois,
+    f-vis, f-tis; add one with ``register_loss``) or an import path "package.module:function"
+    ("f-package.module:function" = filtered), imported on first use. Default f-tis (paper)."""
+    trunc_c: float = 2.0
+    """C: the truncated importance weight is min(pi_theta/pi_gen, C). Default 2 (paper)."""
+    clip_eps: float = 0.2
+    """eps of the PPO-style clip used by vis and tis. Default 0.2 (paper)."""
+    kl_threshold: float = 50.0
+    """g: a sample whose per-sequence KL estimate exceeds g may be filtered. Default 50 (paper).
+    Overridden each round by the node's g schedule when one is set on its model card."""
+    filter_rule: str = "and"
+    """"and": filter when A<=0 and KL>g (what the authors ran, default); "or": A<=0 or KL>g."""
+    filter_scope: str = "foreign"
+    """"foreign" (default): filter received samples only; "all": own samples too."""
+    filter_action: str = "zero"
+    """"zero" (default, paper): the filtered sample's advantage is 0 but it stays in the
+    denominator; "drop": it is removed from the loss and its denominator."""
+    kl_estimator: str = "k3"
+    """Per-token KL estimator: "k3" = exp(d)-d-1 (default, paper) or "k1" = d, d = gen - lp."""
+    reduction: str = "sequence"
+    """"sequence" (default, paper): mean over a sequence's tokens, then over sequences;
+    "token": sum of token losses / number of tokens (Dr.GRPO-style)."""
+    cross_tokenizer_ratio: str = "chunk"
+    """How a sample from a peer with another tokenizer is weighted (cross-tokenizer F-TIS,
+    SPEC §4): "chunk" (default) takes w and the filter's KL per aligned chunk (the chain rule over
+    byte-aligned runs of tokens); "sequence" uses one ratio per completion from the two sides'
+    per-token *mean* log-probs (as HACPO, arXiv 2603.02604), kept as the ablation."""
+
+
+@dataclass
+class GSchedule:
+    """Per-node filter threshold g over rounds (SPEC §6, beyond the paper)."""
+
+    kind: str = "constant"
+    """"constant" (default: LossConfig.kl_threshold) or "linear" from start to end."""
+    start: float = 50.0
+    """g at the first round (linear)."""
+    end: float = 50.0
+    """g at the last round (linear)."""
