@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from deploy.secure_local import BIN, free_port, start, stop  # noqa: E402
 from ftis_flwr.config.merge import ConfigError, parse_overrides  # noqa: E402
-from ftis_flwr.node.worker import kill_workers_of_new_runs, worker_runs  # noqa: E402
+from ftis_flwr.node.processes import kill_workers_of_new_runs, worker_runs  # noqa: E402
 
 
 def taxes(run_dir: Path) -> list[dict]:

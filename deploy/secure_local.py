@@ -128,8 +128,8 @@ def seed_cache(cache: Path, preset: str = "cpu-pair") -> dict[str, str]:
     editable install of another checkout it finds none and warm-starts (minutes on 2 cores).
     """
     from ftis_flwr.config.merge import load_experiment
-    from ftis_flwr.tasks import make_task
     from ftis_flwr.node.tiny import find_shipped, warm_start
+    from ftis_flwr.tasks import make_task
 
     exp = load_experiment(preset)
     task = make_task(exp.task)
@@ -170,7 +170,7 @@ def stop(proc: subprocess.Popen) -> None:
 def kill_workers(cache: Path) -> None:
     """SIGKILL, by pid, the node workers the federation left under its (private) cache directory,
     with whatever they started (their process groups)."""
-    from ftis_flwr.node.worker import kill_worker_group
+    from ftis_flwr.node.processes import kill_worker_group
 
     for address in Path(cache).glob("workers/*/*/address.json"):
         try:

@@ -31,7 +31,7 @@ def kill_workers(cache) -> None:
     import json
     from pathlib import Path
 
-    from ftis_flwr.node.worker import kill_worker_group
+    from ftis_flwr.node.processes import kill_worker_group
 
     for address in Path(cache).glob("workers/*/*/address.json"):
         try:
@@ -61,7 +61,7 @@ def simulate(experiment, num_supernodes: int = 2, after_round=None):
         out["run_dir"] = run(grid, experiment, connect_timeout=60, after_round=after_round, name=name)
 
     from ftis_flwr.config.schema import default_cache_dir
-    from ftis_flwr.node.worker import kill_workers_of_run
+    from ftis_flwr.node.processes import kill_workers_of_run
 
     try:
         run_simulation(server, client_app, num_supernodes=num_supernodes,

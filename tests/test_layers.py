@@ -1,25 +1,85 @@
-"""Layering: the node and the maths know nothing about Flower; the ServerApp never imports the
-ClientApp. Each check runs in a fresh interpreter, so nothing imported by other tests hides a leak."""
+"""Layering: which part of the package may import which (the tree is the architecture).
 
+    maths   <- config <- tasks, wire <- xtok <- node        (node: one institution's model)
+                      <-------------- server                (server: the strategy and its rounds)
+
+A static check reads every ``import`` (also those inside functions) and fails on an edge that is not
+allowed; then fresh interpreters check what importing a part really pulls in: the node and the
+maths know nothing about Flower, the configuration needs no torch, and the ServerApp never imports
+the ClientApp or a node."""
+
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+PKG = Path(__file__).resolve().parent.parent / "ftis_flwr"
+
+ALLOWED = {
+    "maths": set(),
+    "config": {"maths"},
+    "tasks": {"config"},
+    "wire": {"config"},
+    "xtok": {"config", "wire"},
+    "node": {"maths", "config", "tasks", "wire", "xtok"},
+    "server": {"config", "wire"},
+    "cli": {"config"},
+}
+"""Part -> the other parts it may import (``ftis_flwr.<part>``)."""
+
+
+def _edges() -> list[tuple[str, str, str]]:
+    """(importing part, imported part, file) for every import between parts of ftis_flwr."""
+    out = []
+    for f in sorted(PKG.rglob("*.py")):
+        parts = f.relative_to(PKG).parts
+        src = parts[0] if len(parts) > 1 else parts[0][:-3]
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "ftis_flwr":
+                names = ([f"ftis_flwr.{a.name}" for a in node.names] if node.module == "ftis_flwr"
+                         else [node.module])
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names if a.name.split(".")[0] == "ftis_flwr"]
+            else:
+                continue
+            for name in names:
+                dst = name.split(".")[1] if "." in name else "ftis_flwr"
+                if dst != src:
+                    out.append((src, dst, str(f.relative_to(PKG.parent))))
+    return out
+
+
+def test_every_part_is_declared():
+    found = {p.name for p in PKG.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+    found |= {p.stem for p in PKG.glob("*.py") if p.stem != "__init__"}
+    assert found == set(ALLOWED), "declare the new part's allowed imports in ALLOWED: " + str(found ^ set(ALLOWED))
+
+
+def test_parts_import_only_downwards():
+    edges = _edges()
+    assert edges, "the import scan found nothing: it is broken"
+    bad = [f"{f}: {src} imports {dst}" for src, dst, f in edges if dst not in ALLOWED.get(src, set())]
+    assert not bad, "\n".join(bad)
+
 
 CHECK = """
 import sys
 import {modules}
-leaked = sorted(m for m in sys.modules if m.split(".")[0] in {banned!r})
+leaked = sorted(m for m in sys.modules if m.split(".")[0] in {banned!r} or m in {banned!r})
 assert not leaked, leaked[:5]
 """
 
 
 @pytest.mark.parametrize("modules,banned", [
-    ("ftis_flwr.node.node, ftis_flwr.maths.loss, ftis_flwr.maths.advantages, ftis_flwr.wire.groups, ftis_flwr.node.state, "
-     "ftis_flwr.xtok.align, ftis_flwr.maths.loss_chunks, ftis_flwr.xtok.token_bytes, ftis_flwr.xtok.translate, ftis_flwr.node.intake, "
-     "ftis_flwr.node.tiny_bpe",
+    ("ftis_flwr.node.node, ftis_flwr.maths.loss, ftis_flwr.maths.advantages, ftis_flwr.wire.groups, "
+     "ftis_flwr.node.state, ftis_flwr.xtok.align, ftis_flwr.maths.loss_chunks, ftis_flwr.xtok.token_bytes, "
+     "ftis_flwr.xtok.translate, ftis_flwr.node.intake, ftis_flwr.node.tiny_bpe",
      ("flwr",)),
-    ("server_app.server_app, ftis_flwr.server.strategy", ("clients",)),
+    ("ftis_flwr.config.merge, ftis_flwr.config.validation, ftis_flwr.config.keys, ftis_flwr.config.plan, "
+     "ftis_flwr.cli", ("torch", "transformers", "flwr")),
+    ("server_app.server_app, ftis_flwr.server.strategy", ("clients", "ftis_flwr.node.node", "transformers")),
 ])
 def test_imports_stay_in_their_layer(modules, banned):
     out = subprocess.run([sys.executable, "-c", CHECK.format(modules=modules, banned=banned)],

@@ -18,8 +18,6 @@ What is checked:
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import torch

@@ -13,7 +13,8 @@ import pytest
 
 from ftis_flwr.config.merge import load_experiment
 from ftis_flwr.config.schema import to_dict
-from ftis_flwr.node.worker import WorkerError, WorkerHandle, connect_or_spawn, worker_dir
+from ftis_flwr.node.processes import worker_dir
+from ftis_flwr.node.worker import WorkerError, WorkerHandle, connect_or_spawn
 
 
 def _spec(tmp_path, idle=60.0, **card_overrides):
@@ -241,7 +242,7 @@ def test_killing_a_worker_kills_its_group_even_after_the_leader_died():
     """kill_worker_group takes the worker's children with it (a vLLM EngineCore was left holding
     GBs when only the pid was killed), also when the worker itself is already gone; a live pid
     that is not a worker (a reused pid) is left alone."""
-    from ftis_flwr.node.worker import kill_worker_group
+    from ftis_flwr.node.processes import kill_worker_group
 
     leader, child = _tree(120, "ftis_flwr.node.worker")
     kill_worker_group(leader.pid)
@@ -266,7 +267,7 @@ def test_killing_a_worker_kills_its_group_even_after_the_leader_died():
 def test_an_exiting_worker_kills_what_is_left_in_its_group():
     """The worker leaves with os._exit (no destructor runs), so its cleanup kills the processes
     left in its own group; a process that does not lead its group kills nothing."""
-    code = ("import subprocess, sys, time; from ftis_flwr.node.worker import _kill_own_group_but_me; "
+    code = ("import subprocess, sys, time; from ftis_flwr.node.processes import _kill_own_group_but_me; "
             "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
             "print(c.pid, flush=True); time.sleep(0.5); print(_kill_own_group_but_me(), flush=True)")
     for leads in (True, False):
@@ -290,7 +291,7 @@ def test_only_the_workers_of_runs_started_since_are_stopped(tmp_path):
     (kill_workers_of_new_runs, when the name is not known) an older run survives. The sweep and
     the tests once killed every worker under the cache; then, by snapshot, a later concurrent
     run's (a sweep and a benchmark sharing the cache lost runs to each other)."""
-    from ftis_flwr.node.worker import kill_workers_of_new_runs, kill_workers_of_run, worker_runs
+    from ftis_flwr.node.processes import kill_workers_of_new_runs, kill_workers_of_run, worker_runs
 
     cache = tmp_path / "cache"
     procs = {}
@@ -321,7 +322,7 @@ def test_only_the_workers_of_runs_started_since_are_stopped(tmp_path):
 def test_a_crashed_worker_not_yet_reaped_still_has_its_group_killed():
     """The ClientApp that started a worker is its parent and does not reap it, so a crashed worker
     stays a zombie, with an empty command line; its orphans (a vLLM engine core) must still go."""
-    from ftis_flwr.node.worker import _pid_alive, kill_worker_group
+    from ftis_flwr.node.processes import _pid_alive, kill_worker_group
 
     code = ("import subprocess, sys, time; "
             "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "

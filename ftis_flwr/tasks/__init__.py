@@ -1,4 +1,5 @@
-"""Prompt sources: offline generated arithmetic, GSM8K and MATH-500 (see each module)."""
+"""Prompt sources and their rewards: offline generated arithmetic and basic math, GSM8K and
+MATH-500 (see each module); :mod:`.rewards` scores completions. May import only :mod:`ftis_flwr.config`."""
 
 from __future__ import annotations
 
