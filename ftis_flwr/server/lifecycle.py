@@ -1,0 +1,138 @@
+"""The messages of a run outside its rounds, for :class:`~ftis_flwr.server.strategy.FTISStrategy`:
+who serves which model card (HELLO, at the start and for nodes that join later), stopping the
+workers when a run ends early (STOP), and collecting every node's final checkpoint (FINISH).
+
+A mixin: it uses the strategy's roster, its ``_send`` / ``_reply_node`` and ``on_event``, so the
+strategy module keeps the rounds and this one the membership and the end of a run.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from flwr.serverapp import Grid
+
+from ftis_flwr.config.node_keys import node_keys
+from ftis_flwr.server.grid_io import HELLO_TIMEOUT, wait_for_nodes
+from ftis_flwr.server.replies import BadReply, record
+from ftis_flwr.server.roster import FederationError, hello_notes, read_hello
+from ftis_flwr.wire import protocol
+
+log = logging.getLogger("ftis_flwr.server.strategy")
+
+
+class Lifecycle:
+    """HELLO, STOP and FINISH for the strategy (see the module docstring)."""
+
+    def _wait_for_nodes(self, grid: Grid) -> list[int]:
+        ids = wait_for_nodes(grid, len(self.cfg.nodes), self.connect_timeout)
+        if len(ids) < self.cfg.rounds.min_nodes:
+            raise FederationError(f"only {len(ids)} node(s) connected within {self.connect_timeout:.0f} s; "
+                                  f"rounds.min_nodes={self.cfg.rounds.min_nodes}")
+        return ids
+
+    def introduce(self, grid: Grid, timeout: float, *, first: bool) -> None:
+        """Ask every node id not yet known which card it serves (protocol.HELLO) and bind it.
+
+        A SuperNode that serves no card, or claims a card another live node id already serves
+        (the first to answer keeps it), is reported once and left out. ``first`` (before the
+        first round of a fresh run): a node naming an unknown card or a card without a node
+        refuses the run (FederationError listing each, with the fix); later, and when a run
+        resumes, such a node is only left out and a card without a node waits for one.
+        """
+        roster = self.roster
+        live = set(grid.get_node_ids())  # a card whose node id is gone may move to a new one
+        new = roster.unknown(live)
+        problems: dict[int, str] = {}
+        unanswered: dict[int, str] = {}  # not delivered or no answer in time: asked again next round
+        if new:
+            keys = node_keys(grid) if roster.pins else {}
+            messages = [self._query(protocol.HELLO, nid) for nid in new]
+            replies = self._send(grid, messages, timeout, what="which card do you serve")
+            unanswered, done = dict(self._lost), set()
+            self._lost = {}
+            for reply in replies:
+                nid = self._reply_node(reply, "hello", done | set(unanswered))
+                if nid is None:
+                    continue
+                done.add(nid)
+                try:
+                    name, reason, unknown = read_hello(reply)
+                    why = roster.admit(nid, name, reason, unknown, live, keys.get(nid))
+                except Exception as exc:  # whatever a node sent, the others go on
+                    why = str(exc) if isinstance(exc, BadReply) else f"{type(exc).__name__}: {exc}"
+                if why is not None:
+                    problems[nid] = why
+                elif nid in roster.left_out:
+                    log.warning("node id %d serves no model card of this run and is left out: %s",
+                                nid, roster.left_out[nid])
+                    self.on_event("node_left_out", node_id=nid, reason=roster.left_out[nid])
+                else:
+                    log.info("node id %d serves model card %r", nid, roster.names[nid])
+                    for note in hello_notes(reply):
+                        log.warning("node id %d: %s", nid, note[:1000])
+        if first:
+            roster.check_complete({**unanswered, **problems})
+        for nid, why in problems.items():  # a later joiner with a problem: left out, not fatal
+            roster.left_out[nid] = why
+            log.warning("node id %d is left out: %s", nid, why)
+            self.on_event("node_left_out", node_id=nid, reason=why)
+
+    def _query(self, key: str, nid: int, **extra: str) -> Message:
+        """A query message (protocol.HELLO, STOP or FINISH) carrying the experiment and run name."""
+        return Message(content=RecordDict({key: ConfigRecord({
+            "experiment": self._experiment_json, "run_name": self.run_name, **extra})}),
+            dst_node_id=nid, message_type=MessageType.QUERY)
+
+    def _stop_workers(self, grid: Grid) -> None:
+        """The run ends early: tell every bound node to stop its worker (best effort, short wait)."""
+        messages = [self._query(protocol.STOP, nid) for nid in sorted(self.roster.names)]
+        try:
+            self._send(grid, messages, min(HELLO_TIMEOUT, 30.0), what="stop")
+        except Exception as exc:  # the grid itself may be what failed
+            log.warning("could not tell the nodes to stop their workers: %s", exc)
+
+    def finish(self, grid: Grid, timeout: float) -> dict[str, str]:
+        """Ask each node to save its final model (and stop its worker); returns name -> path.
+
+        A node that fails to (error, malformed or missing reply) is logged as ``checkpoint_failed``.
+        """
+        messages = [self._query(protocol.FINISH, nid, out_dir=self.out_dir)
+                    for nid in sorted(grid.get_node_ids()) if nid in self.roster.names]
+        replies = self._send(grid, messages, timeout, what="saving final models")
+        failures, done = dict(self._lost), set()
+        for reply in replies:
+            nid = self._reply_node(reply, "finish", done | set(failures))
+            if nid is None:
+                continue
+            done.add(nid)
+            try:
+                name, path = self._read_checkpoint(nid, reply)
+            except Exception as exc:  # whatever a node sent, the others' checkpoints are kept
+                failures[nid] = str(exc) if isinstance(exc, BadReply) else f"{type(exc).__name__}: {exc}"
+                continue
+            self.checkpoints[name] = path
+            self.on_event("checkpoint", node=name, path=path)
+        for nid, reason in failures.items():
+            name = self.roster.name(nid)
+            log.warning("node %s could not save its model: %s", name, reason)
+            self.on_event("checkpoint_failed", node=name, reason=reason)
+        return self.checkpoints
+
+    def _read_checkpoint(self, nid: int, reply: Message) -> tuple[str, str]:
+        """(card name, path) from a finish reply, checked against the node id's bound name."""
+        if reply.has_error():
+            raise BadReply(f"code {reply.error.code}: {reply.error.reason}")
+        rec = record(reply.content, protocol.CHECKPOINT, ConfigRecord)
+        name, path = rec.get("node"), rec.get("path")
+        if not isinstance(name, str) or not isinstance(path, str) or not path:
+            raise BadReply(f"record {protocol.CHECKPOINT!r} needs str 'node' and 'path', got "
+                           f"{name!r}, {path!r}")
+        bound, owner = self.roster.names.get(nid, name), self.roster.owners.get(name, nid)
+        if owner != nid:
+            raise BadReply(f"node id {nid} claims the checkpoint of model card {name!r}, which node id "
+                           f"{owner} serves")
+        if name != bound:
+            raise BadReply(f"node id {nid} serves model card {bound!r} but its checkpoint claims {name!r}")
+        return name, path
