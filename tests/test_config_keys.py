@@ -44,3 +44,20 @@ def test_every_scalar_field_has_a_key():
             for f in dataclasses.fields(value):
                 if isinstance(getattr(value, f.name), (str, int, float, bool)):
                     assert f"{section.name}.{f.name}" in keys
+
+
+def test_the_configuration_reference_page_is_up_to_date(tmp_path):
+    """docs/reference/configuration.md is generated from the same docstrings; stale = fail."""
+    from ftis_flwr.config.reference import PAGE, render
+
+    assert PAGE == REPO / "docs" / "reference" / "configuration.md"
+    assert PAGE.read_text() == render(), "run `python -m ftis_flwr.config.reference --write`"
+    text = render()
+    for key in ("`loss.trunc-c`", "`nodes.N.*`", "`cpu-pair`", "`f-tis`", "`tiny-tokenizer`"):
+        assert key in text, key
+    stale = tmp_path / "configuration.md"
+    stale.write_text(text.replace("`loss.trunc-c`", "`loss.trunc`"))
+    from ftis_flwr.config.reference import main
+
+    assert main(["--check", "--page", str(stale)]) == 1
+    assert main(["--write", "--page", str(stale)]) == 0 and main(["--check", "--page", str(stale)]) == 0

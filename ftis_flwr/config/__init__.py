@@ -1,8 +1,8 @@
 """The experiment's configuration: the typed dataclasses (:mod:`.schema`), every choice's allowed
 values (:mod:`.choices`), YAML presets and run-config merging (:mod:`.merge`, :mod:`.presets`),
 validation with every error at once (:mod:`.validation`), the flat ``--run-config`` keys
-(:mod:`.keys`), dtype resolution (:mod:`.dtypes`), the memory plan (:mod:`.plan`) and pinned node
-keys (:mod:`.node_keys`).
+(:mod:`.keys`) and their reference page (:mod:`.reference`), dtype resolution (:mod:`.dtypes`), the
+memory plan (:mod:`.plan`) and pinned node keys (:mod:`.node_keys`).
 
 May import only :mod:`ftis_flwr.maths` (its torch-free :mod:`~ftis_flwr.maths.params`): checking a
 configuration imports neither torch nor Flower. This ``__init__`` re-exports nothing; import from the
