@@ -7,7 +7,7 @@ For choosing a training recipe fast (no Ray, no sockets): each pair of model see
 (``nodes.0.seed``, ``nodes.1.seed``: different warm-started models) runs the round loop the
 strategy runs (vertical prompt split, last round's groups forwarded with the server's stamp,
 alone mode supported) on ``Node`` objects in this process, one after the other. Learning claims
-that tests and the README make go through Flower (``simulations/seeds.py``); this tool only
+that tests and the docs make go through Flower (``simulations/seeds.py``); this tool only
 explores. Prints each node's held-out accuracy per evaluation and the gains' mean/min/max.
 """
 

@@ -1,7 +1,7 @@
 """Where an asynchronous run's rounds go, per node: the node's compute, its worker's decoding,
 checks and encoding, the ClientApp's hop to the worker, the server's share
 (``server_reply_seconds``, ``server_send_seconds``) and what is left: Flower's runtime carrying
-the message to the ClientApp and back. README "Many nodes": the async breakdown.
+the message to the ClientApp and back. docs/performance.md, "No waiting on the slowest model": the async breakdown.
 
     python benchmarks/round_breakdown.py runs/async-breakdown/runs/<run name>
 

@@ -9,7 +9,7 @@ ship per generated token (FedAvg: the model's parameters, and a LoRA adapter r=1
 with encode and decode seconds (medians of 5; timings, printed, never asserted).
 
 Payloads: a paper-sized one (12 groups x G=12, 320-640-token completions, Qwen2.5's 151,665-token
-vocabulary) and two of the offline default's shape (the README's 16 groups x 8 x <=3 tokens, and
+vocabulary) and two of the offline default's shape (its 16 groups x 8 x <=3 tokens, and
 the preset's real 64 groups x 8, <=6 tokens, 62-symbol vocabulary). Synthetic ids are uniform and
 synthetic log-probs -Exp(1): nothing for a compressor to find. ``--real`` (default) also samples
 one round of groups from the shipped tiny models of the cpu-pair preset (each node's 64 prompts

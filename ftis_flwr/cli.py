@@ -1,5 +1,5 @@
 """``ftis-flwr``: check an experiment locally in a second, then run it with Flower and exit with
-the run's outcome (#25).
+the run's outcome.
 
     ftis-flwr check . --run-config "preset='cpu-smollm2' loss.trunc-c=3"
     ftis-flwr run . --stream --federation-config "num-supernodes=2" --run-config "rounds.num-rounds=4"

@@ -7,7 +7,7 @@ seeds (a config missing one of them is left out of that setup, and said so), the
 paired difference against the last one listed, mean (min..max) over those seeds. With ``--rule``
 each difference also gets ``verdicts.py``'s decision under that rule ("level": within ±2 points
 and the seeds not all on one side; "above": every seed above), shortened to a word. What the
-README's table of TIS, VIS and the homogeneous control shows; ``verdicts.py`` judges the paper's
+table in docs/claims.md of TIS, VIS and the homogeneous control shows; ``verdicts.py`` judges the paper's
 claims.
 """
 

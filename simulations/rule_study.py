@@ -1,4 +1,4 @@
-"""The selection-rule study's table (README "Many nodes"): one row per ``seeds.py`` output folder.
+"""The selection-rule study's table (docs/performance.md, "Many nodes"): one row per ``seeds.py`` output folder.
 
     python simulations/rule_study.py runs/quad-all runs/quad-random runs/quad-reward_variance runs/quad-low_kl
 

@@ -72,10 +72,19 @@ def simulate(experiment, num_supernodes: int = 2, after_round=None):
     return out["run_dir"]
 
 
-def readme_block(section: str, lang: str) -> str:
-    """The first ``lang`` code block under the README's ``## <section>`` heading, verbatim."""
-    text = (Path(__file__).resolve().parent.parent / "README.md").read_text().split(f"## {section}", 1)[1]
-    return text.split(f"```{lang}", 1)[1].split("```", 1)[0]
+def doc_block(section: str, lang: str, page: str = "README.md") -> str:
+    """The first ``lang`` code block under the heading ``<section>`` (any level: ``# <section>``,
+    ``## <section>``, ...) of ``page`` (a Markdown file, relative to the repository root, e.g.
+    ``docs/deployment.md``), verbatim. The tests that run the documentation's commands read them
+    from the page the user reads them on."""
+    import re
+
+    text = (Path(__file__).resolve().parent.parent / page).read_text()
+    heading = re.search(rf"^#+ {re.escape(section)}[ \t]*$", text, flags=re.MULTILINE)
+    assert heading, f"{page} has no heading {section!r}"
+    after = text[heading.end():]
+    assert f"```{lang}\n" in after, f"{page}: no ```{lang} block under {section!r}"
+    return after.split(f"```{lang}", 1)[1].split("```", 1)[0]
 
 
 def free_port() -> int:

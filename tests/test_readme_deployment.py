@@ -1,4 +1,4 @@
-"""The README's deployment recipe, run verbatim from README.md: a SuperLink and two SuperNodes on
+"""The deployment recipe, run verbatim from docs/deployment.md: a SuperLink and two SuperNodes on
 ports the user chose, the federation added to ``$FLWR_HOME/config.toml``, ``ftis-flwr run`` to it,
 and every process stopped by the block's own last line."""
 
@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import flower_bin, free_port, kill_workers, readme_block
+from conftest import doc_block, flower_bin, free_port, kill_workers
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
@@ -30,7 +30,7 @@ def _group(pgid: int, wait: float = 30.0) -> list[str]:
 
 
 def test_the_readme_deployment_recipe_runs_verbatim(tmp_path):
-    block = readme_block("Deployment across institutions", "bash")
+    block = doc_block("Deployment across institutions", "bash", "docs/deployment.md")
     home, cache = tmp_path / "flwr-home", tmp_path / "cache"
     home.mkdir()
     (home / "config.toml").write_text('[superlink]\ndefault = "local"\n')  # a config.toml that exists already

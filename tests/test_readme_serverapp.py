@@ -1,4 +1,4 @@
-"""The README's "own ServerApp" example, taken verbatim from README.md, run in a Flower simulation
+"""The "own ServerApp" example, taken verbatim from docs/own-serverapp.md, run in a Flower simulation
 with this project's ClientApp (the offline default for 3 rounds)."""
 
 import json
@@ -6,12 +6,12 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import kill_workers, readme_block
+from conftest import doc_block, kill_workers
 from test_flwr_run import superlink  # noqa: F401  (the SuperLink fixture the flwr run test owns)
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
-SECTION = "Using the strategy in your own ServerApp"
+PAGE, SECTION = "docs/own-serverapp.md", "Using the strategy in your own ServerApp"
 
 
 def test_the_readme_own_serverapp_example_runs(tmp_path, monkeypatch, capsys):
@@ -22,7 +22,7 @@ def test_the_readme_own_serverapp_example_runs(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("FTIS_CACHE", str(tmp_path / "cache"))  # workers inherit it
     monkeypatch.chdir(tmp_path)  # the example's runs/ folder lands here
     namespace: dict = {}
-    exec(compile(readme_block(SECTION, "python"), "README.md", "exec"), namespace)
+    exec(compile(doc_block(SECTION, "python", PAGE), PAGE, "exec"), namespace)
     try:
         run_simulation(namespace["app"], client_app, num_supernodes=2,
                        backend_config={"client_resources": {"num_cpus": 1}})
@@ -41,7 +41,7 @@ def test_the_readme_own_serverapp_example_runs(tmp_path, monkeypatch, capsys):
 
 
 def test_the_readme_own_serverapp_app_runs_with_flwr_run(tmp_path, superlink):  # noqa: F811
-    """The README's pyproject.toml and ServerApp block as a folder of their own, with this
+    """The page's pyproject.toml and ServerApp block as a folder of their own, with this
     project's clients/ copied in, run with ``flwr run`` against a SuperLink this test owns."""
     import shutil
     import subprocess
@@ -50,8 +50,8 @@ def test_the_readme_own_serverapp_app_runs_with_flwr_run(tmp_path, superlink):  
 
     app = tmp_path / "my-federation"
     shutil.copytree(REPO / "clients", app / "clients", ignore=shutil.ignore_patterns("__pycache__"))
-    (app / "my_server.py").write_text(readme_block(SECTION, "python"))
-    (app / "pyproject.toml").write_text(readme_block(SECTION, "toml"))
+    (app / "my_server.py").write_text(doc_block(SECTION, "python", PAGE))
+    (app / "pyproject.toml").write_text(doc_block(SECTION, "toml", PAGE))
     cache = tmp_path / "cache"
     env = dict(superlink, FTIS_CACHE=str(cache))
     cmd = [str(flower_bin() / "flwr"), "run", ".", "--stream", "--federation-config",

@@ -1,14 +1,13 @@
 """Typed configuration: one dataclass per concern, merged from defaults, YAML and flwr run-config.
 
-Every field says its default and where it comes from ("paper" = Blagoev et al., F-TIS, 2026,
-see SPEC.md). Merging goes defaults <- YAML preset <- YAML file <- flat ``flwr run --run-config``
-keys (dotted, e.g. ``loss.method``; dashes and underscores are equal): see
-:mod:`ftis_flwr.config.merge`. Incompatible settings are rejected in one place,
-:func:`ftis_flwr.config.validation.validate`, all at once, each message naming its key; allowed values
-are read from the modules that own them. Every scalar field here is a ``--run-config`` key:
-``[tool.flwr.app.config]`` in pyproject.toml is generated from these dataclasses
-(``python -m ftis_flwr.config.keys --write``). ``load_experiment``, ``validate``, ``from_dict``
-and the other merge/validation names are re-exported from this module.
+Every field says its default and where it comes from ("paper" = Blagoev et al., F-TIS, 2026).
+Merging goes defaults <- YAML preset <- YAML file <- flat ``flwr run --run-config`` keys (dotted,
+e.g. ``loss.method``; dashes and underscores are equal): see :mod:`ftis_flwr.config.merge`.
+Incompatible settings are rejected in one place, :func:`ftis_flwr.config.validation.validate`, all
+at once, each message naming its key; allowed values come from :mod:`ftis_flwr.config.choices`.
+Every scalar field here is a ``--run-config`` key: ``[tool.flwr.app.config]`` in pyproject.toml is
+generated from these dataclasses (``python -m ftis_flwr.config.keys --write``). The loss's and the
+g schedule's settings are the maths' own (:mod:`ftis_flwr.maths.params`), composed here.
 """
 
 from __future__ import annotations
@@ -56,7 +55,7 @@ class WireConfig:
     lists). Receivers read both."""
     logprob_dtype: str = "fp16"
     """Log-prob encoding: "fp16" (default: 2 bytes, rounding error <= 2^-11 relative, the
-    default's learning unchanged over 3 seeds; see the README's "Wire cost"), "fp32" (lossless;
+    default's learning unchanged over 3 seeds; see docs/wire-cost.md), "fp32" (lossless;
     the paper's 8 bytes/token with int32 ids) or "bf16" (sent as uint16; 8x coarser than fp16
     on log-probs, which are <= 0 and mostly near 0)."""
     compress: str = "zlib"
@@ -103,7 +102,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     """AdamW weight decay. Default 0 (paper: Adam)."""
     warmup_rounds: int = 0
-    """Linear lr warm-up over this many rounds. Default 0 (SPEC §11: Adam dips without one on
+    """Linear lr warm-up over this many rounds. Default 0 (Adam dips without one on
     tiny models; the CPU presets set it)."""
     updates_per_round: int = 1
     """Optimiser steps per round over the same batch. Default 1 (paper). Above 1, as PPO / TRL's
@@ -145,7 +144,7 @@ class RoundConfig:
     """Every N rounds (and after the last) each node's worker saves its training state (trainable
     weights, optimiser, update counter, pending groups, RNG) under its worker folder, so that a
     worker that dies, or a resumed run, continues from it instead of the base model. 0 = never.
-    Default 1 (cost measured in the README: a fraction of a round on the CPU presets)."""
+    Default 1 (cost measured in docs/failures.md: a fraction of a round on the CPU presets)."""
     seed: int = 0
     """Seed of the run: offsets the prompt schedule and is mixed into every node's sampling
     seed. A card's own ``seed`` picks its model (warm-start, LoRA init); this one picks the run's

@@ -408,7 +408,7 @@ def warm_start(card: ModelCard, task: ArithmeticTask, cache_dir: Path | None = N
 # ------------------------------------------------------------------------------ shipping
 
 SHIPPED_PRESETS = ("cpu-pair", "cpu-xtok")
-"""Presets whose tiny models are shipped (the README's default run, its cross-tokenizer variant)."""
+"""Presets whose tiny models are shipped (the default run, its cross-tokenizer variant)."""
 
 
 def ship(presets: tuple[str, ...] = SHIPPED_PRESETS, out_dir: Path | None = None,

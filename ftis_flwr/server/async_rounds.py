@@ -1,7 +1,7 @@
 """The asynchronous schedule (``exchange.schedule=async``): no node waits for the slowest one.
 
 Why: rounds are synchronous by default, so in a federation of a small and a large model the
-small one idles while the large one generates (the README measures half of each round). Here the
+small one idles while the large one generates (docs/performance.md measures half of each round). Here the
 strategy gives a node its next round as soon as its reply is in, with the other nodes' groups
 that arrived since its last round (bounded staleness, as in asynchronous RL trainers such as
 AReaL). The importance weights need no change: every group carries the log-probs of the policy

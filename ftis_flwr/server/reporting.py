@@ -126,7 +126,7 @@ class Change:
 
 @dataclass
 class Summary:
-    """accuracy[node][split] and reward[node] as Change; mean_* per split over nodes with data."""
+    """``accuracy[node][split]`` and ``reward[node]`` as Change; mean_* per split over nodes with data."""
 
     rounds: int
     nodes: list[str]

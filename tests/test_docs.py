@@ -1,0 +1,59 @@
+"""The documentation: the README stays a front door, every relative link and image in it and in
+docs/ points at a file that exists, nothing speaks of the environment the project is developed in,
+and the site builds with ``mkdocs build --strict`` (every page in the nav, every link and anchor
+resolved, every docstring of the API page rendered without a warning)."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+
+
+def _prose(text: str) -> str:
+    """``text`` without fenced code blocks and code spans (a link there is not a link)."""
+    text = re.sub(r"^(```|~~~).*?^\1", "", text, flags=re.MULTILINE | re.DOTALL)
+    return re.sub(r"`[^`\n]*`", "", text)
+
+
+def test_the_readme_is_a_front_door():
+    lines = (REPO / "README.md").read_text().splitlines()
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines: move the detail into docs/"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(REPO)) for p in PAGES])
+def test_every_relative_link_and_image_exists(page):
+    missing = []
+    for target in LINK.findall(_prose(page.read_text())):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+            continue  # a URL (https:, mailto:) or an anchor on the same page
+        path = target.split("#", 1)[0]
+        if not (page.parent / path).exists():
+            missing.append(target)
+    assert not missing, f"{page.relative_to(REPO)} links to files that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(REPO)) for p in PAGES])
+def test_the_docs_speak_of_the_project_not_of_where_it_is_developed(page):
+    text = page.read_text()
+    for word in ("../shared", "workplace"):
+        assert word not in text.lower(), f"{page.relative_to(REPO)} mentions {word!r}"
+
+
+def test_the_site_builds_strictly(tmp_path):
+    """The ``[docs]`` extra (part of ``[test]``) builds the site into a temporary folder, never
+    into the repository."""
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file",
+                           str(REPO / "mkdocs.yml"), "--site-dir", str(tmp_path / "site")],
+                          cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-8000:]
+    assert (tmp_path / "site" / "index.html").is_file(), out[-8000:]
+    assert (tmp_path / "site" / "reference" / "api" / "index.html").is_file(), out[-8000:]
