@@ -133,6 +133,49 @@ def test_node_that_cannot_be_built_reports_why(tmp_path, workers):
     assert out["node"] == "a" and handle.call("ping")["ready"] is True
 
 
+def _until(handle, states, timeout=120.0):
+    deadline = time.monotonic() + timeout
+    seen = []
+    while time.monotonic() < deadline:
+        status = handle.call("build", timeout=30)
+        seen.append(status)
+        if status["state"] in states:
+            return status, seen
+        time.sleep(0.2)
+    raise AssertionError(f"no state in {states} within {timeout} s: {seen[-3:]}")
+
+
+def test_build_starts_the_node_ahead_of_the_first_round_and_says_how_far_it_is(tmp_path, workers):
+    """``build`` answers at once while the node builds in the background; the first round then
+    finds it built; a second ``build`` builds nothing again."""
+    d = worker_dir(tmp_path / "cache", "run-build", "a")
+    handle = connect_or_spawn(d, _spec(tmp_path))
+    workers.append(handle.pid)
+    first = handle.call("build", timeout=30)
+    assert first["state"] in ("building", "ready"), first
+    status, seen = _until(handle, ("ready", "failed"))
+    assert status["state"] == "ready" and status["error"] == "", seen[-3:]
+    assert status["seconds"] > 0 and status["progress"], status  # the worker's last line: what it did
+    assert handle.call("ping")["ready"] is True
+    out = handle.call("step", {"round": 0, "num_rounds": 1, "prompt_indices": [], "group_size": 2,
+                               "evaluate": False, "foreign_payloads": {}})
+    assert out["node"] == "a"
+    assert handle.call("build", timeout=30) == status  # built once: the same answer, nothing rebuilt
+    log = (d / "worker.log").read_text()
+    assert log.count("node a ready") == 1, log[-2000:]
+
+
+def test_a_build_that_fails_says_why_and_the_first_round_tries_again(tmp_path, workers):
+    d = worker_dir(tmp_path / "cache", "run-build-fail", "a")
+    handle = connect_or_spawn(d, _spec(tmp_path, source=str(tmp_path / "no-such-model-dir")))
+    workers.append(handle.pid)
+    status, _ = _until(handle, ("failed", "ready"))
+    assert status["state"] == "failed" and "no-such-model-dir" in status["error"], status
+    with pytest.raises(WorkerError, match="could not be built"):
+        handle.call("step", {"round": 0, "num_rounds": 1, "prompt_indices": [], "group_size": 2,
+                             "evaluate": False, "foreign_payloads": {}})
+
+
 def test_a_silent_connection_does_not_stall_the_worker(tmp_path, workers):
     """A peer that connects and says nothing gets its own thread and is closed after the
     handshake timeout; requests meanwhile are answered (a ping bounded by that timeout)."""

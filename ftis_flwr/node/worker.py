@@ -195,6 +195,13 @@ class _Server:
         self.load_error: str | None = None
         self.resumed_from: int | None = None
         """The round of the state the node was last restored from, reported once in a reply."""
+        self.progress = _LastLine()
+        """What the node is doing while it builds: the last line the package's loggers wrote."""
+        logging.getLogger("ftis_flwr").addHandler(self.progress)
+        self._build_thread: threading.Thread | None = None
+        self._build_guard = threading.Lock()
+        self.build_started: float | None = None
+        self.build_seconds: float | None = None
 
     def _load(self):
         from ftis_flwr.config.merge import card_from_dict, from_dict
@@ -244,18 +251,64 @@ class _Server:
         if getattr(self, "private", None) is not None:
             shutil.rmtree(self.private, ignore_errors=True)
 
+    def _ensure_node(self) -> None:
+        """Build the node if it is not built (under the request lock). Built on the first request,
+        or ahead of it by ``build``; a failure is retried on the next request (a transient cause,
+        e.g. out of memory at load, can go away)."""
+        if self.node is not None:
+            return
+        t0 = time.monotonic()
+        try:
+            self.node = self._load()
+            self.load_error = None
+        except Exception:
+            self.load_error = traceback.format_exc()
+            raise WorkerError(f"the node could not be built:\n{self.load_error}") from None
+        self._resume(None)
+        self.build_seconds = time.monotonic() - t0
+
+    def start_build(self) -> dict[str, Any]:
+        """``build``: start building the node in the background, if it is neither built nor being
+        built nor failed to build (the next request tries again), and say how far it is (answered
+        at once, without the request lock)."""
+        with self._build_guard:
+            running = self._build_thread is not None and self._build_thread.is_alive()
+            if self.node is None and not running and not self.busy and self.load_error is None:
+                self.build_started = time.monotonic()
+                self.busy = True  # the idle watchdog must not end a worker that is building
+                self._build_thread = threading.Thread(target=self._build_ahead, daemon=True)
+                self._build_thread.start()
+        return self.build_status()
+
+    def _build_ahead(self) -> None:
+        with self._lock:  # a request that comes meanwhile waits for the node, as it would anyway
+            try:
+                self._ensure_node()
+            except WorkerError:
+                log.error("building the node failed (the first round tries again):\n%s", self.load_error)
+            finally:
+                self.busy = False
+                self.last_request = time.monotonic()
+
+    def build_status(self) -> dict[str, Any]:
+        """``state`` (ready, building, failed or idle), the seconds it has taken, the last progress
+        line and, when it failed, the error's last line."""
+        building = self._build_thread is not None and self._build_thread.is_alive()
+        state = ("ready" if self.node is not None else "building" if building
+                 else "failed" if self.load_error else "idle")
+        if self.node is not None and self.build_seconds is not None:
+            seconds = self.build_seconds
+        else:
+            seconds = time.monotonic() - self.build_started if self.build_started is not None else 0.0
+        error = (self.load_error or "").strip().splitlines()[-1:] if state == "failed" else []
+        return {"state": state, "seconds": round(seconds, 1), "progress": self.progress.line,
+                "error": error[0] if error else ""}
+
     def handle(self, op: str, payload: Any) -> tuple[Any, bool]:
         """-> (reply value, stop after replying)."""
-        if op == "stop":  # ("ping" is answered in _serve_one, without the lock)
+        if op == "stop":  # ("ping" and "build" are answered in _serve_one, without the lock)
             return {"pid": os.getpid()}, True
-        if self.node is None:  # built on the first request; a failure is retried on the next one
-            try:                # (a transient cause, e.g. out of memory at load, can go away)
-                self.node = self._load()
-                self.load_error = None
-            except Exception:
-                self.load_error = traceback.format_exc()
-                raise WorkerError(f"the node could not be built:\n{self.load_error}") from None
-            self._resume(None)
+        self._ensure_node()
         if op == "step":
             return self._step(payload), False
         if op == "finish":
@@ -356,9 +409,11 @@ class _Server:
             return
         finally:
             timer.cancel()
-        if op == "ping":  # no lock: a busy worker still proves it is alive
+        if op in ("ping", "build"):  # no lock: a busy worker still proves it is alive
             try:
-                conn.send(("ok", {"pid": os.getpid(), "ready": self.node is not None, "busy": self.busy}))
+                value = ({"pid": os.getpid(), "ready": self.node is not None, "busy": self.busy}
+                         if op == "ping" else self.start_build())
+                conn.send(("ok", value))
             except (OSError, EOFError):
                 pass
             conn.close()
@@ -383,6 +438,20 @@ class _Server:
             if stop:
                 self._cleanup()
                 os._exit(0)
+
+
+class _LastLine(logging.Handler):
+    """Keeps the last INFO-or-above line of the package's loggers (a building node's progress)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.line = ""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.line = record.getMessage()[:300]
+        except Exception:  # a bad log call must not break the worker
+            pass
 
 
 def _shutdown(conn) -> None:
