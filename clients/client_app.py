@@ -19,7 +19,7 @@ from ftis_flwr.config.merge import card_from_dict, from_dict
 from ftis_flwr.config.plan import build_notes
 from ftis_flwr.config.schema import ExperimentConfig, ModelCard, default_cache_dir, to_dict
 from ftis_flwr.node.processes import safe_name, worker_dir
-from ftis_flwr.node.worker import WorkerTimeout, connect_or_spawn, stop_worker
+from ftis_flwr.node.worker import PING_TIMEOUT, WorkerTimeout, connect_or_spawn, stop_worker
 from ftis_flwr.wire import protocol
 
 app = ClientApp()
@@ -133,9 +133,12 @@ def train(msg: Message, context: Context) -> Message:
 
 @app.query()
 def query(msg: Message, context: Context) -> Message:
-    """HELLO (which card do you serve?), STOP (the run ended early) or FINISH (save the model)."""
+    """HELLO (which card do you serve?), BUILD (build now, and how far is it?), STOP (the run
+    ended early) or FINISH (save the model)."""
     if protocol.HELLO in msg.content:
         return hello(msg, context)
+    if protocol.BUILD in msg.content:
+        return build(msg, context)
     if protocol.STOP in msg.content:
         return stop(msg, context)
     return finish(msg, context)
@@ -169,6 +172,16 @@ def hello(msg: Message, context: Context) -> Message:
         except Exception as exc:  # a note that cannot be made never keeps a node out
             answer["notes"] = f"node {card.name}: could not check its dtype and memory ({type(exc).__name__}: {exc})"
     return Message(content=RecordDict({protocol.HELLO: ConfigRecord(answer)}), reply_to=msg)
+
+
+def build(msg: Message, context: Context) -> Message:
+    """Start this node's worker if none runs and have it build the model in the background; answer
+    at once with how far it is (see protocol.BUILD)."""
+    card, handle, _ = _worker(msg.content[protocol.BUILD], context)
+    status = handle.call("build", timeout=PING_TIMEOUT)
+    answer = {"node": card.name, "state": str(status["state"]), "seconds": float(status["seconds"]),
+              "progress": str(status["progress"]), "error": str(status["error"])}
+    return Message(content=RecordDict({protocol.BUILD: ConfigRecord(answer)}), reply_to=msg)
 
 
 def checkpoint_dir(server_out_dir: str, run_name: str, card: str, node_config: dict) -> Path:

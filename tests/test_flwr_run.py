@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import flower_bin, free_port, kill_workers, wait_listening
 
-from ftis_flwr.server.reporting import load_metrics
+from ftis_flwr.server.reporting import load_events, load_metrics
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
@@ -79,5 +79,11 @@ def test_flwr_run_with_the_real_pyproject(tmp_path, superlink):
     assert [r["round"] for r in rounds] == [0, 1]
     assert rounds[1]["nodes"]["small"]["samples_foreign"] == 16
     assert "round 1/1" in out
+    # each node's model was built before round 0, and the stream said so (protocol.BUILD)
+    for node in ("small", "large"):
+        assert re.search(rf"node {node} ready: built in \d+ s", out), out[-4000:]
+    assert out.index("ready: built in") < out.index("round 0/1"), out[-4000:]
+    built = [e for e in load_events(run_dirs[0]) if e.get("event") == "node_built"]
+    assert sorted(e["node"] for e in built) == ["large", "small"], built
     summary = json.loads((run_dirs[0] / "summary.json").read_text())
     assert set(summary["checkpoints"]) == {"small", "large"}

@@ -1,6 +1,6 @@
 """The server side: the Flower strategy (:mod:`.strategy`) that hands every node the groups the
 others generated, its synchronous and asynchronous rounds (:mod:`.async_rounds`, :mod:`.grid_io`),
-the messages outside the rounds (:mod:`.lifecycle`: HELLO, STOP, FINISH), the roster of nodes
+the messages outside the rounds (:mod:`.lifecycle`: HELLO, BUILD, STOP, FINISH), the roster of nodes
 and their replies (:mod:`.roster`, :mod:`.replies`, :mod:`.peer_tokenizers`),
 the foreign-group budget (:mod:`.budget`), the saved server state (:mod:`.state`), and the
 run's reports and plots (:mod:`.reporting`, :mod:`.plots`, :mod:`.incidents`).

@@ -1,5 +1,6 @@
 """The messages of a run outside its rounds, for :class:`~ftis_flwr.server.strategy.FTISStrategy`:
-who serves which model card (HELLO, at the start and for nodes that join later), stopping the
+who serves which model card (HELLO, at the start and for nodes that join later), every node's
+model built before the first round with its progress in the server's log (BUILD), stopping the
 workers when a run ends early (STOP), and collecting every node's final checkpoint (FINISH).
 
 A mixin: it uses the strategy's roster, its ``_send`` / ``_reply_node`` and ``on_event``, so the
@@ -9,6 +10,7 @@ strategy module keeps the rounds and this one the membership and the end of a ru
 from __future__ import annotations
 
 import logging
+import time
 
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
@@ -21,9 +23,12 @@ from ftis_flwr.wire import protocol
 
 log = logging.getLogger("ftis_flwr.server.strategy")
 
+BUILD_POLL = 3.0
+"""Seconds between two build-status queries while a node builds its model."""
+
 
 class Lifecycle:
-    """HELLO, STOP and FINISH for the strategy (see the module docstring)."""
+    """HELLO, BUILD, STOP and FINISH for the strategy (see the module docstring)."""
 
     def _wait_for_nodes(self, grid: Grid) -> list[int]:
         ids = wait_for_nodes(grid, len(self.cfg.nodes), self.connect_timeout)
@@ -78,6 +83,58 @@ class Lifecycle:
             roster.left_out[nid] = why
             log.warning("node id %d is left out: %s", nid, why)
             self.on_event("node_left_out", node_id=nid, reason=why)
+
+    def await_builds(self, grid: Grid, limit: float) -> None:
+        """Before the first round: have every bound node build its model now (protocol.BUILD) and
+        log how far each is, every few seconds, until all are ready or failed, or ``limit``
+        seconds have passed. The first round then finds them built; a node that failed, or did not
+        answer, is left to the first round, which builds (or fails) it as before."""
+        pending = set(self.roster.names)
+        said: dict[int, str] = {}
+        deadline = time.monotonic() + limit
+        while pending and time.monotonic() < deadline:
+            messages = [self._query(protocol.BUILD, nid) for nid in sorted(pending)]
+            wait = max(1.0, min(HELLO_TIMEOUT, deadline - time.monotonic()))
+            replies = self._send(grid, messages, wait, what="building the models")
+            done: set[int] = set()
+            for nid, why in self._lost.items():  # the first round asks it again
+                log.warning("node %s did not answer while building (%s); the first round builds it",
+                            self.roster.name(nid), why)
+                pending.discard(nid)
+            for reply in replies:
+                nid = self._reply_node(reply, "build", done)
+                if nid is None:
+                    continue
+                done.add(nid)
+                name = self.roster.name(nid)
+                try:
+                    if reply.has_error():
+                        raise BadReply(f"code {reply.error.code}: {reply.error.reason}")
+                    rec = record(reply.content, protocol.BUILD, ConfigRecord)
+                    state, seconds = str(rec.get("state", "")), float(rec.get("seconds", 0.0))
+                    progress, error = str(rec.get("progress", "")), str(rec.get("error", ""))
+                except Exception as exc:  # whatever a node sent, the others go on
+                    log.warning("node %s: no build status (%s); the first round builds it", name, exc)
+                    pending.discard(nid)
+                    continue
+                if state == "ready":
+                    log.info("node %s ready: built in %.0f s", name, seconds)
+                    self.on_event("node_built", node=name, seconds=seconds)
+                    pending.discard(nid)
+                elif state == "building":
+                    line = f"node {name} building ({seconds:.0f} s): {progress or 'starting'}"
+                    if progress != said.get(nid):
+                        log.info("%s", line)
+                        said[nid] = progress
+                else:  # failed, or a worker that will not build: the first round tries and reports
+                    log.warning("node %s could not build its model (%s); the first round tries again",
+                                name, error or state)
+                    pending.discard(nid)
+            if pending:
+                time.sleep(BUILD_POLL)
+        if pending:
+            log.warning("still building after %.0f s: %s; the first round waits for them", limit,
+                        ", ".join(sorted(self.roster.name(n) for n in pending)))
 
     def _query(self, key: str, nid: int, **extra: str) -> Message:
         """A query message (protocol.HELLO, STOP or FINISH) carrying the experiment and run name."""

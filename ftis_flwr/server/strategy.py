@@ -402,6 +402,7 @@ class FTISStrategy(Lifecycle, Strategy):
         # is away, which joins when it comes back (its worker state is on disk)
         self.introduce(grid, hello_timeout, first=self._first_round == 0 and self._async_state is None)
         try:
+            self.await_builds(grid, max(timeout, self.cfg.rounds.startup_timeout))
             if self.cfg.exchange.schedule == "async":
                 from ftis_flwr.server.async_rounds import AsyncRounds
                 AsyncRounds(self, grid, timeout).run()

@@ -2,7 +2,8 @@
 
 Kept apart so the ServerApp never imports the ClientApp and both agree on one spelling.
 A run (and a resumed run) starts with one ``query`` message per SuperNode that asks which
-model card it serves (HELLO); one round is one ``train`` message per node; the run ends with one
+model card it serves (HELLO), then ``query`` messages that start each node's build and report its
+progress until every node is ready (BUILD); one round is one ``train`` message per node; the run ends with one
 ``query`` message that asks each node to save its model and stop its worker (FINISH).
 """
 
@@ -12,6 +13,14 @@ before its first round; the node answers with a HELLO record: ``node`` = the car
 "" and ``reason`` when it serves none (a SuperNode of another app, or one started without a
 ``card``: it is left out) or names a card the experiment does not have (``unknown`` = True: the
 run is refused). It builds nothing, so it is answered in seconds."""
+
+BUILD = "ftis.build"
+"""ConfigRecord server -> node (query message) with ``experiment`` and ``run_name``, sent before the
+first round of a run (fresh or resumed) and again every few seconds while the node builds: the
+node starts its worker if none runs, has it build the model in the background, and answers at once
+with a BUILD record: ``node``, ``state`` (building, ready, failed or idle), ``seconds`` since the
+build started, ``progress`` (the worker's last log line: converting, warm-starting, loading) and
+``error`` (the last line of a failed build's error; the first round tries again)."""
 
 ROUND = "ftis.round"
 """ConfigRecord server -> node: round, num_rounds, prompt_indices (JSON list), group_size,
