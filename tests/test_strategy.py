@@ -58,11 +58,14 @@ class FakeGrid:
 
     ``undeliverable`` node ids get no message id from push_messages ("" like the SuperLink's grid,
     or no entry like the in-memory one); replies put in ``late`` come back with the next pull.
+    The build query (protocol.BUILD) is answered by ``build(message)``: by default every node
+    says its model is built, as a node whose worker built it at once would.
     """
 
     def __init__(self, respond, node_ids=(1, 2), undeliverable=(), omit_failed=False, alternate=False,
-                 hello_undeliverable=False):
+                 hello_undeliverable=False, build=None):
         self.respond, self.node_ids = respond, list(node_ids)
+        self.build = build or build_reply
         self.hello_undeliverable = hello_undeliverable
         self.undeliverable, self.omit_failed, self.alternate = set(undeliverable), omit_failed, alternate
         self.pushed: list[Message] = []
@@ -84,7 +87,7 @@ class FakeGrid:
                 continue
             self.pushed.append(msg)
             ids.append(msg.metadata.message_id)
-            reply = self.respond(msg)
+            reply = self.build(msg) if protocol.BUILD in msg.content else self.respond(msg)
             if reply is not None:
                 self._replies[msg.metadata.message_id] = reply
         return ids
@@ -138,6 +141,12 @@ def labels(msg: Message, src: str) -> list[str]:
 def finish_reply(msg: Message, name: str) -> Message:
     return Message(content=RecordDict({protocol.CHECKPOINT: ConfigRecord(
         {"node": name, "path": f"/ckpt/{name}", "updates": 1})}), reply_to=msg)
+
+
+def build_reply(msg: Message, state: str = "ready", seconds: float = 1.0, progress: str = "",
+                error: str = "") -> Message:
+    return Message(content=RecordDict({protocol.BUILD: ConfigRecord(
+        {"node": "", "state": state, "seconds": seconds, "progress": progress, "error": error})}), reply_to=msg)
 
 
 def hello_reply(msg: Message, name: str, reason: str = "", unknown: bool = False) -> Message:
@@ -409,7 +418,46 @@ def test_fewer_nodes_than_min_nodes_aborts():
     strategy, events = run(experiment(**{"rounds.min_nodes": 2}), FakeGrid(honest(special={2: broken})),
                            raises=(FederationError, r"round 0: 1 node\(s\) replied, fewer than "
                                                     r"rounds.min_nodes=2 \(b: code 2: ClientApp raised\)"))
-    assert [k for k, _ in events] == ["node_failed"]
+    assert [k for k, _ in events if k != "node_built"] == ["node_failed"]
+
+
+def test_every_node_builds_before_the_first_round_and_its_progress_is_logged(strategy_log, monkeypatch):
+    """a builds for two polls and says what it does, then is ready; b's build fails (the first
+    round tries again: here it answers); c never answers the build query. The rounds start when
+    nothing is left to wait for, each built node is a node_built event, and the log names them."""
+    from ftis_flwr.server import lifecycle
+
+    monkeypatch.setattr(lifecycle, "BUILD_POLL", 0.0)
+    monkeypatch.setattr(lifecycle, "BUILD_ANSWER_TIMEOUT", 0.5)
+    strategy_log.set_level(logging.INFO, logger="ftis_flwr.server.strategy")
+    names = {1: "a", 2: "b", 3: "c"}
+    polls = {1: 0}
+
+    def build(msg):
+        nid = msg.metadata.dst_node_id
+        if nid == 1:
+            polls[1] += 1
+            if polls[1] < 3:
+                return build_reply(msg, "building", seconds=polls[1], progress=f"converting step {polls[1]}")
+            return build_reply(msg, "ready", seconds=7.0)
+        if nid == 2:
+            return build_reply(msg, "failed", error="FileNotFoundError: no such model")
+        return None
+
+    yaml = YAML.replace("nodes: [{name: a}, {name: b}]", "nodes: [{name: a}, {name: b}, {name: c}]")
+    grid = FakeGrid(honest(names=names), node_ids=(1, 2, 3), build=build)
+    strategy, events = run(experiment(yaml, **{"rounds.round_timeout": 2.0}), grid)
+    builds = [m for m in grid.pushed if protocol.BUILD in m.content]
+    first_round = min(i for i, m in enumerate(grid.pushed) if m.metadata.message_type == "train")
+    assert all(grid.pushed.index(m) < first_round for m in builds)
+    assert sorted(m.metadata.dst_node_id for m in builds) == [1, 1, 1, 2, 3]  # a until ready; b, c once
+    assert [f for k, f in events if k == "node_built"] == [{"node": "a", "seconds": 7.0}]
+    text = strategy_log.text
+    for line in ("node a building (1 s): converting step 1", "node a building (2 s): converting step 2",
+                 "node a ready: built in 7 s", "node b could not build its model (FileNotFoundError: no such "
+                 "model); the first round tries again", "node c did not answer while building"):
+        assert line in text, (line, text[-3000:])
+    assert [set(h.node_metrics) for h in strategy.history] == [{"a", "b", "c"}] * 3
 
 
 def test_finish_failures_are_recorded_as_events():

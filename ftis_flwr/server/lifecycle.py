@@ -25,6 +25,10 @@ log = logging.getLogger("ftis_flwr.server.strategy")
 
 BUILD_POLL = 3.0
 """Seconds between two build-status queries while a node builds its model."""
+BUILD_ANSWER_TIMEOUT = 60.0
+"""How long one build-status query waits for its answers (a node answers at once; starting its
+worker takes seconds): a node that does not answer is left to the first round, and never holds
+the others' progress reports up for longer."""
 
 
 class Lifecycle:
@@ -94,7 +98,7 @@ class Lifecycle:
         deadline = time.monotonic() + limit
         while pending and time.monotonic() < deadline:
             messages = [self._query(protocol.BUILD, nid) for nid in sorted(pending)]
-            wait = max(1.0, min(HELLO_TIMEOUT, deadline - time.monotonic()))
+            wait = max(0.1, min(BUILD_ANSWER_TIMEOUT, deadline - time.monotonic()))
             replies = self._send(grid, messages, wait, what="building the models")
             done: set[int] = set()
             for nid, why in self._lost.items():  # the first round asks it again
