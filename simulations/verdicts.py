@@ -14,7 +14,7 @@ points for seed s. The decision rules were written before any result was read:
   and the seeds do not all agree in sign, **not reproduced** when all seeds agree (A reliably
   above or below B: which one is said), and inconclusive with fewer than 5 seeds.
 
-Claims checked here (SPEC §11, the paper's Table 2 and Figure 3), per setup:
+Claims checked here (algorithm §11, the paper's Table 2 and Figure 3), per setup:
 
 - (a) NoIS collapses: nois vertical ends below alone, in-distribution, for some node;
 - (c) F-TIS ends level with alone in-distribution, for every node;

@@ -1,5 +1,5 @@
 """A Node on the cross-tokenizer (text) path, without Flower: senders put texts on the wire, a
-receiver aligns them with its own tokens and trains at chunk level (SPEC §4).
+receiver aligns them with its own tokens and trains at chunk level (algorithm §4).
 
 The anchor: between identical char-level tokenizers, ``exchange.cross_tokenizer=always`` (every
 foreign sample through its text) trains exactly as the token path does (same parameters after

@@ -1,4 +1,4 @@
-"""HF rollout engine vs the learner's log-probs (SPEC §4), on a tiny random Qwen2.
+"""HF rollout engine vs the learner's log-probs (algorithm §4), on a tiny random Qwen2.
 
 The point: for its own samples a node's ``gen`` must equal its ``lp`` (at the same temperature,
 without truncation), and under top-k/top-p the gap must be exactly the renormalisation.

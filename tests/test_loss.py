@@ -415,7 +415,7 @@ def test_config_validation(field, value, message):
         compute_loss(LossInputs(**_valid()), replace(LossConfig(), **{field: value}))
 
 
-# --- Several updates per round: pi_old fixed at the round start (SPEC §5, PPO num_iterations) --
+# --- Several updates per round: pi_old fixed at the round start (algorithm §5, PPO num_iterations) --
 
 def _previous_token_loss(method, lp, gen, adv_used, cfg):
     """The per-token losses as written before pi_old existed (ratio and w from lp.detach())."""

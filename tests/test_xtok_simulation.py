@@ -1,6 +1,6 @@
 """Three tiny models with three tokenizers through a real Flower simulation: the ``cpu-xtok``
 preset's shipped char-level and byte-level BPE models and a SentencePiece-style unigram one. Each
-trains on the others' samples through their text (cross-tokenizer F-TIS, SPEC §4). One test, not
+trains on the others' samples through their text (cross-tokenizer F-TIS, algorithm §4). One test, not
 one per pair: a Flower run of tiny models costs about 80 s on this machine."""
 
 import dataclasses

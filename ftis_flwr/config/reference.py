@@ -43,8 +43,6 @@ problem at once; `python -m ftis_flwr.config.keys --list` prints the same keys i
 def _md(text: str) -> str:
     """Docstring text as one Markdown table cell: ``x`` -> `x`, | and < escaped outside code."""
     text = " ".join(str(text).split()).replace("``", "`")
-    text = re.sub(r"\s*\((?:beyond the paper; )?SPEC §[^)]*\)", "", text)  # the maths spec is not in the docs
-    text = re.sub(r",?\s*SPEC §[0-9§,\- ]*[0-9]", "", text)
     parts = text.split("`")
     for i in range(0, len(parts), 2):  # outside code spans
         parts[i] = re.sub(r":(?:class|func|mod|data|attr|meth):", "", parts[i].replace("<", "&lt;"))

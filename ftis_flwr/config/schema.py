@@ -33,7 +33,7 @@ class ConfigError(ValueError):
 
 @dataclass
 class AdvantageConfig:
-    """Group advantages and the collaboration mode (SPEC §2-3)."""
+    """Group advantages and the collaboration mode (algorithm §2-3)."""
 
     mode: str = "vertical"
     """"vertical" (default, paper): a node generates whole groups for its own prompts;
@@ -77,7 +77,7 @@ class WireConfig:
 
 @dataclass
 class RolloutConfig:
-    """Sampling of groups (SPEC §1, §4)."""
+    """Sampling of groups (algorithm §1, §4)."""
 
     group_size: int = 12
     """G, completions per prompt. Default 12 (paper)."""
@@ -95,7 +95,7 @@ class RolloutConfig:
 
 @dataclass
 class TrainConfig:
-    """The optimiser step each node takes per round (SPEC §5, §10)."""
+    """The optimiser step each node takes per round (algorithm §5, §10)."""
 
     lr: float = 1e-6
     """Adam learning rate. Default 1e-6 (paper, full fine-tuning); LoRA cards use 1e-4."""
@@ -175,7 +175,7 @@ class ExchangeConfig:
     then takes a final round. The importance weights already correct for the older policy that
     sampled a group. A stopped run resumes as a synchronous one does. See ftis_flwr.server.async_rounds."""
     cross_tokenizer: str = "auto"
-    """Peers whose tokenizers differ (cross-tokenizer F-TIS, SPEC §4): "auto" (default) trains
+    """Peers whose tokenizers differ (cross-tokenizer F-TIS, algorithm §4): "auto" (default) trains
     on their samples through the completion text aligned into chunks, and on same-tokenizer
     peers' token ids as before; "always" takes the text path for every foreign sample (between
     identical tokenizers it trains exactly as the token path); "off" refuses a peer with another
@@ -190,7 +190,7 @@ class ExchangeConfig:
 
 @dataclass
 class LoraConfig:
-    """LoRA adapter of a node with a small trainable budget (SPEC §10)."""
+    """LoRA adapter of a node with a small trainable budget (algorithm §10)."""
 
     r: int = 128
     """Rank. Default 128 (paper)."""
@@ -230,7 +230,7 @@ class ModelCard:
     warmstart_target: float = 0.7
     """tiny source only: warm-start stops once the model answers this fraction of a check slice
     of its warm-start data exactly (0 = always run all warmstart_steps). Default 0.7, the
-    starting skill of the CPU-scale study (SPEC §11)."""
+    starting skill of the CPU-scale study (algorithm §11)."""
     seed: int = 0
     """Seed of the model's initialisation, warm-start data and sampling."""
     dtype: str = "float32"
@@ -285,7 +285,7 @@ class ModelCard:
 
 @dataclass
 class TaskConfig:
-    """Which problems are trained and evaluated (SPEC §8-9)."""
+    """Which problems are trained and evaluated (algorithm §8-9)."""
 
     name: str = "arithmetic"
     """"arithmetic" (offline, generated, for the tiny character models), "basic-math" (offline,

@@ -1,4 +1,4 @@
-"""Group advantages, the F-TIS sample filter and per-node g schedules (SPEC §2, §3, §6).
+"""Group advantages, the F-TIS sample filter and per-node g schedules (algorithm §2, §3, §6).
 
 Pure functions over numpy arrays / torch tensors, no model and no Flower, so every rule the
 paper states can be checked on hand-made numbers.
@@ -9,10 +9,10 @@ Conventions that matter:
   ``(r - mean) / (std + eps)``; with G=12 the unbiased std would shrink advantages by ~4%.
 * A group whose rewards are all equal gets advantages that are **exactly** 0 (not ~1e-11 from
   rounding in the mean), and is what :func:`frac_zero_std_groups` counts.
-* Advantages are computed from all G rewards *before* filtering (SPEC §3): :func:`filter_mask`
+* Advantages are computed from all G rewards *before* filtering (algorithm §3): :func:`filter_mask`
   only decides which samples lose their advantage afterwards; it never changes a group's
   statistics.
-* ``vertical`` mode is recommended (SPEC §2). :func:`pooled_advantages` implements the
+* ``vertical`` mode is recommended (algorithm §2). :func:`pooled_advantages` implements the
   ``horizontal`` ablation, where each node generated G/m completions of the same prompt and the
   pooled group's mean/std biases every node's baseline towards the swarm average.
 """
@@ -130,7 +130,7 @@ def frac_zero_std_groups(rewards: np.ndarray | torch.Tensor | Sequence[np.ndarra
 
 def filter_mask(advantages: ArrayLike, kl: ArrayLike, foreign: ArrayLike, *, threshold: float,
                 rule: str = "and", scope: str = "foreign") -> tuple[ArrayLike, ArrayLike, ArrayLike]:
-    """Which samples the F-TIS filter removes (SPEC §6), and why. Torch or numpy, all [B].
+    """Which samples the F-TIS filter removes (algorithm §6), and why. Torch or numpy, all [B].
 
     A sample is *eligible* if it is foreign (``scope="foreign"``) or always (``scope="all"``).
     With ``neg = A <= 0`` and ``far = not (kl <= g)`` (so a NaN KL counts as far, the safe

@@ -1,6 +1,6 @@
-"""The F-TIS loss family over tensors: ``LossInputs -> LossOutputs`` (SPEC §4-7).
+"""The F-TIS loss family over tensors: ``LossInputs -> LossOutputs`` (algorithm §4-7).
 
-Methods (SPEC §5), per real token, with ``ratio = exp(lp - old)`` and
+Methods (algorithm §5), per real token, with ``ratio = exp(lp - old)`` and
 ``w = min(exp(old - gen), C)`` (detached, truncated from above), where ``old`` is the detached
 log-prob under the round-start policy pi_old (:attr:`LossInputs.old_logprobs`; by default the
 current ``lp.detach()``, so ``ratio`` has value 1 and the gradient of log pi_theta):
@@ -8,7 +8,7 @@ current ``lp.detach()``, so ``ratio`` has value 1 and the gradient of log pi_the
 * ``nois``: ``-ratio * A``
 * ``vis``:  ``-min(rho * A, clip(rho, 1-eps, 1+eps) * A)``, ``rho = exp(lp - gen)`` with gradient
 * ``tis``:  ``-w * min(ratio * A, clip(ratio, 1-eps, 1+eps) * A)``
-* ``f-nois``, ``f-vis``, ``f-tis``: the same after the filter of SPEC §6
+* ``f-nois``, ``f-vis``, ``f-tis``: the same after the filter of algorithm §6
   (:func:`ftis_flwr.maths.advantages.filter_mask`), whose KL is taken between pi_old and pi_gen. By
   convention a registered name that starts with ``"f-"`` is filtered.
 
@@ -82,7 +82,7 @@ class LossInputs:
     logprobs: torch.Tensor
     """[B, T] learner log-probs, normally with gradient (may have none: metrics-only call)."""
     gen_logprobs: torch.Tensor
-    """[B, T] generator log-probs of the sampled distribution (SPEC §4)."""
+    """[B, T] generator log-probs of the sampled distribution (algorithm §4)."""
     advantages: torch.Tensor
     """[B] advantages computed from whole groups before filtering."""
     mask: torch.Tensor

@@ -1,4 +1,4 @@
-"""What an update reports (SPEC §7), as a pure function of detached per-sample numbers.
+"""What an update reports (algorithm §7), as a pure function of detached per-sample numbers.
 
 :func:`ftis_flwr.maths.loss.compute_loss` fills one :class:`LossStats` per (micro-)batch from the very
 forward the loss is built on. The metrics depend on nothing else, so a Node concatenates its
@@ -108,7 +108,7 @@ def clip_frac(s: LossStats) -> float | None:
 
 
 def loss_metrics(s: LossStats, trunc_c: float) -> dict[str, float]:
-    """The SPEC §7 metrics of one update (or micro-batch) from its stats."""
+    """The algorithm §7 metrics of one update (or micro-batch) from its stats."""
     filt, fneg, fkl, foreign = s.filtered, s.filtered_negative, s.filtered_kl, s.foreign
     adv, kl = s.advantages, s.sample_kl
     kept = ~filt

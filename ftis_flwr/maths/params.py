@@ -32,7 +32,7 @@ G_KINDS = ("constant", "linear")
 
 @dataclass
 class LossConfig:
-    """The F-TIS loss family and its filter (SPEC §5-6)."""
+    """The F-TIS loss family and its filter (algorithm §5-6)."""
 
     method: str = "f-tis"
     """Loss method: a name in ``ftis_flwr.maths.loss.LOSS_REGISTRY`` (built in: nois, vis, tis, f-nois,
@@ -59,14 +59,14 @@ class LossConfig:
     "token": sum of token losses / number of tokens (Dr.GRPO-style)."""
     cross_tokenizer_ratio: str = "chunk"
     """How a sample from a peer with another tokenizer is weighted (cross-tokenizer F-TIS,
-    SPEC §4): "chunk" (default) takes w and the filter's KL per aligned chunk (the chain rule over
+    algorithm §4): "chunk" (default) takes w and the filter's KL per aligned chunk (the chain rule over
     byte-aligned runs of tokens); "sequence" uses one ratio per completion from the two sides'
     per-token *mean* log-probs (as HACPO, arXiv 2603.02604), kept as the ablation."""
 
 
 @dataclass
 class GSchedule:
-    """Per-node filter threshold g over rounds (SPEC §6, beyond the paper)."""
+    """Per-node filter threshold g over rounds (algorithm §6, beyond the paper)."""
 
     kind: str = "constant"
     """"constant" (default: LossConfig.kl_threshold) or "linear" from start to end."""

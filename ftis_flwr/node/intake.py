@@ -67,7 +67,7 @@ def usable(node, received: list[Received], metrics: dict[str, float], reasons: l
             entry = rejected.setdefault((src, reason), [0, 0, g.prompt_id])
             entry[0] += 1
             entry[1] += g.size
-        if stats.receiver_tokens:  # the text path's diagnostics (SPEC §4)
+        if stats.receiver_tokens:  # the text path's diagnostics (algorithm §4)
             metrics[f"{src}/xtok_tokens"] = float(stats.receiver_tokens)
             metrics[f"{src}/xtok_chunks_per_token"] = stats.chunks / stats.receiver_tokens
             metrics[f"{src}/xtok_multi_token_share"] = stats.multi_tokens / stats.receiver_tokens

@@ -1,4 +1,4 @@
-"""The learner's per-token log-probs of completions (SPEC §4: ``lp``).
+"""The learner's per-token log-probs of completions (algorithm §4: ``lp``).
 
 ``lp[t] = log pi_theta(a_t | prompt, a_<t)`` under ``log_softmax(logits / temperature)`` over the
 full vocabulary, with gradient. It must agree with what the rollout engine reports for its own

@@ -373,7 +373,7 @@ class Node:
 
     # --------------------------------------------------------------- evaluate
     def evaluate(self) -> dict[str, float]:
-        """Greedy pass@1 on each held-out split (SPEC §9)."""
+        """Greedy pass@1 on each held-out split (algorithm §9)."""
         out = {}
         size = self.cfg.rounds.eval_size
         for split in self.task.eval_splits:

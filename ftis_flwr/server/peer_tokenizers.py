@@ -1,4 +1,4 @@
-"""The server's view of each card's tokenizer (cross-tokenizer F-TIS, SPEC §4): which node must put
+"""The server's view of each card's tokenizer (cross-tokenizer F-TIS, algorithm §4): which node must put
 its completions' texts on the wire, and which federations cannot train together.
 
 Why apart from the strategy: it is one question with its own state (each node reports its
@@ -59,4 +59,4 @@ class PeerTokenizers:
             kinds = "; ".join(f"{', '.join(names)} (tokenizer {fp})" for fp, names in by_fp.items())
             raise FederationError(f"the nodes' tokenizers differ: {kinds}. exchange.cross_tokenizer=off "
                                   "trains only between equal tokenizers; set it to 'auto' to train on "
-                                  "the others' completions through their text (SPEC §4)")
+                                  "the others' completions through their text (algorithm §4)")

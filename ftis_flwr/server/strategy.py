@@ -89,7 +89,7 @@ def next_within(limit: float) -> float:
 
 
 class FTISStrategy(Lifecycle, Strategy):
-    """Collaborative GRPO rounds: vertical (default), horizontal or alone (SPEC §2)."""
+    """Collaborative GRPO rounds: vertical (default), horizontal or alone (algorithm §2)."""
 
     def __init__(self, experiment: ExperimentConfig, *, run_name: str = "", out_dir: str = "",
                  on_round: RoundCallback | None = None, on_event: Callable[..., None] | None = None,

@@ -64,7 +64,7 @@ def op_weights(ops: str) -> dict[str, int] | None:
     """Weighted warm-start mixes: a repeated sign is a weight (``"+++-"`` = 3 additions per
     subtraction); None for a plain mix ("+", "-", "+-", or equal weights such as "++--"), whose
     data and cache keys are unchanged.
-    Lets two models be experts in different operations that still overlap (SPEC §11: disjoint
+    Lets two models be experts in different operations that still overlap (algorithm §11: disjoint
     specialists do not teach each other)."""
     parse_ops(ops)
     counts = {op: ops.count(op) for op in OPS if op in ops}

@@ -132,7 +132,7 @@ def chat_prompt(question: str, tokenizer: Any, demos: tuple[tuple[str, str], ...
 
 
 class MathTask(Task):
-    """GSM8K-style training with GSM8K / MATH-500 evaluation (SPEC §8-9)."""
+    """GSM8K-style training with GSM8K / MATH-500 evaluation (algorithm §8-9)."""
 
     max_new_tokens = 640
     demos: tuple[tuple[str, str], ...] = GSM8K_DEMOS

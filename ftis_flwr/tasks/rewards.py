@@ -1,4 +1,4 @@
-"""Verifiable rewards (SPEC §8): strict <think>/<answer> format + math-verify; arithmetic match.
+"""Verifiable rewards (algorithm §8): strict <think>/<answer> format + math-verify; arithmetic match.
 
 Every receiver recomputes rewards from decoded text, so the reward must be cheap, deterministic
 and safe against hostile completions from any thread:

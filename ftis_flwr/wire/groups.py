@@ -36,7 +36,7 @@ class Group:
     model_id: str
     tokenizer_fp: str
     texts: list[bytes] | None = None
-    """Cross-tokenizer path (SPEC §4), for receivers with another tokenizer: each completion's
+    """Cross-tokenizer path (algorithm §4), for receivers with another tokenizer: each completion's
     text as UTF-8 bytes, what its tokens stand for (a final end-of-turn token stands for none)."""
     byte_lengths: list[np.ndarray] | None = None
     """With ``texts``: per completion, the bytes of its text each token covers, in order: >= 1,

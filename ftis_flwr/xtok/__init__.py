@@ -1,4 +1,4 @@
-"""Cross-tokenizer F-TIS (SPEC §4): the bytes each token stands for (:mod:`.token_bytes`), the
+"""Cross-tokenizer F-TIS (algorithm §4): the bytes each token stands for (:mod:`.token_bytes`), the
 alignment of two tokenizations of one text into byte-aligned chunks (:mod:`.align`), and the
 translation of a peer's group into the receiver's own tokens (:mod:`.translate`).
 

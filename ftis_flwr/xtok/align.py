@@ -1,4 +1,4 @@
-"""Aligning two tokenizations of one completion text into chunks (cross-tokenizer F-TIS, SPEC §4).
+"""Aligning two tokenizations of one completion text into chunks (cross-tokenizer F-TIS, algorithm §4).
 
 Why: a receiver whose tokenizer differs from the sender's cannot score the sender's token ids. It
 scores the completion's *text* with its own tokens instead, and compares the two sides where both

@@ -1,4 +1,4 @@
-"""A foreign group of another tokenizer, turned into the receiver's own tokens (SPEC §4, chunks).
+"""A foreign group of another tokenizer, turned into the receiver's own tokens (algorithm §4, chunks).
 
 Why apart from the node: this is the whole receiver side of cross-tokenizer F-TIS in one pure
 function (no model, no optimiser): the receiver's prompt is its own rendering of the same

@@ -1,4 +1,4 @@
-"""Rollout engine on ``transformers`` ``generate`` (SPEC §4: what ``gen`` must be).
+"""Rollout engine on ``transformers`` ``generate`` (algorithm §4: what ``gen`` must be).
 
 Each sample carries the log-prob of every completion token under the distribution it was
 *actually* drawn from: ``log_softmax`` of the logits after temperature, top-k and top-p, i.e.

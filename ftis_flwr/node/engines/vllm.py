@@ -1,4 +1,4 @@
-"""Rollout engine on vLLM (SPEC §4: what ``gen`` must be), imported only when a card asks for it.
+"""Rollout engine on vLLM (algorithm §4: what ``gen`` must be), imported only when a card asks for it.
 
 **π_gen exact.** vLLM is started with ``logprobs_mode="processed_logprobs"`` and every request
 asks for ``logprobs=0`` (the sampled token's log-prob only). In vLLM 0.32
