@@ -18,8 +18,8 @@ from flwr.clientapp import ClientApp
 from ftis_flwr.config.merge import card_from_dict, from_dict
 from ftis_flwr.config.plan import build_notes
 from ftis_flwr.config.schema import ExperimentConfig, ModelCard, default_cache_dir, to_dict
+from ftis_flwr.node.handle import PING_TIMEOUT, WorkerTimeout, connect_or_spawn, stop_worker
 from ftis_flwr.node.processes import safe_name, worker_dir
-from ftis_flwr.node.worker import PING_TIMEOUT, WorkerTimeout, connect_or_spawn, stop_worker
 from ftis_flwr.wire import protocol
 
 app = ClientApp()

@@ -13,8 +13,8 @@ import pytest
 
 from ftis_flwr.config.merge import load_experiment
 from ftis_flwr.config.schema import to_dict
+from ftis_flwr.node.handle import WorkerError, WorkerHandle, connect_or_spawn
 from ftis_flwr.node.processes import worker_dir
-from ftis_flwr.node.worker import WorkerError, WorkerHandle, connect_or_spawn
 
 
 def _spec(tmp_path, idle=60.0, **card_overrides):
@@ -63,7 +63,7 @@ def workers():
 
 _CONNECT = """
 import json, sys
-from ftis_flwr.node.worker import connect_or_spawn
+from ftis_flwr.node.handle import connect_or_spawn
 h = connect_or_spawn(sys.argv[1], json.loads(sys.argv[2]))
 print(h.pid)
 """
@@ -181,7 +181,7 @@ def test_a_silent_connection_does_not_stall_the_worker(tmp_path, workers):
     handshake timeout; requests meanwhile are answered (a ping bounded by that timeout)."""
     import socket
 
-    from ftis_flwr.node.worker import HANDSHAKE_TIMEOUT
+    from ftis_flwr.node.handle import HANDSHAKE_TIMEOUT
 
     handle = connect_or_spawn(worker_dir(tmp_path / "cache", "run", "a"), _spec(tmp_path))
     workers.append(handle.pid)
@@ -239,7 +239,7 @@ def test_a_busy_worker_answers_pings_and_a_hung_one_is_replaced(tmp_path, worker
     successor starts afresh (and would resume from the node's saved state)."""
     import threading
 
-    from ftis_flwr.node.worker import WorkerTimeout
+    from ftis_flwr.node.handle import WorkerTimeout
 
     exp = load_experiment(overrides={"cache_dir": str(tmp_path / "cache"), "rollout.max_new_tokens": 6})
     card = dict(to_dict(exp.nodes[0]), warmstart_steps=60, warmstart_target=0.0)
