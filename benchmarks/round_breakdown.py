@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from ftis_flwr.server.reporting import load_metrics  # noqa: E402
+from ftis_flwr.server.summary import load_metrics  # noqa: E402
 
 KEYS = ("round_seconds", "compute_seconds", "worker_seconds", "clientapp_seconds", "server_reply_seconds",
         "server_send_seconds", "idle_fraction")

@@ -18,16 +18,10 @@ from flwr.serverapp import Grid, ServerApp
 
 from ftis_flwr.config.merge import from_dict, load_run_config
 from ftis_flwr.config.schema import ConfigError, to_dict
-from ftis_flwr.server.reporting import (
-    PROGRESS_LEGEND,
-    RunReporter,
-    final_line,
-    format_summary_table,
-    run_name,
-    run_title,
-)
+from ftis_flwr.server.reporting import PROGRESS_LEGEND, RunReporter, run_name, run_title
 from ftis_flwr.server.state import ServerStateError, load_server_state
 from ftis_flwr.server.strategy import FTISStrategy
+from ftis_flwr.server.summary import final_line, format_summary_table
 
 log = logging.getLogger("ftis_flwr")
 
@@ -46,7 +40,7 @@ def run(grid: Grid, experiment, *, connect_timeout: float = 120.0,
     """Run the federation described by ``experiment``; returns the run directory.
 
     ``name``: the run's name (default :func:`run_name`); whoever starts a simulation names it
-    first to stop exactly its workers afterwards (``ftis_flwr.node.worker.kill_workers_of_run``).
+    first to stop exactly its workers afterwards (``ftis_flwr.node.processes.kill_workers_of_run``).
 
     ``resume``: a run directory to continue after its last completed round, with the
     configuration saved in it (``experiment`` is then not used). ``after_round(round,

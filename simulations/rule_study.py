@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from ftis_flwr.server.reporting import load_metrics  # noqa: E402
+from ftis_flwr.server.summary import load_metrics  # noqa: E402
 
 
 def row(folder: Path) -> str:

@@ -85,7 +85,7 @@ def summarize(run_dir: str | Path, order: list[str] | None = None) -> dict[str, 
     received samples and the truncated token share (what the sweep's tables and figures show).
     Nodes come in ``order`` (the experiment's card order), the rest after them: the metrics
     rows list nodes in reply order, which changes from run to run."""
-    from ftis_flwr.server.reporting import load_metrics
+    from ftis_flwr.server.summary import load_metrics
 
     rounds = load_metrics(run_dir)
     if not rounds:

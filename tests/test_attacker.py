@@ -25,7 +25,7 @@ import pytest
 from conftest import kill_workers
 
 from ftis_flwr.config.merge import load_experiment
-from ftis_flwr.server.reporting import load_events, load_metrics
+from ftis_flwr.server.summary import load_events, load_metrics
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "simulations"))
 from forger import forgeries, forging_app  # noqa: E402

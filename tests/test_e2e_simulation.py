@@ -10,7 +10,7 @@ import torch
 from conftest import simulate
 
 from ftis_flwr.config.merge import load_experiment
-from ftis_flwr.server.reporting import load_metrics
+from ftis_flwr.server.summary import load_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -120,7 +120,7 @@ def test_run_directory_has_reports(federation):
 
 
 def test_a_supernode_without_a_card_is_left_out_once(federation):
-    from ftis_flwr.server.reporting import load_events
+    from ftis_flwr.server.summary import load_events
 
     _, _, run_dir = federation
     left = [e for e in load_events(run_dir) if e["event"] == "node_left_out"]
@@ -132,7 +132,7 @@ def test_a_supernode_without_a_card_is_left_out_once(federation):
 def test_a_failing_node_is_logged_and_the_round_goes_on(federation):
     """One node cannot build its model: every round reports it failed; the other keeps training."""
     exp, root, _ = federation
-    from ftis_flwr.server.reporting import load_events
+    from ftis_flwr.server.summary import load_events
 
     broken = load_experiment(yaml_text=TINY_FEDERATION, overrides={
         "cache_dir": str(root / "cache"), "run_dir": str(root / "runs-broken"),

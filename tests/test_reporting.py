@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from ftis_flwr.server.reporting import RunReporter, final_line, format_summary_table, load_events, load_metrics
+from ftis_flwr.server.reporting import RunReporter
+from ftis_flwr.server.summary import final_line, format_summary_table, load_events, load_metrics
 
 NODES = ["a", "b", "c"]  # c never evaluates
 

@@ -10,7 +10,7 @@ import pytest
 from conftest import simulate
 
 from ftis_flwr.config.merge import load_experiment
-from ftis_flwr.server.reporting import load_metrics
+from ftis_flwr.server.summary import load_metrics
 
 pytestmark = pytest.mark.slow
 

@@ -3,7 +3,7 @@ others generated, its synchronous and asynchronous rounds (:mod:`.async_rounds`,
 the messages outside the rounds (:mod:`.lifecycle`: HELLO, BUILD, STOP, FINISH), the roster of nodes
 and their replies (:mod:`.roster`, :mod:`.replies`, :mod:`.peer_tokenizers`),
 the foreign-group budget (:mod:`.budget`), the saved server state (:mod:`.state`), and the
-run's reports and plots (:mod:`.reporting`, :mod:`.plots`, :mod:`.incidents`).
+run's reports and plots (:mod:`.reporting`, :mod:`.summary`, :mod:`.plots`, :mod:`.incidents`).
 
 May import :mod:`ftis_flwr.config` and :mod:`ftis_flwr.wire`; never a node (a server holds no model).
 """
