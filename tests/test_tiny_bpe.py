@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM
 
 from ftis_flwr.config.merge import load_experiment
 from ftis_flwr.config.schema import ModelCard
-from ftis_flwr.node import tiny
+from ftis_flwr.node import tiny, tiny_assets
 from ftis_flwr.node.models import load_policy, load_tokenizer, save_policy
 from ftis_flwr.node.tiny import build_char_tokenizer, find_shipped, warmstart_dir, warmstart_key
 from ftis_flwr.node.tiny_bpe import (
@@ -133,9 +133,10 @@ def test_the_xtok_preset_reuses_the_small_model_and_ships_the_bpe_one(task):
     for card in exp.nodes:
         name = warmstart_dir(card, task).name
         shipped = find_shipped(name)
-        assert shipped is not None, f"{name} is not shipped: python -m ftis_flwr.node.tiny --ship --presets cpu-xtok"
+        assert shipped is not None, (f"{name} is not shipped: "
+                                     "python -m ftis_flwr.node.tiny_assets --ship --presets cpu-xtok")
         assert shipped[1]["report"]["key"] == warmstart_key(card, task)
-    assert "cpu-xtok" in tiny.SHIPPED_PRESETS
+    assert "cpu-xtok" in tiny_assets.SHIPPED_PRESETS
 
 
 def test_the_shipped_bpe_model_installs_without_training(task, tmp_path, monkeypatch):

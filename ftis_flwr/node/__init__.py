@@ -2,7 +2,7 @@
 the worker process that holds it across Flower messages (:mod:`.worker`; reached through
 :mod:`.handle`, found and stopped by :mod:`.processes`), its
 saved state (:mod:`.state`), model loading (:mod:`.models`, :mod:`.sources`), the offline tiny
-models (:mod:`.tiny`, :mod:`.tiny_bpe`), log-prob scoring (:mod:`.logprobs`,
+models (:mod:`.tiny`, :mod:`.tiny_bpe`, shipped by :mod:`.tiny_assets`), log-prob scoring (:mod:`.logprobs`,
 :mod:`.logprobs_shared`), the intake of foreign groups (:mod:`.intake`) and the rollout engines
 (:mod:`.engines`).
 

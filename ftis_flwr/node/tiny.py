@@ -11,13 +11,12 @@ result differs between CPU models. The default preset's models are therefore shi
 package (``ftis_flwr/assets/tiny/<name>.safetensors``, bfloat16, 1-3 MB each, with a manifest
 holding their SHA-256): :func:`warm_start` copies a shipped model into the cache when its
 warm-start key matches exactly and its hash verifies, and trains otherwise. Rebuild them with
-``python -m ftis_flwr.node.tiny --ship`` (see :func:`main`). ``.safetensors`` files are outside
+``python -m ftis_flwr.node.tiny_assets --ship`` (:mod:`ftis_flwr.node.tiny_assets`). ``.safetensors`` files are outside
 Flower's app bundle (FAB) patterns, so they never count against its 10 MB cap.
 """
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import hashlib
 import json
@@ -403,70 +402,3 @@ def warm_start(card: ModelCard, task: ArithmeticTask, cache_dir: Path | None = N
                  "" if report["reached_target"] else " (target not reached)")
 
     return build_once(final, MARKER, build)
-
-
-# ------------------------------------------------------------------------------ shipping
-
-SHIPPED_PRESETS = ("cpu-pair", "cpu-xtok")
-"""Presets whose tiny models are shipped (the default run, its cross-tokenizer variant)."""
-
-
-def ship(presets: tuple[str, ...] = SHIPPED_PRESETS, out_dir: Path | None = None,
-         cache_dir: Path | None = None) -> list[Path]:
-    """Write the shipped warm-starts of ``presets``' tiny cards (bf16 safetensors + manifest).
-
-    Each model comes from the cache when it is there, else is trained now; the manifest keeps
-    its warm-start key, report and SHA-256; one already there (same name, so same key) whose
-    hash verifies is kept as it is. Returns the weight files written or kept.
-    """
-    from safetensors.torch import save_file
-
-    from ftis_flwr.config.merge import load_experiment
-    from ftis_flwr.tasks import make_task
-
-    out_dir = Path(out_dir) if out_dir else Path(__file__).resolve().parents[1] / "assets" / "tiny"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    for preset in presets:
-        exp = load_experiment(preset)
-        task = make_task(exp.task)
-        for card in exp.nodes:
-            if card.source != "tiny":
-                continue
-            name = warmstart_dir(card, task, cache_dir).name
-            weights, meta = out_dir / f"{name}.safetensors", out_dir / f"{name}.json"
-            written.append(weights)
-            if weights.is_file() and meta.is_file() and \
-                    json.loads(meta.read_text()).get("sha256") == sha256_file(weights):
-                print(f"kept {weights} (shipped already)", flush=True)
-                continue
-            folder = warm_start(card, task, cache_dir)
-            model = AutoModelForCausalLM.from_pretrained(str(folder))
-            save_file({k: v.to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()
-                       if k != "lm_head.weight"}, str(weights))
-            weights.chmod(0o644)  # safetensors writes 0600: installed copies must be readable
-            report = json.loads((folder / MARKER).read_text())
-            report.pop("losses", None)
-            report.pop("shipped", None)
-            manifest = {"name": folder.name, "preset": preset, "card": card.name,
-                        "sha256": sha256_file(weights), "report": report}
-            meta.write_text(json.dumps(manifest, indent=1) + "\n")
-            print(f"shipped {weights} ({weights.stat().st_size / 1e6:.1f} MB)", flush=True)
-    return written
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description="Warm-start the tiny models of presets and write them as shipped assets.")
-    parser.add_argument("--ship", action="store_true", help="write ftis_flwr/assets/tiny/*")
-    parser.add_argument("--presets", default=",".join(SHIPPED_PRESETS))
-    parser.add_argument("--cache-dir", default="", help="where to train (default: the cache)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    if not args.ship:
-        parser.error("nothing to do: pass --ship")
-    ship(tuple(p for p in args.presets.split(",") if p), cache_dir=Path(args.cache_dir) if args.cache_dir else None)
-
-
-if __name__ == "__main__":
-    main()
