@@ -11,7 +11,8 @@ applies ``--run-config`` as Flower will (its own parser), names every unknown ke
 declared one, builds the experiment as the ServerApp does and prints every error at once. ``run``
 does the same, then runs ``flwr run`` with the same arguments (an underscore spelling of a declared
 key, ``loss.trunc_c``, is passed on as declared, ``loss.trunc-c``), streams it, asks Flower for the
-run's final status (``flwr ls --run-id``) and exits 0 only when the run completed. Plain ``flwr run``
+run's final status (``flwr ls --run-id``) and exits 0 only when the run completed. A SuperLink that
+does not answer yet (started a moment before) is asked again for up to ``--wait`` seconds. Plain ``flwr run``
 keeps working; this adds nothing the app needs.
 """
 
@@ -24,12 +25,15 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 from typing import Any
 
 EXIT_INVALID, EXIT_FAILED = 2, 1
 STARTED = re.compile(r"Successfully started run (\d+)")
+UNREACHABLE = "Connection to the SuperLink is unavailable"  # flwr 1.42's words when nothing answers
+WAIT_STEP = 2.0
 
 
 class CheckError(Exception):
@@ -158,10 +162,10 @@ def run_status(run_id: str, app: Path, superlink: list[str]) -> str:
         return ""
 
 
-def _run(args: argparse.Namespace, given: dict[str, Any]) -> int:
-    cmd = flwr_args(args, given)
-    print("ftis-flwr: " + " ".join(cmd), flush=True)
-    run_id = ""
+def _stream(cmd: list[str]) -> tuple[int, str, bool]:
+    """Run ``flwr run``, echoing its output: (exit code, run id or "", whether it could not reach
+    the SuperLink)."""
+    run_id, unreachable = "", False
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1) as proc:
         try:
             for line in proc.stdout:
@@ -169,13 +173,35 @@ def _run(args: argparse.Namespace, given: dict[str, Any]) -> int:
                 sys.stdout.flush()
                 match = STARTED.search(line)
                 run_id = run_id or (match.group(1) if match else "")
+                unreachable = unreachable or UNREACHABLE in line
         except KeyboardInterrupt:
             proc.terminate()
             print(f"\nftis-flwr: interrupted; the run may go on in the SuperLink (flwr stop {run_id or '<run id>'})")
+            return 130, run_id, False
+    return proc.returncode, run_id, unreachable
+
+
+def _run(args: argparse.Namespace, given: dict[str, Any]) -> int:
+    cmd = flwr_args(args, given)
+    print("ftis-flwr: " + " ".join(cmd), flush=True)
+    deadline = time.monotonic() + args.wait
+    while True:
+        returncode, run_id, unreachable = _stream(cmd)
+        # a SuperLink started a moment ago (the deployment recipe) may not answer yet: no run was
+        # started, so asking again is safe
+        if not (returncode and unreachable and not run_id and time.monotonic() < deadline):
+            break
+        print(f"ftis-flwr: the SuperLink does not answer yet; trying again for up to "
+              f"{deadline - time.monotonic():.0f} s more (--wait)", flush=True)
+        try:
+            time.sleep(WAIT_STEP)
+        except KeyboardInterrupt:
             return 130
-    if proc.returncode:
-        print(f"ftis-flwr: flwr run exited with {proc.returncode}", file=sys.stderr)
-        return proc.returncode
+    if returncode == 130:
+        return 130
+    if returncode:
+        print(f"ftis-flwr: flwr run exited with {returncode}", file=sys.stderr)
+        return returncode
     if not run_id:
         print("ftis-flwr: flwr run started no run", file=sys.stderr)
         return EXIT_FAILED
@@ -199,6 +225,10 @@ def main(argv: list[str] | None = None) -> int:
         c = sub.add_parser(name, help=what)
         c.add_argument("app", nargs="?", default=".", type=Path, help="the Flower app's folder (default: .)")
         c.add_argument("--run-config", action="append", default=[], help="as for flwr run (may repeat)")
+        if name == "run":
+            c.add_argument("--wait", type=float, default=60.0, metavar="S",
+                           help="while the SuperLink does not answer (it may be starting), ask again for up to "
+                                "S seconds (default 60; 0: once)")
     args, rest = p.parse_known_args(argv)
     args.rest = rest
     if args.command == "check" and rest:

@@ -40,19 +40,26 @@ def test_the_readme_deployment_recipe_runs_verbatim(tmp_path):
     env = dict(os.environ, FLWR_HOME=str(home), PORT=str(port), FTIS_CACHE=str(cache),
                PATH=f"{flower_bin()}{os.pathsep}{os.environ['PATH']}")
     before = set((REPO / "runs").glob("*")) if (REPO / "runs").exists() else set()
-    shell = subprocess.Popen(["bash", "-e", "-c", block], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = shell.communicate(timeout=900)
-    finally:
-        left = _group(shell.pid)
-        if left:
-            os.killpg(shell.pid, signal.SIGKILL)
-        kill_workers(cache)
-        for d in set((REPO / "runs").glob("*")) - before:
-            subprocess.run(["rm", "-rf", str(d)])
+    log = tmp_path / "block.log"
+    # output to a file, not a pipe: a process the block left behind (when a line before the kill
+    # failed) would hold a pipe open and hang the test until its timeout, hiding what failed
+    with log.open("w") as sink:
+        shell = subprocess.Popen(["bash", "-e", "-c", block], cwd=REPO, env=env, stdout=sink,
+                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            shell.wait(timeout=600)
+        finally:
+            left = _group(shell.pid, wait=30.0 if shell.poll() is not None else 0.0)
+            if left:
+                os.killpg(shell.pid, signal.SIGKILL)
+            kill_workers(cache)
+            for d in set((REPO / "runs").glob("*")) - before:
+                subprocess.run(["rm", "-rf", str(d)])
+            out = log.read_text()
+            print(out[-8000:])
     assert shell.returncode == 0, out[-4000:]
     assert "ftis-flwr: configuration valid: 2 nodes (small, large), 3 rounds" in out, out[-4000:]
+    assert "the run failed" not in out, out[-4000:]
     assert "round 3/3" in out and "finished:completed" in out, out[-4000:]
     assert f"[superlink.mine-{port}]" in (home / "config.toml").read_text()
     assert not left, "processes left running after the block's kill line:\n" + "\n".join(left)
