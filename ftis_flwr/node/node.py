@@ -100,7 +100,8 @@ class Node:
         self.stop_ids = stop_token_ids(self.tokenizer, self.model, card.stop_tokens)
         """Ids that end a completion; the first is this node's end-of-turn token in aligned text."""
         self.engine = make_engine(card.engine, self.model, self.tokenizer, vocab_size=self.vocab_size,
-                                  eos_token_ids=self.stop_ids, card=card)
+                                  eos_token_ids=self.stop_ids, card=card,
+                                  share_prompts=experiment.rollout.share_prompts)
         self.compute = compute_context(card)
         self.generate_metrics: dict[str, float] = {}
         self.fingerprint = tokenizer_fingerprint(self.tokenizer)

