@@ -21,6 +21,7 @@ import torch  # noqa: E402
 
 from ftis_flwr.config.merge import load_experiment  # noqa: E402
 from ftis_flwr.node.node import Node  # noqa: E402
+from ftis_flwr.tasks import make_task  # noqa: E402
 
 
 def main() -> None:
@@ -43,17 +44,28 @@ def main() -> None:
                          max_new_tokens=ro.max_new_tokens, batch_size=ro.batch_size, generator_seed=seed)
         return time.perf_counter() - t, [s.tokens for g in out for s in g]
 
-    call(False, 0), call(True, 0)  # warm-up
-    times = {False: [], True: []}
-    equal = True
-    for r in range(args.repeats):
-        (a, ta), (b, tb) = call(False, r + 1), call(True, r + 1)
-        times[False].append(a)
-        times[True].append(b)
-        equal &= all(np.array_equal(x, y) for x, y in zip(ta, tb))
-        print(f"repeat {r + 1}: every prompt per sequence {a:.2f} s, shared prefill {b:.2f} s")
-    plain, shared = statistics.median(times[False]), statistics.median(times[True])
-    print(f"median: {plain:.2f} s -> {shared:.2f} s ({plain / shared:.2f}x); sampled tokens equal: {equal}")
+    task = make_task(load_experiment("cpu-smollm2", overrides={"task.name": "basic-math-20"}).task)
+    eval_prompts = [[int(t) for t in task.prompt_ids(p, node.tokenizer)]
+                    for p in task.problems(task.eval_splits[0])[:32]]
+
+    def greedy(share: bool, seed: int):
+        eng.share_prompts = share
+        t = time.perf_counter()
+        out = eng.greedy(eval_prompts, max_new_tokens=ro.max_new_tokens, batch_size=32)
+        return time.perf_counter() - t, out
+
+    for what, fn in (("sampling", call), ("greedy evaluation of 32 problems", greedy)):
+        fn(False, 0), fn(True, 0)  # warm-up
+        times = {False: [], True: []}
+        equal = True
+        for r in range(args.repeats):
+            (a, ta), (b, tb) = fn(False, r + 1), fn(True, r + 1)
+            times[False].append(a)
+            times[True].append(b)
+            equal &= all(np.array_equal(x, y) for x, y in zip(ta, tb))
+            print(f"{what}, repeat {r + 1}: every prompt per sequence {a:.2f} s, shared prefill {b:.2f} s")
+        plain, shared = statistics.median(times[False]), statistics.median(times[True])
+        print(f"{what}, median: {plain:.2f} s -> {shared:.2f} s ({plain / shared:.2f}x); tokens equal: {equal}")
 
 
 if __name__ == "__main__":

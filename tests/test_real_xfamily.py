@@ -75,20 +75,28 @@ def test_gemma_gets_its_bos_and_stops_at_a_line_break(pair):
     assert gemma_tok.eos_token_id in stops and gemma_tok.convert_tokens_to_ids("\n\n") in stops
 
 
-def test_shared_prefill_samples_gemma_as_the_unshared_call_does(pair):
-    """Gemma 3's hybrid cache (sliding-window and global layers) prefilled once per prompt and
-    selected per sequence: the same sampled tokens and log-probs as every sequence prefilling its
-    own (rollout.share_prompts)."""
+def test_shared_prefill_generates_with_gemma_as_the_unshared_call_does(pair):
+    """Gemma 3's hybrid cache (sliding-window and global layers): the common prefix prefilled once,
+    repeated, each prompt's rest once, selected per sequence (rollout.share_prompts). The same
+    sampled tokens and log-probs, and the same greedy completions, as every sequence prefilling
+    its own prompt."""
     from ftis_flwr.node.engines.hf import HFEngine
+    from ftis_flwr.node.engines.prefill import MIN_COMMON, common_prefix
 
     gemma, tok, _ = pair
-    prompts = [tok("User: What is 2 plus 3?\nAssistant:")["input_ids"], tok("User: 7 minus 4?")["input_ids"]]
+    head = "You add and subtract whole numbers. Answer with the number only.\n"
+    prompts = [tok(head + q)["input_ids"] for q in ("User: What is 2 plus 3?\nAssistant:", "User: 7 minus 4?")]
+    assert common_prefix(prompts) >= MIN_COMMON  # the shared path's both stages run
     kw = dict(temperature=1.0, max_new_tokens=6, batch_size=8, generator_seed=3)
     plain = HFEngine(gemma, tok, share_prompts=False).sample(prompts, 3, **kw)
     shared = HFEngine(gemma, tok, share_prompts=True).sample(prompts, 3, **kw)
     for a, b in zip([s for g in plain for s in g], [s for g in shared for s in g]):
         np.testing.assert_array_equal(a.tokens, b.tokens)
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4, rtol=0)
+    greedy = [HFEngine(gemma, tok, share_prompts=share).greedy(prompts, max_new_tokens=6, batch_size=8)
+              for share in (False, True)]
+    for a, b in zip(*greedy):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_shared_prompts_score_gemma_as_the_packed_path_does(pair):

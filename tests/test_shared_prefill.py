@@ -1,9 +1,10 @@
-"""Generation with each distinct prompt prefilled once (rollout.share_prompts, #24): the same
-sampled tokens, log-probs and ends as the unshared call, on real tiny Qwen2 models (full and
-LoRA), with prompts of different lengths (left padding) and batches that cut groups apart; and
-the shared path really runs each prompt once (the first decoding forward sees one token per
-sequence, not the prompt). On SmolLM2 (float32, 2 prompts x 8) the tokens were equal and
-generation took about half the time (``python benchmarks/shared_prefill.py``)."""
+"""Generation with shared prompt prefixes prefilled once (rollout.share_prompts, #24): the same
+sampled tokens, log-probs and ends, and the same greedy completions, as the unshared call, on real
+tiny Qwen2 models (full and LoRA), for prompts with and without a common prefix (a task's system
+prompt and worked example), of different lengths, in batches that cut groups apart; and the shared
+path really runs the common prefix once and each distinct prompt once. On SmolLM2 (float32) the
+sampled tokens were equal and generation took about half the time
+(``python benchmarks/shared_prefill.py``)."""
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from ftis_flwr.node.engines.hf import HFEngine
-from ftis_flwr.node.engines.prefill import shared_prefill
+from ftis_flwr.node.engines.prefill import MIN_COMMON, common_prefix, layout, shared_prefill
 from ftis_flwr.node.tiny import tiny_config
 
 
@@ -29,9 +30,10 @@ def _model(lora: bool):
     return model.eval()
 
 
-def _prompts():
+def _prompts(common: int = 0):
     g = torch.Generator().manual_seed(1)
-    return [torch.randint(3, 62, (n,), generator=g).tolist() for n in (5, 9, 2)]
+    head = torch.randint(3, 62, (common,), generator=g).tolist()
+    return [head + torch.randint(3, 62, (n,), generator=g).tolist() for n in (5, 9, 2)]
 
 
 def _engine(model, share: bool) -> HFEngine:
@@ -40,11 +42,12 @@ def _engine(model, share: bool) -> HFEngine:
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 @pytest.mark.parametrize("batch_size", [12, 5], ids=["one-batch", "groups-cut"])
-def test_shared_prefill_samples_what_the_unshared_call_samples(lora, batch_size):
+@pytest.mark.parametrize("common", [0, 11], ids=["distinct", "common-prefix"])
+def test_shared_prefill_samples_what_the_unshared_call_samples(lora, batch_size, common):
     model = _model(lora)
     kw = dict(temperature=0.8, top_k=0, top_p=0.95, max_new_tokens=9, batch_size=batch_size, generator_seed=7)
-    plain = _engine(model, False).sample(_prompts(), 4, **kw)
-    shared = _engine(model, True).sample(_prompts(), 4, **kw)
+    plain = _engine(model, False).sample(_prompts(common), 4, **kw)
+    shared = _engine(model, True).sample(_prompts(common), 4, **kw)
     for g_plain, g_shared in zip(plain, shared):
         for a, b in zip(g_plain, g_shared):
             np.testing.assert_array_equal(a.tokens, b.tokens)
@@ -52,40 +55,59 @@ def test_shared_prefill_samples_what_the_unshared_call_samples(lora, batch_size)
             assert a.finished == b.finished
 
 
-def test_the_shared_path_runs_each_prompt_once():
-    model = _model(False)
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_greedy_with_a_common_prefix_completes_as_the_unshared_call(lora):
+    model = _model(lora)
+    prompts = _prompts(12) + _prompts(12)[:2]  # duplicates too
+    shared = _engine(model, True).greedy(prompts, max_new_tokens=8, batch_size=4)
+    plain = _engine(model, False).greedy(prompts, max_new_tokens=8, batch_size=4)
+    for a, b in zip(shared, plain):
+        np.testing.assert_array_equal(a, b)
+
+
+def _forward_shapes(model, engine: HFEngine, prompts, n: int) -> list[tuple[int, int]]:
     seen: list[tuple[int, int]] = []
     hook = model.model.register_forward_pre_hook(
         lambda mod, args, kwargs: seen.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
     try:
-        _engine(model, True).sample(_prompts(), 4, temperature=1.0, max_new_tokens=3, batch_size=12,
-                                    generator_seed=0)
+        engine.sample(prompts, n, temperature=1.0, max_new_tokens=3, batch_size=64, generator_seed=0)
     finally:
         hook.remove()
+    return seen
+
+
+def test_the_shared_path_runs_the_common_prefix_once_and_each_prompt_once():
+    model = _model(False)
     width = max(len(p) for p in _prompts())
-    assert seen[0] == (3, width - 1), seen  # the three distinct prompts, once, without their last token
-    assert seen[1] == (12, 1), seen  # generate starts from the cache: each sequence's last prompt token
-    seen.clear()
-    hook = model.model.register_forward_pre_hook(
-        lambda mod, args, kwargs: seen.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
-    try:
-        _engine(model, False).sample(_prompts(), 4, temperature=1.0, max_new_tokens=3, batch_size=12,
-                                     generator_seed=0)
-    finally:
-        hook.remove()
-    assert seen[0] == (12, width), seen  # unshared: every copy of every prompt
+    seen = _forward_shapes(model, _engine(model, True), _prompts(), 4)
+    assert seen[:2] == [(3, width - 1), (12, 1)], seen  # each distinct prompt once; then one token each
+    seen = _forward_shapes(model, _engine(model, True), _prompts(10), 4)
+    assert seen[:3] == [(1, 10), (3, width - 1), (12, 1)], seen  # the common prefix once, then the rests
+    seen = _forward_shapes(model, _engine(model, False), _prompts(10), 4)
+    assert seen[0] == (12, width + 10), seen  # unshared: every copy of every prompt, whole
+
+
+def test_the_layout_keeps_every_tokens_position():
+    seqs = [[7] * 9 + [3, 4], [7] * 9 + [5], [7] * 9 + [6, 8, 9]]
+    assert common_prefix(seqs) == 9 and common_prefix([s[:5] for s in seqs]) == 0  # below MIN_COMMON
+    assert MIN_COMMON <= 9
+    ids, mask = layout(seqs, 0, 9)
+    assert ids[1].tolist() == [7] * 9 + [0, 0, 5] and mask[1].tolist() == [1] * 9 + [0, 0, 1]
+    for row, real, s in zip(ids.tolist(), mask.tolist(), seqs):
+        assert [t for t, m in zip(row, real) if m] == s  # every real token, in order
+        assert real[-1] == 1  # the prompts end together: generate's new tokens follow each one
+    plain, _ = layout(seqs, 0, 0)
+    assert plain[1].tolist() == [0, 0] + [7] * 9 + [5]  # common 0: plain left padding
 
 
 def test_nothing_to_share_leaves_generation_as_it_was():
     model = _model(False)
-    eng = _engine(model, True)
     seqs = _prompts()
-    ids, mask = eng._left_pad(seqs)
-    assert shared_prefill(model, seqs, ids, mask) is None  # every prompt distinct (greedy evaluation)
+    ids, mask = layout(seqs, 0, 0)
+    assert shared_prefill(model, seqs, ids, mask, 0) is None  # every prompt distinct, no common prefix
     seqs = [[5], [5], [7, 8]]
-    ids, mask = eng._left_pad(seqs)
-    assert shared_prefill(model, seqs, ids, mask) is None  # a one-token prompt has no prefix to cache
-    greedy_shared = eng.greedy(_prompts(), max_new_tokens=6, batch_size=8)
-    greedy_plain = _engine(model, False).greedy(_prompts(), max_new_tokens=6, batch_size=8)
-    for a, b in zip(greedy_shared, greedy_plain):
-        np.testing.assert_array_equal(a, b)
+    ids, mask = layout(seqs, 0, 0)
+    assert shared_prefill(model, seqs, ids, mask, 0) is None  # a one-token prompt has no prefix to cache
+    seqs = _prompts(12)[:1]
+    ids, mask = layout(seqs, 0, common_prefix(seqs))
+    assert shared_prefill(model, seqs, ids, mask, common_prefix(seqs)) is None  # one row: nothing saved

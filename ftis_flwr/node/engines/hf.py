@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
-from ftis_flwr.node.engines.prefill import shared_prefill
+from ftis_flwr.node.engines.prefill import common_prefix, layout, shared_prefill
 
 __all__ = ["Sample", "HFEngine", "NEUTRAL_GENERATION_KWARGS"]
 
@@ -223,8 +223,8 @@ class HFEngine:
     ``pad_token_id`` to the tokenizer's pad id, else the first EOS id. ``vocab_size`` is the
     sampling vocabulary, ``len(tokenizer)`` by default: output rows past it are never emitted,
     and the learner scores the same restricted distribution (``completion_logprobs``).
-    ``share_prompts`` prefills each distinct prompt of a batch once (the G copies of a group's
-    prompt share its cache: :mod:`ftis_flwr.node.engines.prefill`).
+    ``share_prompts`` prefills the batch's common prompt prefix once and each distinct prompt's
+    rest once (the G copies of a group's prompt share its cache: :mod:`ftis_flwr.node.engines.prefill`).
     """
 
     def __init__(
@@ -239,7 +239,7 @@ class HFEngine:
     ):
         self.model = model
         self.share_prompts = bool(share_prompts)
-        """Prefill each distinct prompt of a generate batch once (:mod:`.prefill`)."""
+        """Prefill a batch's common prompt prefix and each distinct prompt once (:mod:`.prefill`)."""
         self.tokenizer = tokenizer
         if eos_token_ids is None:
             ids = list(_ids_tuple(getattr(tokenizer, "eos_token_id", None)))
@@ -295,8 +295,13 @@ class HFEngine:
 
     def _generate(self, seqs: list[list[int]], **kwargs: Any) -> tuple[torch.Tensor, int]:
         """Run one ``generate`` on left-padded ``seqs``; returns (generated ids [B, S], S)."""
-        input_ids, attention_mask = self._left_pad(seqs)
-        cache = shared_prefill(self.model, seqs, input_ids, attention_mask) if self.share_prompts else None
+        if self.share_prompts:  # prompts end together, their common prefix first (prefill.layout)
+            common = common_prefix(seqs)
+            input_ids, attention_mask = (t.to(self.device) for t in layout(seqs, self.pad_token_id, common))
+            cache = shared_prefill(self.model, seqs, input_ids, attention_mask, common)
+        else:
+            input_ids, attention_mask = self._left_pad(seqs)
+            cache = None
         out = self.model.generate(
             input_ids=input_ids,
             attention_mask=attention_mask,
