@@ -259,7 +259,14 @@ class _Server:
     def _serve_one(self, conn, authkey: bytes) -> None:
         """Authenticate within HANDSHAKE_TIMEOUT, then answer one request (requests run one at a
         time under a lock; the node is not thread-safe)."""
-        timer = threading.Timer(HANDSHAKE_TIMEOUT, _shutdown, args=(conn,))
+        guard, pending = threading.Lock(), [True]
+
+        def expire() -> None:  # only while the request is still awaited: never a received one,
+            with guard:        # nor (once closed) a later connection that reuses the descriptor
+                if pending[0]:
+                    _shutdown(conn)
+
+        timer = threading.Timer(HANDSHAKE_TIMEOUT, expire)
         timer.start()
         try:
             deliver_challenge(conn, authkey)  # mutual, as Listener(authkey=...) does
@@ -269,9 +276,13 @@ class _Server:
             op, payload = conn.recv()
         except Exception as exc:  # a bad key, a silent or vanished peer: only this thread ends
             log.warning("rejected a connection: %s", exc or type(exc).__name__)
-            conn.close()
+            with guard:
+                pending[0] = False
+                conn.close()
             return
         finally:
+            with guard:
+                pending[0] = False
             timer.cancel()
         if op in ("ping", "build"):  # no lock: a busy worker still proves it is alive
             try:
