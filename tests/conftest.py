@@ -87,6 +87,28 @@ def doc_block(section: str, lang: str, page: str = "README.md") -> str:
     return after.split(f"```{lang}", 1)[1].split("```", 1)[0]
 
 
+def tiny_qwen2(lora: bool, adapter_std: float = 0.02):
+    """A tiny Qwen2 model (small, 70 tokens, pad 0, eos 1) with fixed weights; with ``lora``, a
+    peft LoRA on q/v whose B matrices are drawn with ``adapter_std`` (peft starts them at 0, where
+    the adapters would change nothing and get no gradient through A)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from ftis_flwr.node.tiny import tiny_config
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_config("small", 70, 0, 1))
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                                 task_type="CAUSAL_LM"))
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                torch.nn.init.normal_(p, std=adapter_std)
+    return model
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     import socket

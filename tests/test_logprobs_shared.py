@@ -7,25 +7,14 @@ and a vocabulary smaller than the output rows. On SmolLM2 (float32) the same com
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from conftest import tiny_qwen2
 
 from ftis_flwr.node.logprobs import completion_logprobs, pack_batch
 from ftis_flwr.node.logprobs_shared import shared_prompt_logprobs
-from ftis_flwr.node.tiny import tiny_config
 
 
 def _model(lora: bool):
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(tiny_config("small", 70, 0, 1))
-    if lora:
-        from peft import LoraConfig, get_peft_model
-
-        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
-                                                 task_type="CAUSAL_LM"))
-        for name, p in model.named_parameters():  # B = 0 at init: give the adapters a gradient path
-            if "lora_B" in name:
-                torch.nn.init.normal_(p, std=0.02)
-    return model.train()
+    return tiny_qwen2(lora).train()
 
 
 def _batch():

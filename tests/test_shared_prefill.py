@@ -9,25 +9,14 @@ sampled tokens were equal and generation took about half the time
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from conftest import tiny_qwen2
 
 from ftis_flwr.node.engines.hf import HFEngine
 from ftis_flwr.node.engines.prefill import MIN_COMMON, common_prefix, layout, shared_prefill
-from ftis_flwr.node.tiny import tiny_config
 
 
 def _model(lora: bool):
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(tiny_config("small", 70, 0, 1))
-    if lora:
-        from peft import LoraConfig, get_peft_model
-
-        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
-                                                 task_type="CAUSAL_LM"))
-        for name, p in model.named_parameters():  # B = 0 at init: make the adapters count
-            if "lora_B" in name:
-                torch.nn.init.normal_(p, std=0.05)
-    return model.eval()
+    return tiny_qwen2(lora, adapter_std=0.05).eval()
 
 
 def _prompts(common: int = 0):
