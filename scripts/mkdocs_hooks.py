@@ -8,13 +8,12 @@ each into the code span it stands for, so the API page reads ``name``; a leading
 
 import re
 
-ROLE = re.compile(r":(?:py:)?(?:func|class|mod|meth|attr|data|exc|obj|const):<code>~?([^<]*)</code>")
+ROLE = re.compile(r":(?:py:)?(?:func|class|mod|meth|attr|data|exc|obj|const):<code>(~?)([^<]*)</code>")
 
 
 def _span(match: re.Match) -> str:
-    name = match.group(1)
-    shown = name.rsplit(".", 1)[-1] if match.group(0).split("<code>", 1)[1].startswith("~") else name
-    return f"<code>{shown}</code>"
+    tilde, name = match.groups()
+    return f"<code>{name.rsplit('.', 1)[-1] if tilde else name}</code>"
 
 
 def strip_roles(html: str) -> str:

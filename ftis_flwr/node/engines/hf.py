@@ -284,24 +284,18 @@ class HFEngine:
             raise ValueError(f"HFEngine: batch_size must be >= 1, got {batch_size}")
 
     # ---------------------------------------------------------------- generation
-    def _left_pad(self, seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        width = max(len(s) for s in seqs)
-        ids = torch.full((len(seqs), width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        for i, s in enumerate(seqs):
-            ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
-            mask[i, width - len(s) :] = 1
+    def _left_pad(self, seqs: list[list[int]], common: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """``seqs`` ending together on this engine's device (:func:`.prefill.layout`: plain left
+        padding, or with ``common`` the shared prefix first)."""
+        ids, mask = layout(seqs, self.pad_token_id, common)
         return ids.to(self.device), mask.to(self.device)
 
     def _generate(self, seqs: list[list[int]], **kwargs: Any) -> tuple[torch.Tensor, int]:
-        """Run one ``generate`` on left-padded ``seqs``; returns (generated ids [B, S], S)."""
-        if self.share_prompts:  # prompts end together, their common prefix first (prefill.layout)
-            common = common_prefix(seqs)
-            input_ids, attention_mask = (t.to(self.device) for t in layout(seqs, self.pad_token_id, common))
-            cache = shared_prefill(self.model, seqs, input_ids, attention_mask, common)
-        else:
-            input_ids, attention_mask = self._left_pad(seqs)
-            cache = None
+        """Run one ``generate`` on ``seqs`` laid out to end together (their common prefix
+        prefilled once with ``share_prompts``); returns (generated ids [B, S], S)."""
+        common = common_prefix(seqs) if self.share_prompts else 0
+        input_ids, attention_mask = self._left_pad(seqs, common)
+        cache = shared_prefill(self.model, seqs, input_ids, attention_mask, common) if self.share_prompts else None
         out = self.model.generate(
             input_ids=input_ids,
             attention_mask=attention_mask,

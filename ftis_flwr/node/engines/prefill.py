@@ -98,8 +98,10 @@ def shared_prefill(model: Any, seqs: Sequence[Sequence[int]], input_ids: torch.T
     if len(keys) < 2 or (common == 0 and len(distinct) == len(keys)) or min(len(k) for k in keys) < 2:
         return None
     device = input_ids.device
-    first = torch.tensor([keys.index(k) for k in distinct], dtype=torch.long, device=device)
-    ids, mask = input_ids.index_select(0, first), attention_mask.index_select(0, first)
+    slot = {k: i for i, k in enumerate(distinct)}
+    row_of = {k: row for row, k in enumerate(keys)}  # any row of a prompt holds the same ids and mask
+    rows = torch.tensor([row_of[k] for k in distinct], dtype=torch.long, device=device)
+    ids, mask = input_ids.index_select(0, rows), attention_mask.index_select(0, rows)
     pos = _positions(mask)
     cache = None
     if common:
@@ -109,6 +111,6 @@ def shared_prefill(model: Any, seqs: Sequence[Sequence[int]], input_ids: torch.T
     if ids.shape[1] - 1 > common:
         cache = _run(model, input_ids=ids[:, common:-1], attention_mask=mask[:, :-1],
                      position_ids=pos[:, common:-1], cache=cache)
-    which = torch.tensor([distinct.index(k) for k in keys], dtype=torch.long, device=device)
+    which = torch.tensor([slot[k] for k in keys], dtype=torch.long, device=device)
     _rows(model, cache, "batch_select_indices", which)  # each sequence continues from its own prompt
     return cache
