@@ -57,7 +57,7 @@ def run(grid: Grid, experiment, *, connect_timeout: float = 120.0,
         run_dir = Path(experiment.run_dir).expanduser().resolve() / name
     nodes = [c.name for c in experiment.nodes]
     with RunReporter(run_dir, config=to_dict(experiment), node_names=nodes,
-                     num_rounds=experiment.rounds.num_rounds,
+                     num_rounds=experiment.rounds.num_rounds, evaluates=experiment.rounds.evaluates,
                      resume_after=None if state is None else state.round) as reporter:
         print(f"ftis-flwr: {run_title(to_dict(experiment))}; run directory {run_dir}", flush=True)
         print(f"ftis-flwr: {PROGRESS_LEGEND}", flush=True)

@@ -158,6 +158,10 @@ class RoundConfig:
     seed. A card's own ``seed`` picks its model (warm-start, LoRA init); this one picks the run's
     randomness, so repeats of one federation differ only here. Default 0."""
 
+    def evaluates(self, rnd: int) -> bool:
+        """Whether round ``rnd`` evaluates: round 0 (the baseline), every ``eval_every``-th, the last."""
+        return rnd == 0 or rnd == self.num_rounds or (self.eval_every > 0 and rnd % self.eval_every == 0)
+
 
 @dataclass
 class ExchangeConfig:

@@ -17,8 +17,9 @@ import secrets
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
+from ftis_flwr.server.eta import format_left, seconds_left
 from ftis_flwr.server.incidents import incidents
 from ftis_flwr.server.plots import ACC_PREFIX, ACC_SUFFIX, plot_run
 from ftis_flwr.server.summary import (
@@ -36,7 +37,7 @@ from ftis_flwr.server.summary import (
 PROGRESS_LEGEND = ("per-round line: reward = mean reward of the node's new samples; acc = greedy "
                    "held-out accuracy (evaluated rounds); filt = share of the samples received from "
                    "other nodes that the filter dropped; B/tok = bytes on the wire per completion "
-                   "token; s = the round's wall time")
+                   "token; s = the round's wall time; ~ left = the rest of the run, from the rounds so far")
 _TB_WARNED = False
 
 
@@ -74,9 +75,13 @@ class RunReporter:
 
     def __init__(self, run_dir: str | Path, *, config: Mapping | Any, node_names: list[str],
                  num_rounds: int | None = None, tensorboard: bool = True,
-                 overwrite: bool = False, resume_after: int | None = None) -> None:
+                 overwrite: bool = False, resume_after: int | None = None,
+                 evaluates: Callable[[int], bool] | None = None) -> None:
         """``resume_after=k``: continue the run already in ``run_dir`` after its round k; the
-        rounds it logged after k (the interrupted round) are dropped, so each is logged once."""
+        rounds it logged after k (the interrupted round) are dropped, so each is logged once.
+        ``evaluates(k)``: whether round k evaluates (``RoundConfig.evaluates``); with it and
+        ``num_rounds`` the progress line ends with the time the run has left
+        (:func:`ftis_flwr.server.eta.seconds_left`)."""
         if not node_names or len(set(node_names)) != len(node_names):
             raise ValueError(f"node_names must be non-empty and unique, got {node_names!r}")
         if num_rounds is not None and (not isinstance(num_rounds, int) or num_rounds < 0):
@@ -86,6 +91,7 @@ class RunReporter:
         self.run_dir = Path(run_dir)
         self.node_names = list(node_names)
         self.num_rounds = num_rounds
+        self._evaluates = evaluates
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.events_path = self.run_dir / "events.jsonl"
@@ -200,6 +206,10 @@ class RunReporter:
             parts.append(f"{_fmt(server['bytes_per_token'], '.1f')} B/tok")
         if server.get("round_seconds") is not None:
             parts.append(f"{_fmt(server['round_seconds'], '.1f')} s")
+        if not self.steps and self._evaluates is not None and self.num_rounds is not None:
+            left = seconds_left(self._rows, self.num_rounds, self._evaluates)
+            if left is not None and r < self.num_rounds:
+                parts.append(format_left(left))
         return " | ".join(parts)
 
     def log_event(self, kind: str, **fields: Any) -> None:

@@ -155,10 +155,6 @@ class FTISStrategy(Lifecycle, Strategy):
             save_server_state(self.state_dir, ServerState(rnd, self._next_prompt, self._groups, self._streaks))
 
     # ------------------------------------------------------------ schedule
-    def _evaluate_now(self, rnd: int) -> bool:
-        every = self.cfg.rounds.eval_every
-        return rnd == 0 or rnd == self.cfg.rounds.num_rounds or (every > 0 and rnd % every == 0)
-
     def _prompts(self, node_ids: list[int], rnd: int) -> dict[int, list[int]]:
         if rnd == self.cfg.rounds.num_rounds:
             return {nid: [] for nid in node_ids}
@@ -232,7 +228,7 @@ class FTISStrategy(Lifecycle, Strategy):
         content[protocol.ROUND] = ConfigRecord({
             "round": rnd, "num_rounds": self.cfg.rounds.num_rounds,
             "prompt_indices": json.dumps(prompts), "group_size": self._group_size(),
-            "evaluate": self._evaluate_now(rnd) if evaluate is None else evaluate,
+            "evaluate": self.cfg.rounds.evaluates(rnd) if evaluate is None else evaluate,
             "experiment": self._experiment_json,
             "run_name": self.run_name, "foreign": json.dumps(foreign),
             "send_text": self.peers.send_text(self.roster.name(nid)),
