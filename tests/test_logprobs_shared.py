@@ -58,14 +58,14 @@ def test_a_model_whose_cache_cannot_be_shared_is_named_with_the_setting_to_chang
     stood in for by making the real DynamicCache's selection refuse, for this test."""
     from transformers import DynamicCache
 
-    from ftis_flwr.node.logprobs_shared import SharedPromptError
+    from ftis_flwr.node.shared_cache import SharedCacheError
 
     def no_selection(self, indices):
         raise NotImplementedError("no per-sample selection")
 
     monkeypatch.setattr(DynamicCache, "batch_select_indices", no_selection)
     prompts, comps = _batch()
-    with pytest.raises(SharedPromptError, match=r"cannot score with shared prompts: its cache \(DynamicCache\)"
+    with pytest.raises(SharedCacheError, match=r"cannot score with shared prompts: its cache \(DynamicCache\)"
                                                 r".*train.share_prompts: false"):
         shared_prompt_logprobs(_model(False), prompts, comps, pad_id=0)
 

@@ -100,3 +100,20 @@ def test_nothing_to_share_leaves_generation_as_it_was():
     seqs = _prompts(12)[:1]
     ids, mask = layout(seqs, 0, common_prefix(seqs))
     assert shared_prefill(model, seqs, ids, mask, common_prefix(seqs)) is None  # one row: nothing saved
+
+
+def test_a_model_whose_cache_cannot_be_shared_is_named_with_the_setting_to_change(monkeypatch):
+    """The seam, as for the learner's log-probs: a cache class without per-row selection is stood
+    in for by making the real DynamicCache's selection refuse, for this test."""
+    from transformers import DynamicCache
+
+    from ftis_flwr.node.shared_cache import SharedCacheError
+
+    def no_selection(self, indices):
+        raise NotImplementedError("no per-row selection")
+
+    monkeypatch.setattr(DynamicCache, "batch_select_indices", no_selection)
+    with pytest.raises(SharedCacheError, match=r"cannot generate with shared prompts: its cache \(DynamicCache\) "
+                                                r"cannot be batch_select_indices-ed.*rollout.share_prompts: false"):
+        _engine(_model(False), True).sample(_prompts(11), 4, temperature=0.8, top_k=0, top_p=1.0,
+                                            max_new_tokens=3, batch_size=12, generator_seed=7)

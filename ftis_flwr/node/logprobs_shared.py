@@ -21,14 +21,11 @@ from typing import Sequence
 import torch
 
 from ftis_flwr.node.logprobs import _model_device
+from ftis_flwr.node.shared_cache import SharedCacheError, cache_of
 
 
-class SharedPromptError(ValueError):
-    """A model whose prompt cache cannot be shared across completions; says what to set instead."""
-
-    def __init__(self, model, why: str):
-        super().__init__(f"{type(model).__name__} cannot score with shared prompts: {why}. Set "
-                         "train.share_prompts: false (every sample then runs its own prompt)")
+def _unshareable(model: torch.nn.Module, why: str) -> SharedCacheError:
+    return SharedCacheError(model, "score", "train.share_prompts", "every sample then runs its own prompt", why)
 
 
 def shared_prompt_logprobs(model: torch.nn.Module, prompts: Sequence[Sequence[int]],
@@ -45,8 +42,9 @@ def shared_prompt_logprobs(model: torch.nn.Module, prompts: Sequence[Sequence[in
     keys = [tuple(int(t) for t in p) for p in prompts]
     if any(not k for k in keys):
         raise ValueError("shared_prompt_logprobs: an empty prompt")
-    distinct = list(dict.fromkeys(keys))
-    which = torch.tensor([distinct.index(k) for k in keys], dtype=torch.long, device=device)
+    row = {k: i for i, k in enumerate(dict.fromkeys(keys))}
+    distinct = list(row)
+    which = torch.tensor([row[k] for k in keys], dtype=torch.long, device=device)
     width_p = max(len(k) for k in distinct)
     p_ids = torch.full((len(distinct), width_p), int(pad_id), dtype=torch.long)
     p_mask = torch.zeros((len(distinct), width_p), dtype=torch.long)
@@ -57,12 +55,12 @@ def shared_prompt_logprobs(model: torch.nn.Module, prompts: Sequence[Sequence[in
     p_pos = (p_mask.cumsum(-1) - 1).clamp_min(0)
     out = model(input_ids=p_ids, attention_mask=p_mask, position_ids=p_pos, use_cache=True, logits_to_keep=1)
     first = out.logits[:, -1, :].index_select(0, which)  # [B, V]: predicts completion token 0
-    cache = out.get("cache") or out.get("past_key_values")  # transformers 5.24 calls it "cache"
+    cache = cache_of(out)
     try:
         cache.batch_select_indices(which)  # each sample attends to its own prompt's keys and values
     except (AttributeError, TypeError, NotImplementedError) as exc:
-        raise SharedPromptError(model, f"its cache ({type(cache).__name__}) cannot be selected per sample "
-                                f"({type(exc).__name__}: {exc})") from None
+        raise _unshareable(model, f"its cache ({type(cache).__name__}) cannot be selected per sample "
+                                  f"({type(exc).__name__}: {exc})") from None
 
     c_lists = [[int(t) for t in c] for c in completions]
     width_t = max(len(c) for c in c_lists)
@@ -81,7 +79,7 @@ def shared_prompt_logprobs(model: torch.nn.Module, prompts: Sequence[Sequence[in
             rest = model(input_ids=c_ids[:, :-1], attention_mask=attn, position_ids=pos, cache=cache,
                          use_cache=False).logits
         except TypeError as exc:  # a forward that takes no cache: named, not a trace from deep inside
-            raise SharedPromptError(model, f"its forward takes no cache ({exc})") from None
+            raise _unshareable(model, f"its forward takes no cache ({exc})") from None
         logits = torch.cat([first[:, None, :], rest], dim=1)
     else:
         logits = first[:, None, :]

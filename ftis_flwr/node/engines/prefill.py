@@ -23,17 +23,16 @@ from typing import Any, Sequence
 
 import torch
 
+from ftis_flwr.node.shared_cache import SharedCacheError, cache_of
+
 MIN_COMMON = 8
 """A common prefix shorter than this many tokens is not run on its own (one more forward call
 would cost more than it saves); the batch is then plainly left-padded."""
 
 
-class SharedPrefillError(ValueError):
-    """A model whose generation cache cannot be shared across sequences; says what to set."""
-
-    def __init__(self, model: Any, why: str):
-        super().__init__(f"{type(model).__name__} cannot generate from a shared prompt cache: {why}. Set "
-                         "rollout.share_prompts: false (every sequence then prefills its own prompt)")
+def _unshareable(model: Any, why: str) -> SharedCacheError:
+    return SharedCacheError(model, "generate", "rollout.share_prompts", "every sequence then prefills its own "
+                            "prompt", why)
 
 
 def common_prefix(seqs: Sequence[Sequence[int]]) -> int:
@@ -68,23 +67,19 @@ def _positions(mask: torch.Tensor) -> torch.Tensor:
     return pos.masked_fill_(mask == 0, 1)
 
 
-def _cache_of(out: Any) -> Any:
-    return out.get("cache") or out.get("past_key_values")  # transformers 5.24 calls it "cache"
-
-
 def _run(model: Any, **kwargs: Any) -> Any:
     try:
-        return _cache_of(model(use_cache=True, logits_to_keep=1, **kwargs))
+        return cache_of(model(use_cache=True, logits_to_keep=1, **kwargs))
     except TypeError as exc:  # a forward without these arguments: named, not a trace from deep inside
-        raise SharedPrefillError(model, f"its forward does not take a cached, positioned prefill ({exc})") from None
+        raise _unshareable(model, f"its forward does not take a cached, positioned prefill ({exc})") from None
 
 
 def _rows(model: Any, cache: Any, how: str, arg: Any) -> None:
     try:
         getattr(cache, how)(arg)
     except (AttributeError, TypeError, NotImplementedError) as exc:
-        raise SharedPrefillError(model, f"its cache ({type(cache).__name__}) cannot be {how}-ed "
-                                 f"({type(exc).__name__}: {exc})") from None
+        raise _unshareable(model, f"its cache ({type(cache).__name__}) cannot be {how}-ed "
+                                  f"({type(exc).__name__}: {exc})") from None
 
 
 def shared_prefill(model: Any, seqs: Sequence[Sequence[int]], input_ids: torch.Tensor,
