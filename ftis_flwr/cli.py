@@ -131,6 +131,14 @@ def check(app: Path, run_config: list[str], *, local: bool = False) -> tuple[dic
         raise CheckError(str(exc)) from None
 
 
+def missing_packages(exp: Any) -> list[str]:
+    """One line per card whose named source's package is not installed on this machine."""
+    from ftis_flwr.config.named_sources import missing_package
+
+    return [f"node {c.name}: source {c.source!r} needs `{cmd}`" for c in exp.nodes
+            if (cmd := missing_package(c.source))]
+
+
 def _as_toml(value: Any) -> str:
     return json.dumps(value) if isinstance(value, str) else str(value).lower() if isinstance(value, bool) else repr(value)
 
@@ -242,6 +250,13 @@ def main(argv: list[str] | None = None) -> int:
     what = "resume" if exp is None else f"{len(exp.nodes)} nodes ({', '.join(c.name for c in exp.nodes)}), " \
         f"{exp.rounds.num_rounds} rounds, {exp.advantage.mode} {exp.loss.method}"
     print(f"ftis-flwr: configuration valid: {what}", flush=True)
+    missing = [] if exp is None else missing_packages(exp)
+    if missing and local and args.command == "run":  # a simulation: every node runs here
+        print("ftis-flwr: a simulation runs every node on this machine, and a model package is not installed; "
+              "nothing was started:\n" + "\n".join(missing), file=sys.stderr)
+        return EXIT_INVALID
+    for line in missing:
+        print(f"ftis-flwr: note: {line} (a node that runs on this machine needs it)", flush=True)
     if local and exp is not None:
         print(f"ftis-flwr: outputs in {given['run-dir']}", flush=True)
     return 0 if args.command == "check" else _run(args, given)

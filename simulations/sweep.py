@@ -48,7 +48,7 @@ def models(grid: Grid) -> list[tuple[str, str, str]]:
     """(setup, card, state) of every model the grid needs: state says shipped / cached / to build
     (tiny) or where it comes from; nothing is built or downloaded."""
     from ftis_flwr.config.merge import load_experiment
-    from ftis_flwr.node.sources import NAMED_SOURCES, missing_package
+    from ftis_flwr.config.named_sources import NAMED_SOURCES, missing_package
     from ftis_flwr.tasks import make_task
 
     out = []

