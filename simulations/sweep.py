@@ -135,6 +135,15 @@ def run_point(grid_path: Path, key: str, out: Path) -> None:
     os.replace(tmp, final)
 
 
+def _wall(result: Path) -> float | None:
+    """A finished run's wall time from its result file (None if unreadable)."""
+    try:
+        wall = json.loads(result.read_text()).get("wall_s")
+    except (OSError, ValueError):
+        return None
+    return float(wall) if isinstance(wall, (int, float)) else None
+
+
 def sweep(grid_path: Path, grid: Grid, out: Path, nice: int, retries: int = 1) -> list[tuple[str, Path]]:
     """Run every unfinished point in its own process, trying a failed one ``retries`` more times
     (Ray or a node can fail to start when the cores are overloaded); returns the failures
@@ -144,6 +153,12 @@ def sweep(grid_path: Path, grid: Grid, out: Path, nice: int, retries: int = 1) -
     todo.sort(key=lambda p: p.seed)
     n = len(grid.points)
     print(f"grid {grid.name}: {n} runs, {n - len(todo)} finished before, {len(todo)} to run", flush=True)
+    before = [w for p in grid.points if p not in todo
+              for w in [_wall(out / "results" / f"{p.key}.json")] if w is not None]
+    if todo and before:  # a resumed sweep: the runs it already has say how long one takes
+        mean = sum(before) / len(before)
+        print(f"estimate: {_fmt_s(mean * len(todo))} for the {len(todo)} runs to do (a finished run took "
+              f"{_fmt_s(mean)} on average, {_fmt_s(min(before))} to {_fmt_s(max(before))})", flush=True)
     if todo:
         warm_all(grid)
     failed: list[tuple[str, Path]] = []
@@ -162,7 +177,7 @@ def sweep(grid_path: Path, grid: Grid, out: Path, nice: int, retries: int = 1) -
                 break
         walls.append(time.perf_counter() - started)
         left = len(todo) - i - 1
-        eta = sum(walls) / len(walls) * left
+        eta = sum(walls + before) / len(walls + before) * left
         status = "ok" if ok else f"FAILED (exit {rc}, {attempt} attempts), log {log}"
         if not ok:
             failed.append((p.key, log))

@@ -197,6 +197,8 @@ def test_real_sweep_resumes_and_reports_a_failure(tmp_path):
                           cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "grid smoke: 3 runs, 1 finished before, 2 to run" in proc.stdout
+    # the finished run's 12.5 s say how long the two to do take, before either has run
+    assert "estimate: 0m25s for the 2 runs to do (a finished run took 0m12s on average" in proc.stdout
     assert f"{blocked} FAILED (exit 1, 2 attempts), log {out / 'logs' / (blocked + '.log')}" in proc.stdout
     assert "IsADirectoryError" in (out / "logs" / f"{blocked}.attempt1.log").read_text()
     assert f"failed: {blocked}" in proc.stdout
