@@ -136,7 +136,7 @@ def run_point(grid_path: Path, key: str, out: Path) -> None:
 
 
 def _wall(result: Path) -> float | None:
-    """A finished run's wall time from its result file (None if unreadable)."""
+    """A finished run's wall time from its result file (None if it is absent or unreadable)."""
     try:
         wall = json.loads(result.read_text()).get("wall_s")
     except (OSError, ValueError):
@@ -153,8 +153,7 @@ def sweep(grid_path: Path, grid: Grid, out: Path, nice: int, retries: int = 1) -
     todo.sort(key=lambda p: p.seed)
     n = len(grid.points)
     print(f"grid {grid.name}: {n} runs, {n - len(todo)} finished before, {len(todo)} to run", flush=True)
-    before = [w for p in grid.points if p not in todo
-              for w in [_wall(out / "results" / f"{p.key}.json")] if w is not None]
+    before = [w for p in grid.points if (w := _wall(out / "results" / f"{p.key}.json")) is not None]
     if todo and before:  # a resumed sweep: the runs it already has say how long one takes
         mean = sum(before) / len(before)
         print(f"estimate: {_fmt_s(mean * len(todo))} for the {len(todo)} runs to do (a finished run took "

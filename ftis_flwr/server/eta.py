@@ -10,23 +10,20 @@ training) gives the evaluation time only, so the first estimate comes after roun
 """
 from __future__ import annotations
 
-import math
 import statistics
 from typing import Callable, Mapping, Sequence
+
+from ftis_flwr.server.summary import _finite
 
 RECENT = 5
 """Training rounds the median is taken over: recent enough to follow a run that slows down (longer
 completions), several so that one slow round (a resumed worker's reload) does not swing it."""
 
 
-def _number(value) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
-
-
 def eval_seconds(nodes: Mapping[str, Mapping]) -> float:
     """The round's evaluation time: the slowest node's ``seconds_eval`` (the nodes evaluate at
     once), 0 when no node evaluated."""
-    return max((_number(m.get("seconds_eval")) or 0.0 for m in nodes.values()), default=0.0)
+    return max((_finite(m.get("seconds_eval")) or 0.0 for m in nodes.values()), default=0.0)
 
 
 def seconds_left(rows: Sequence[Mapping], num_rounds: int,
@@ -40,7 +37,7 @@ def seconds_left(rows: Sequence[Mapping], num_rounds: int,
         return 0.0
     train, evals = [], []
     for row in rows:
-        wall = _number(row["server"].get("round_seconds"))
+        wall = _finite(row["server"].get("round_seconds"))
         ev = eval_seconds(row["nodes"])
         if ev > 0:
             evals.append(ev)
