@@ -264,7 +264,7 @@ class AsyncRounds:
                         **{s.roster.name(n): r for n, r in {**self.done, **ended}.items()}},
                "final_done": sorted([s.roster.name(n) for n in self.final_sent if n not in in_flight]
                                     + [name for name, (_, final) in self.absent.items() if final])}
-        save_server_state(s.state_dir, ServerState(step, s._next_prompt, payloads, s._streaks, schedule=doc))
+        save_server_state(s.state_dir, ServerState(step, s._next_prompt, payloads, s.rejections.streaks, schedule=doc))
 
     def _restore(self, state: ServerState, nodes: list[int]) -> int:
         """Continue after ``state``: returns the next step number."""

@@ -52,6 +52,7 @@ from ftis_flwr.server.budget import ForeignBudget, add_idle
 from ftis_flwr.server.grid_io import HELLO_TIMEOUT, exchange
 from ftis_flwr.server.lifecycle import Lifecycle
 from ftis_flwr.server.peer_tokenizers import PeerTokenizers
+from ftis_flwr.server.rejections import Rejections
 from ftis_flwr.server.replies import (
     BadReply,
     RejectedPayload,
@@ -72,8 +73,6 @@ log = logging.getLogger(__name__)
 PROMPT_STRIDE = 1_009
 """Train-index offset per unit of ``rounds.seed`` (indices wrap modulo the train split)."""
 RoundCallback = Callable[[int, dict[str, dict[str, float]], dict[str, float]], None]
-REJECTION_STREAK = 3
-"""Rounds in a row a source's groups are rejected by some receiver before the strategy warns."""
 
 
 NEXT_MARGIN = 30.0
@@ -121,7 +120,8 @@ class FTISStrategy(Lifecycle, Strategy):
         self.budget = ForeignBudget(experiment.exchange, experiment.rounds.seed, experiment.wire,
                                     on_event=lambda kind, **fields: self.on_event(kind, **fields))
         """Which foreign groups each node gets (``exchange.*``); all of them by default."""
-        self._streaks: dict[str, int] = {}        # source -> consecutive rounds it was rejected
+        self.rejections = Rejections(lambda kind, **fields: self.on_event(kind, **fields))
+        """Which sources receivers rejected; its ``streaks`` are saved with the server's state."""
         self._sent: dict[str, int] = {}           # message id -> destination node id
         self._lost: dict[int, str] = {}           # node id -> why no reply came, round in flight
         self._unsent: dict[int, str] = {}         # node id -> why its message could not be built
@@ -139,7 +139,7 @@ class FTISStrategy(Lifecycle, Strategy):
         """Continue after ``state.round``: :meth:`start` runs the rounds after it, forwarding the
         groups saved with it. The nodes (same ``run_name``) resume or rewind their own state."""
         self._next_prompt = state.next_prompt
-        self._streaks = dict(state.streaks)
+        self.rejections.streaks = dict(state.streaks)
         if (state.schedule is not None) != (self.cfg.exchange.schedule == "async"):
             kind = "asynchronous" if state.schedule else "synchronous"
             raise ServerStateError(f"the saved server state is of {kind} rounds, the run's configuration "
@@ -152,7 +152,8 @@ class FTISStrategy(Lifecycle, Strategy):
 
     def _save_state(self, rnd: int) -> None:
         if self.state_dir:
-            save_server_state(self.state_dir, ServerState(rnd, self._next_prompt, self._groups, self._streaks))
+            save_server_state(self.state_dir, ServerState(rnd, self._next_prompt, self._groups,
+                                                        self.rejections.streaks))
 
     # ------------------------------------------------------------ schedule
     def _prompts(self, node_ids: list[int], rnd: int) -> dict[int, list[int]]:
@@ -282,12 +283,12 @@ class FTISStrategy(Lifecycle, Strategy):
                                             **self._received.get(nid, {})}
             self.budget.note(r.name, r.metrics)
             self.peers.note(r.name, r.tokenizer_fp, r.align_fault)
-            rejected |= self._note_rejections(server_round, nid, r)
+            rejected |= self.rejections.note(server_round, r, self._forwarded.get(nid, []))
         for nid, reason in outcome.failures.items():
             name = self.roster.name(nid)
             log.warning("%s %d: node %s failed: %s", self.step_word, server_round, name, reason)
             self.on_event("node_failed", round=server_round, node=name, reason=reason)
-        self._update_streaks(server_round, rejected)
+        self.rejections.end_round(server_round, rejected)
         self._groups = groups  # a node that failed contributes nothing stale
         outcome.server_metrics = {
             "nodes_replied": float(len(outcome.node_metrics)),
@@ -307,33 +308,6 @@ class FTISStrategy(Lifecycle, Strategy):
             log.warning("round %s: discarded a second reply from node id %d", rnd, nid)
             return None
         return nid
-
-    def _note_rejections(self, rnd: int, nid: int, r: TrainReply) -> set[str]:
-        """Log a receiver's rejections; event per source it rejected; returns those sources."""
-        for reason in r.rejections:
-            log.warning("node %s: %s", r.name, reason)
-        sources = set()
-        for src in self._forwarded.get(nid, []):  # only what was really sent to it counts
-            groups, samples, payloads = (r.metrics.get(f"{src}/{k}_rejected", 0.0)
-                                         for k in ("groups", "samples", "payloads"))
-            if groups > 0 or payloads > 0:
-                sources.add(src)
-                why = "; ".join(x for x in r.rejections if x.startswith(f"{src}: ") and protocol.REWARDS_NOTE not in x)
-                self.on_event("payload_rejected", round=rnd, node=r.name, source=src, groups=groups,
-                              samples=samples, reason=why or "see the receiver's log")
-            corrected = r.metrics.get(f"{src}/rewards_corrected", 0.0)
-            if corrected > 0:  # claimed rewards the receiver's own scoring replaced: not used, seen
-                self.on_event("rewards_corrected", round=rnd, node=r.name, source=src, samples=corrected)
-        return sources
-
-    def _update_streaks(self, rnd: int, rejected: set[str]) -> None:
-        """Warn when a source's groups were rejected in REJECTION_STREAK rounds in a row."""
-        self._streaks = {src: self._streaks.get(src, 0) + 1 for src in rejected}
-        for src, n in self._streaks.items():
-            if n >= REJECTION_STREAK:
-                log.warning("round %d: node %s keeps sending bad data: its groups were rejected in %d "
-                            "consecutive rounds", rnd, src, n)
-                self.on_event("payload_rejected_repeatedly", round=rnd, node=src, rounds=n)
 
     def configure_evaluate(self, server_round, arrays, config, grid) -> Iterable[Message]:
         return []  # evaluation rides on the round message (``evaluate`` flag)
