@@ -96,6 +96,12 @@ def estimate(grid: Grid, points: list[Point]) -> float:
     return sum((rounds[p.setup] + 1) * grid.seconds_per_round + RUN_OVERHEAD_S for p in points)
 
 
+def run_order(points: list) -> list:
+    """The order a sweep runs its points in: seed-major, so a sweep stopped part way holds every
+    configuration at its first seeds (and the dry run lists them so)."""
+    return sorted(points, key=lambda p: p.seed)
+
+
 def dry_run(grid: Grid, out: Path) -> None:
     todo = [p for p in grid.points if not (out / "results" / f"{p.key}.json").is_file()]
     print(f"grid {grid.name}: {len(grid.setups)} setups, {len(grid.points)} runs "
@@ -105,7 +111,7 @@ def dry_run(grid: Grid, out: Path) -> None:
               f"overrides {s['overrides']}")
     for setup, card, state in models(grid):
         print(f"  model {setup}/{card}: {state}")
-    for k, p in enumerate(grid.points, 1):
+    for k, p in enumerate(run_order(grid.points), 1):
         done = "done" if p not in todo else "todo"
         print(f"  [{k:>3}/{len(grid.points)}] {done} {p.key}")
     print(f"estimate: {_fmt_s(estimate(grid, todo))} for the {len(todo)} runs to do "
@@ -148,9 +154,8 @@ def sweep(grid_path: Path, grid: Grid, out: Path, nice: int, retries: int = 1) -
     """Run every unfinished point in its own process, trying a failed one ``retries`` more times
     (Ray or a node can fail to start when the cores are overloaded); returns the failures
     (key, log of the last attempt; earlier attempts' logs are kept as ``<key>.attempt<N>.log``)."""
-    todo = [p for p in grid.points if not (out / "results" / f"{p.key}.json").is_file()]
-    # seed-major: a sweep stopped part way holds every configuration at its first seeds
-    todo.sort(key=lambda p: p.seed)
+    order = run_order(grid.points)
+    todo = [p for p in order if not (out / "results" / f"{p.key}.json").is_file()]
     n = len(grid.points)
     print(f"grid {grid.name}: {n} runs, {n - len(todo)} finished before, {len(todo)} to run", flush=True)
     before = [w for p in grid.points if (w := _wall(out / "results" / f"{p.key}.json")) is not None]
@@ -163,7 +168,7 @@ def sweep(grid_path: Path, grid: Grid, out: Path, nice: int, retries: int = 1) -
     failed: list[tuple[str, Path]] = []
     t0, walls = time.perf_counter(), []
     for i, p in enumerate(todo):
-        k = grid.points.index(p) + 1
+        k = order.index(p) + 1
         log = out / "logs" / f"{p.key}.log"
         started, rc = time.perf_counter(), 0
         for attempt in range(1, retries + 2):
