@@ -111,7 +111,7 @@ class Cuttable:
         groups) is cut alike; other meta entries are copied. Format 2: packed again as the sender
         packed it. ``keep`` out of range or repeated is a ValueError.
         """
-        a, n, meta = self._a, self.n, self.meta
+        a, n = self._a, self.n
         keep = sorted(int(k) for k in keep)
         if len(set(keep)) != len(keep) or (keep and not 0 <= keep[0] <= keep[-1] < n):
             raise ValueError(f"keep must be distinct group positions in [0, {n}), got {keep}")
