@@ -13,12 +13,11 @@ last round generates nothing, most rounds do not evaluate).
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from ftis_flwr.server.summary import load_metrics  # noqa: E402
+from ftis_flwr.server.summary import _finite, load_metrics  # noqa: E402
 
 PHASES = ("seconds_train", "seconds_generate", "seconds_eval")
 RAN = 0.05
@@ -26,8 +25,8 @@ RAN = 0.05
 
 
 def _seconds(m: dict, key: str) -> str:
-    v = m.get(key)
-    return f"{v:.1f}" if isinstance(v, (int, float)) and math.isfinite(v) and v >= RAN else "-"
+    v = _finite(m.get(key))
+    return f"{v:.1f}" if v is not None and v >= RAN else "-"
 
 
 def table(records: list[dict]) -> str:

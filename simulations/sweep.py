@@ -102,8 +102,18 @@ def run_order(points: list) -> list:
     return sorted(points, key=lambda p: p.seed)
 
 
+def result_file(out: Path, key: str) -> Path:
+    """Where a run's result is written; its presence is what marks the run finished."""
+    return out / "results" / f"{key}.json"
+
+
+def to_run(grid: Grid, out: Path) -> list:
+    """The grid's unfinished points, in :func:`run_order`."""
+    return [p for p in run_order(grid.points) if not result_file(out, p.key).is_file()]
+
+
 def dry_run(grid: Grid, out: Path) -> None:
-    todo = [p for p in grid.points if not (out / "results" / f"{p.key}.json").is_file()]
+    todo = to_run(grid, out)
     print(f"grid {grid.name}: {len(grid.setups)} setups, {len(grid.points)} runs "
           f"({len(grid.points) - len(todo)} finished in {out})")
     for s in grid.setups:
@@ -127,7 +137,7 @@ def run_point(grid_path: Path, key: str, out: Path) -> None:
     point = next((p for p in grid.points if p.key == key), None)
     if point is None:
         raise SystemExit(f"no grid point {key!r} in {grid_path}")
-    final = out / "results" / f"{key}.json"
+    final = result_file(out, key)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_suffix(".json.tmp")
     tmp.write_text("")  # fails now, not after the run, when the result cannot be written
@@ -154,11 +164,10 @@ def sweep(grid_path: Path, grid: Grid, out: Path, nice: int, retries: int = 1) -
     """Run every unfinished point in its own process, trying a failed one ``retries`` more times
     (Ray or a node can fail to start when the cores are overloaded); returns the failures
     (key, log of the last attempt; earlier attempts' logs are kept as ``<key>.attempt<N>.log``)."""
-    order = run_order(grid.points)
-    todo = [p for p in order if not (out / "results" / f"{p.key}.json").is_file()]
+    order, todo = run_order(grid.points), to_run(grid, out)
     n = len(grid.points)
     print(f"grid {grid.name}: {n} runs, {n - len(todo)} finished before, {len(todo)} to run", flush=True)
-    before = [w for p in grid.points if (w := _wall(out / "results" / f"{p.key}.json")) is not None]
+    before = [w for p in grid.points if (w := _wall(result_file(out, p.key))) is not None]
     if todo and before:  # a resumed sweep: the runs it already has say how long one takes
         mean = sum(before) / len(before)
         print(f"estimate: {_fmt_s(mean * len(todo))} for the {len(todo)} runs to do (a finished run took "
@@ -176,7 +185,7 @@ def sweep(grid_path: Path, grid: Grid, out: Path, nice: int, retries: int = 1) -
                 os.replace(log, log.with_suffix(f".attempt{attempt - 1}.log"))
                 print(f"run {k} of {n}: {p.key} failed (exit {rc}), trying again", flush=True)
             rc = run_child([__file__, str(grid_path), "--out", str(out), "--one", p.key], log, nice=nice)
-            ok = rc == 0 and (out / "results" / f"{p.key}.json").is_file()
+            ok = rc == 0 and result_file(out, p.key).is_file()
             if ok:
                 break
         walls.append(time.perf_counter() - started)
