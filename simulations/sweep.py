@@ -96,6 +96,19 @@ def estimate(grid: Grid, points: list[Point]) -> float:
     return sum((rounds[p.setup] + 1) * grid.seconds_per_round + RUN_OVERHEAD_S for p in points)
 
 
+def estimate_line(grid: Grid, out: Path, todo: list[Point]) -> str:
+    """How long the runs to do will take: from the grid's finished runs in ``out`` where there are
+    some (a resumed sweep), else projected from the grid's ``seconds_per_round``."""
+    before = [w for p in grid.points if (w := _wall(result_file(out, p.key))) is not None]
+    if before:
+        mean = sum(before) / len(before)
+        return (f"estimate: {_fmt_s(mean * len(todo))} for the {len(todo)} runs to do (a finished run took "
+                f"{_fmt_s(mean)} on average, {_fmt_s(min(before))} to {_fmt_s(max(before))})")
+    return (f"estimate: {_fmt_s(estimate(grid, todo))} for the {len(todo)} runs to do "
+            f"({grid.seconds_per_round:g} s per round + {RUN_OVERHEAD_S} s start and stop each; warm-starts "
+            f"not included)")
+
+
 def run_order(points: list) -> list:
     """The order a sweep runs its points in: seed-major, so a sweep stopped part way holds every
     configuration at its first seeds (and the dry run lists them so)."""
@@ -124,9 +137,7 @@ def dry_run(grid: Grid, out: Path) -> None:
     for k, p in enumerate(run_order(grid.points), 1):
         done = "done" if p not in todo else "todo"
         print(f"  [{k:>3}/{len(grid.points)}] {done} {p.key}")
-    print(f"estimate: {_fmt_s(estimate(grid, todo))} for the {len(todo)} runs to do "
-          f"({grid.seconds_per_round:g} s per round + {RUN_OVERHEAD_S} s start and stop each; warm-starts "
-          f"not included)")
+    print(estimate_line(grid, out, todo))
 
 
 def run_point(grid_path: Path, key: str, out: Path) -> None:
@@ -169,9 +180,7 @@ def sweep(grid_path: Path, grid: Grid, out: Path, nice: int, retries: int = 1) -
     print(f"grid {grid.name}: {n} runs, {n - len(todo)} finished before, {len(todo)} to run", flush=True)
     before = [w for p in grid.points if (w := _wall(result_file(out, p.key))) is not None]
     if todo and before:  # a resumed sweep: the runs it already has say how long one takes
-        mean = sum(before) / len(before)
-        print(f"estimate: {_fmt_s(mean * len(todo))} for the {len(todo)} runs to do (a finished run took "
-              f"{_fmt_s(mean)} on average, {_fmt_s(min(before))} to {_fmt_s(max(before))})", flush=True)
+        print(estimate_line(grid, out, todo), flush=True)
     if todo:
         warm_all(grid)
     failed: list[tuple[str, Path]] = []

@@ -180,6 +180,24 @@ seeds: [0]
 """
 
 
+def test_dry_run_estimates_from_finished_runs(tmp_path, capsys):
+    """A resumed study's dry run says what the sweep will say: the time left from its finished runs
+    (one of 12.5 s here, two to do), not the grid's per-round projection; with none finished, the
+    projection."""
+    from sweep import _fmt_s, dry_run, estimate, estimate_line
+
+    grid = load_grid(_grid(tmp_path, SMOKE))
+    out = tmp_path / "out"
+    projected = estimate_line(grid, out, grid.points)
+    assert f"estimate: {_fmt_s(estimate(grid, grid.points))} for the 3 runs to do (3 s per round" in projected
+    (out / "results").mkdir(parents=True)
+    key, kept = _result("size", "nois", "vertical", "-", 0, (0.1, 0.2, 0.0, 0.0), (0.1, 0.2, 0.0, 0.0))
+    (out / "results" / f"{key}.json").write_text(json.dumps(kept))
+    dry_run(grid, out)
+    assert "estimate: 0m25s for the 2 runs to do (a finished run took 0m12s on average, 0m12s to 0m12s)" \
+        in capsys.readouterr().out
+
+
 def test_real_sweep_resumes_and_reports_a_failure(tmp_path):
     """Three points: one finished before (kept, not rerun), one that runs through Flower (f-tis,
     g=50), one whose result cannot be written (a directory is in the way: the run stops before
