@@ -1,7 +1,7 @@
 """How far each node's received samples were from it, run by run: what the filter and the truncation
 saw. docs/real-models.md, "The cross-family pair over seeds".
 
-    python simulations/foreign_kl.py docs/sweep-xfamily/runs/*/
+    python simulations/foreign_kl.py docs/sweep-xfamily/run-data/*/
 
 Per run directory (holding ``metrics.jsonl``) and node, over the training rounds (round 0 trains
 nothing): the median KL of the samples it received (the filter drops a received sample with
