@@ -96,10 +96,14 @@ def estimate(grid: Grid, points: list[Point]) -> float:
     return sum((rounds[p.setup] + 1) * grid.seconds_per_round + RUN_OVERHEAD_S for p in points)
 
 
-def estimate_line(grid: Grid, out: Path, todo: list[Point]) -> str:
-    """How long the runs to do will take: from the grid's finished runs in ``out`` where there are
-    some (a resumed sweep), else projected from the grid's ``seconds_per_round``."""
-    before = [w for p in grid.points if (w := _wall(result_file(out, p.key))) is not None]
+def finished_walls(grid: Grid, out: Path) -> list[float]:
+    """The wall seconds of the grid's runs already finished in ``out``."""
+    return [w for p in grid.points if (w := _wall(result_file(out, p.key))) is not None]
+
+
+def estimate_line(grid: Grid, todo: list[Point], before: list[float]) -> str:
+    """How long the runs to do will take: from the finished runs' wall seconds ``before`` where
+    there are some (a resumed sweep), else projected from the grid's ``seconds_per_round``."""
     if before:
         mean = sum(before) / len(before)
         return (f"estimate: {_fmt_s(mean * len(todo))} for the {len(todo)} runs to do (a finished run took "
@@ -137,7 +141,7 @@ def dry_run(grid: Grid, out: Path) -> None:
     for k, p in enumerate(run_order(grid.points), 1):
         done = "done" if p not in todo else "todo"
         print(f"  [{k:>3}/{len(grid.points)}] {done} {p.key}")
-    print(estimate_line(grid, out, todo))
+    print(estimate_line(grid, todo, finished_walls(grid, out)))
 
 
 def run_point(grid_path: Path, key: str, out: Path) -> None:
@@ -178,9 +182,9 @@ def sweep(grid_path: Path, grid: Grid, out: Path, nice: int, retries: int = 1) -
     order, todo = run_order(grid.points), to_run(grid, out)
     n = len(grid.points)
     print(f"grid {grid.name}: {n} runs, {n - len(todo)} finished before, {len(todo)} to run", flush=True)
-    before = [w for p in grid.points if (w := _wall(result_file(out, p.key))) is not None]
+    before = finished_walls(grid, out)
     if todo and before:  # a resumed sweep: the runs it already has say how long one takes
-        print(estimate_line(grid, out, todo), flush=True)
+        print(estimate_line(grid, todo, before), flush=True)
     if todo:
         warm_all(grid)
     failed: list[tuple[str, Path]] = []

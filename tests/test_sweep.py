@@ -188,7 +188,7 @@ def test_dry_run_estimates_from_finished_runs(tmp_path, capsys):
 
     grid = load_grid(_grid(tmp_path, SMOKE))
     out = tmp_path / "out"
-    projected = estimate_line(grid, out, grid.points)
+    projected = estimate_line(grid, grid.points, [])
     assert f"estimate: {_fmt_s(estimate(grid, grid.points))} for the 3 runs to do (3 s per round" in projected
     (out / "results").mkdir(parents=True)
     key, kept = _result("size", "nois", "vertical", "-", 0, (0.1, 0.2, 0.0, 0.0), (0.1, 0.2, 0.0, 0.0))
