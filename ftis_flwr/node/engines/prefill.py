@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ftis_flwr.node.shared_cache import SharedCacheError, cache_of
+from ftis_flwr.node.shared_cache import SharedCacheError, cache_of, with_cache
 
 MIN_COMMON = 8
 """A common prefix shorter than this many tokens is not run on its own (one more forward call
@@ -67,9 +67,10 @@ def _positions(mask: torch.Tensor) -> torch.Tensor:
     return pos.masked_fill_(mask == 0, 1)
 
 
-def _run(model: Any, **kwargs: Any) -> Any:
+def _run(model: Any, cache: Any = None, **kwargs: Any) -> Any:
     try:
-        return cache_of(model(use_cache=True, logits_to_keep=1, **kwargs))
+        past = with_cache(model, cache) if cache is not None else {}
+        return cache_of(model(use_cache=True, logits_to_keep=1, **kwargs, **past))
     except TypeError as exc:  # a forward without these arguments: named, not a trace from deep inside
         raise _unshareable(model, f"its forward does not take a cached, positioned prefill ({exc})") from None
 
@@ -87,7 +88,8 @@ def shared_prefill(model: Any, seqs: Sequence[Sequence[int]], input_ids: torch.T
     """The cache of every row of ``input_ids`` (``seqs`` laid out by :func:`layout` with
     ``common``) but its last column, with the common prefix run once and each distinct prompt's
     rest once; ``None`` when nothing would be saved (one row, or every prompt distinct and no
-    common prefix). Pass it to ``generate`` as ``cache`` with the full ``input_ids``."""
+    common prefix). Pass it to ``generate`` with the full ``input_ids``, under the name
+    :func:`ftis_flwr.node.shared_cache.with_cache` gives it."""
     keys = [tuple(int(t) for t in s) for s in seqs]
     distinct = list(dict.fromkeys(keys))
     if len(keys) < 2 or (common == 0 and len(distinct) == len(keys)) or min(len(k) for k in keys) < 2:
