@@ -78,13 +78,15 @@ def test_a_local_run_writes_where_the_user_is(tmp_path, monkeypatch):
 def test_run_asks_a_superlink_that_does_not_answer_again_until_its_wait_is_over(tmp_path, monkeypatch, capsys):
     """A SuperLink started a moment before (the deployment recipe) may not answer yet: ``run``
     asks again for up to ``--wait`` seconds (no run was started, so nothing runs twice), then
-    exits 1 with Flower's words. A real ``flwr run`` against a port nothing listens on."""
+    exits 1 with Flower's words. A real ``flwr run`` against a port nothing listens on. The wait
+    (15 s) must outlast one attempt wherever the suite runs: an attempt took about 2 s on an idle
+    2-core machine and over 3 s with the suite beside a real pair (``--wait 3`` then asked once)."""
     from conftest import free_port
 
     (tmp_path / "config.toml").write_text(
         f'[superlink]\ndefault = "local"\n[superlink.away]\naddress = "127.0.0.1:{free_port()}"\ninsecure = true\n')
     monkeypatch.setenv("FLWR_HOME", str(tmp_path))
-    assert main(["run", str(REPO), "away", "--wait", "3", "--run-config", "rounds.num-rounds=1"]) == 1
+    assert main(["run", str(REPO), "away", "--wait", "15", "--run-config", "rounds.num-rounds=1"]) == 1
     out = capsys.readouterr()
     assert out.out.count("Connection to the SuperLink is unavailable") >= 2, out.out
     assert "the SuperLink does not answer yet" in out.out
