@@ -286,3 +286,27 @@ def test_a_plain_prompt_gets_the_tokenizers_bos_and_a_chat_template_prompt_does_
     tok.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
     templated = task.prompt_text(problem, tok)
     assert task.prompt_ids(problem, tok) == tok(templated, add_special_tokens=False)["input_ids"]
+
+
+def test_basic_math_pays_for_the_number_not_for_the_question_copied_into_the_answer():
+    """#24: Gemma 3 270M, trained alone, learned to answer ``<answer>43+29</answer>``, which
+    math-verify evaluates to 72 (100% on every split). basic-math pays only for the number; the
+    paper's math reward (GSM8K, MATH) still takes expressions, as math-verify does."""
+    from ftis_flwr.config.schema import TaskConfig
+    from ftis_flwr.tasks import make_task
+    from ftis_flwr.tasks.rewards import math_reward
+
+    task = make_task(TaskConfig(name="basic-math-20", shots=1))
+    problem = next(p for p in task._load_split("ood") if "plus" in p.question)
+    a, b = (int(w) for w in problem.question.rstrip("?").split()[2::2])
+    copied = f"<think>{a}+{b}</think><answer>{a}+{b}</answer>"
+    assert math_reward(copied, problem.gold) == 1.0  # the hole: math-verify adds them up
+    assert task.reward(copied, problem) == 0.0
+    for answer in (problem.gold, f" {problem.gold} ", f"${problem.gold}$", f"\\boxed{{{problem.gold}}}",
+                   f"{problem.gold}."):
+        assert task.reward(f"<think> {a} plus {b} is {problem.gold}. </think><answer>{answer}</answer>",
+                           problem) == 1.0, answer
+    wrong = str(int(problem.gold) + 1)
+    for answer in (wrong, f"{problem.gold}+0", f"{int(problem.gold) * 2}/2", "", "seventy"):
+        assert task.reward(f"<think>x</think><answer>{answer}</answer>", problem) == 0.0, answer
+    assert task.reward(f"{problem.gold}", problem) == 0.0  # the format still counts

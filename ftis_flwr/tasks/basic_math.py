@@ -3,8 +3,10 @@
 GSM8K is out of reach of a 135M-parameter model (SmolLM2-135M-Instruct: 0/32 greedy), so a
 GRPO run on it sees all-zero rewards and no advantage. These questions keep the paper's whole
 pipeline — its system prompt through the model's chat template, the strict
-``<think>…</think><answer>…</answer>`` reward checked with math-verify — on problems such a model
-sometimes solves: ``What is 7 plus 5?``, ``What is 9 minus 4?``.
+``<think>…</think><answer>…</answer>`` format — on problems such a model sometimes solves:
+``What is 7 plus 5?``, ``What is 9 minus 4?``. The answer must be the number itself: the paper's
+math-verify check would also take ``7+5``, the question copied, and a model learns that
+(``numeric_answer``).
 
 Splits, generated from ``TaskConfig.seed`` (no files): ``train`` and ``test`` (64 held out) from
 operands 1..12 (sums, and differences with a >= b); ``ood``: 64 questions with operands 13..40.
@@ -19,6 +21,7 @@ sums; without the example the strict format appears in ~1 of 64 samples.
 from __future__ import annotations
 
 import random
+import re
 from typing import Any
 
 from ftis_flwr.tasks.base import Problem, Task
@@ -30,6 +33,21 @@ DEMOS = (
 )
 TEST_SIZE = 64
 OOD_SIZE = 64
+_NUMBER = re.compile(r"[+-]?\d+")
+"""What an answer must be: a whole number. math-verify evaluates an expression, so ``43+29`` in
+``<answer>`` would equal 72, and a model learns to copy the question's operands there instead of
+adding them (Gemma 3 270M did, alone, in one of #24's seeds: 100% on every split)."""
+
+
+def numeric_answer(answer: str) -> int | None:
+    """The whole number an answer states (``72``, ``$72$``, ``\\boxed{72}``, ``72.``), None for
+    anything else, an expression such as ``43+29`` included."""
+    text = answer.strip().rstrip(".").strip()
+    if len(text) >= 2 and text[0] == text[-1] == "$":
+        text = text[1:-1].strip()
+    if text.startswith("\\boxed{") and text.endswith("}"):
+        text = text[len("\\boxed{"):-1].strip()
+    return int(text) if _NUMBER.fullmatch(text) else None
 
 
 def _question(a: int, op: str, b: int) -> Problem:
@@ -75,6 +93,10 @@ class BasicMathTask(Task):
         return chat_prompt(problem.question, tokenizer, DEMOS[:self.shots])
 
     def reward(self, completion_text: str, problem: Problem) -> float:
-        from ftis_flwr.tasks.rewards import math_reward
+        """1 for the paper's strict format with the gold number in ``<answer>``, else 0; an
+        expression there scores 0 (``numeric_answer``), unlike the paper's math-verify reward."""
+        from ftis_flwr.tasks.rewards import parse_strict_answer
 
-        return float(math_reward(completion_text, problem.gold))
+        answer = parse_strict_answer(completion_text)
+        value = None if answer is None else numeric_answer(answer)
+        return float(value is not None and value == int(problem.gold))
