@@ -125,6 +125,8 @@ def train(msg: Message, context: Context) -> Message:
         protocol.INFO: ConfigRecord({"node": reply["node"], "model_id": reply["model_id"],
                                      "tokenizer_fp": reply.get("tokenizer_fp", ""),
                                      "align_fault": reply.get("align_fault", ""),
+                                     "text_limits": reply.get("text_limits", ""),
+                                     "task_parts": reply.get("task_parts", ""),
                                      "rejections": list(reply["rejections"]) or [""],
                                      "worker_pid": handle.pid, "worker_starts": starts}),
     })

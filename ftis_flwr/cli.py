@@ -90,18 +90,36 @@ def parse_run_config(values: list[str]) -> dict[str, Any]:
         raise CheckError(f"--run-config: {getattr(exc, 'message', None) or exc}{which}") from None
 
 
-PATH_KEYS = ("run-dir", "cache-dir", "config-file", "resume")
+PATH_KEYS = ("run-dir", "cache-dir", "config-file", "resume", "task.train-path", "task.data-files.train",
+             "task.data-files.test", "task.data-files.validation", "task.data-files.ood")
 """Run-config keys that name a path on the machine the ServerApp runs on."""
+CODE_KEYS = ("task.name", "task.reward", "task.rewards")
+"""Run-config keys that may name a file of the user's code (``<file.py>:<name>``, comma-separated)."""
+
+
+def _code_path(value: str) -> str:
+    """``"rel/reward.py:f"`` -> ``"/abs/rel/reward.py:f"``; anything else as it is."""
+    target, sep, attr = value.strip().rpartition(":")
+    if sep and target.endswith(".py") and attr:
+        return f"{Path(target).expanduser().resolve()}:{attr}"
+    return value.strip()
 
 
 def localise(given: dict[str, Any], app: Path) -> dict[str, Any]:
-    """For a run on the local SuperLink: relative paths resolved against the user's working
-    directory, and ``run-dir`` (when not given) the app folder's ``runs/``, all absolute, so the
+    """For a run on the local SuperLink: relative paths (files, data files, a user's code in
+    ``<file.py>:<name>``) resolved against the user's working directory, and ``run-dir`` (when not given) the app folder's ``runs/``, all absolute, so the
     outputs land where the user is, not in the directory the SuperLink was first started from."""
     out = dict(given)
     for key in PATH_KEYS:
         if isinstance(out.get(key), str) and out[key]:
             out[key] = str(Path(out[key]).expanduser().resolve())
+    for key in CODE_KEYS:
+        if isinstance(out.get(key), str) and out[key]:
+            out[key] = ",".join(_code_path(v) for v in out[key].split(",")) if key == "task.rewards" \
+                else _code_path(out[key])
+    dataset = out.get("task.dataset")
+    if isinstance(dataset, str) and dataset and Path(dataset).expanduser().exists():  # a local folder
+        out["task.dataset"] = str(Path(dataset).expanduser().resolve())
     out.setdefault("run-dir", str((app / "runs").resolve()))
     return out
 
@@ -132,11 +150,13 @@ def check(app: Path, run_config: list[str], *, local: bool = False) -> tuple[dic
 
 
 def missing_packages(exp: Any) -> list[str]:
-    """One line per card whose named source's package is not installed on this machine."""
+    """One line per card whose named source's package, and per tracker of ``report.to`` whose
+    package, is not installed on this machine."""
     from ftis_flwr.config.named_sources import missing_package
+    from ftis_flwr.config.validation import tracker_package_errors
 
     return [f"node {c.name}: source {c.source!r} needs `{cmd}`" for c in exp.nodes
-            if (cmd := missing_package(c.source))]
+            if (cmd := missing_package(c.source))] + tracker_package_errors(exp)
 
 
 def _as_toml(value: Any) -> str:
@@ -252,11 +272,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ftis-flwr: configuration valid: {what}", flush=True)
     missing = [] if exp is None else missing_packages(exp)
     if missing and local and args.command == "run":  # a simulation: every node runs here
-        print("ftis-flwr: a simulation runs every node on this machine, and a model package is not installed; "
+        print("ftis-flwr: a simulation runs every node and the server on this machine, and a package it needs "
+              "is not installed; "
               "nothing was started:\n" + "\n".join(missing), file=sys.stderr)
         return EXIT_INVALID
     for line in missing:
-        print(f"ftis-flwr: note: {line} (a node that runs on this machine needs it)", flush=True)
+        print(f"ftis-flwr: note: {line} (needed where that part runs)", flush=True)
     if local and exp is not None:
         print(f"ftis-flwr: outputs in {given['run-dir']}", flush=True)
     return 0 if args.command == "check" else _run(args, given)

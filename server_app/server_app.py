@@ -58,7 +58,8 @@ def run(grid: Grid, experiment, *, connect_timeout: float = 120.0,
     nodes = [c.name for c in experiment.nodes]
     with RunReporter(run_dir, config=to_dict(experiment), node_names=nodes,
                      num_rounds=experiment.rounds.num_rounds, evaluates=experiment.rounds.evaluates,
-                     resume_after=None if state is None else state.round) as reporter:
+                     resume_after=None if state is None else state.round,
+                     report_to=list(experiment.report.to)) as reporter:
         print(f"ftis-flwr: {run_title(to_dict(experiment))}; run directory {run_dir}", flush=True)
         print(f"ftis-flwr: {PROGRESS_LEGEND}", flush=True)
         if state is not None:

@@ -5,7 +5,8 @@
 
 Each claim compares two configurations of one setup on the same seeds (same models, prompts and
 sampling seed), one node at a time, on the final evaluation: d_s = 100 * (acc_A - acc_B) in
-points for seed s. The decision rules were written before any result was read:
+points for seed s. Each row is judged by two rules, side by side. **Today's rule** (the first
+one, column "today's rule") was written before any result was read:
 
 - a "better/worse" claim (A above B) is **reproduced** when every seed agrees (d_s > 0 for all
   n >= 5 seeds: one-sided sign test p = 2^-n <= 0.031), **not reproduced** when every seed
@@ -13,6 +14,14 @@ points for seed s. The decision rules were written before any result was read:
 - a "level" claim (A ends level with B) is **reproduced** when the mean d is within ±2 points
   and the seeds do not all agree in sign, **not reproduced** when all seeds agree (A reliably
   above or below B: which one is said), and inconclusive with fewer than 5 seeds.
+
+"Every seed agrees" gets harder to meet as seeds are added, so more seeds cannot settle a claim
+under it. The **paired rule** (``paired.py``, fixed before the runs of issue 39; columns "mean
+[95% interval]" to "paired rule") judges the same d_s by a paired bootstrap 95% interval of their
+mean: an "above" claim is reproduced when the interval lies above 0 and refuted when it lies
+below; a "level" claim is reproduced when it lies inside ±2 points and refuted when it lies
+wholly outside. Beside it: the exact Wilcoxon signed-rank p and the minimum detectable
+difference (80% power) for that many seeds.
 
 Claims checked here (algorithm §11, the paper's Table 2 and Figure 3), per setup:
 
@@ -53,6 +62,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sweep_report import config_label, load_results  # noqa: E402
+from paired import HEADER, NOT_RUN, cells  # noqa: E402
 
 MIN_SEEDS = 5
 LEVEL_POINTS = 2.0
@@ -147,6 +157,11 @@ def verdict(d: list[float], kind: str) -> str:
     return f"inconclusive (mean {mean:+.1f} points, seeds split {above}/{below})"
 
 
+def both(d: list[float], kind: str) -> str:
+    """Today's rule's verdict, then the paired rule's cells (``paired.cells``), for one claim."""
+    return f"{verdict(d, kind)} | {cells(d, kind)}"
+
+
 def fmt_points(d: list[float]) -> str:
     """Paired differences in points: "mean (min..max)", or "-" when there are none."""
     if not d:
@@ -176,9 +191,10 @@ def _g_value(label: str) -> float:
 
 def claims(results: list[dict], id_split: str = "test", ood_split: str = "ood",
            reference_g: str = "50") -> list[str]:
-    """Markdown rows: setup, claim, node, paired difference mean (min..max), n, verdict."""
-    rows = ["| setup | claim | node | difference, points: mean (min..max) | seeds | verdict |",
-            "| --- | --- | --- | --- | --- | --- |"]
+    """Markdown rows: setup, claim, node, paired difference mean (min..max), n, today's rule's
+    verdict, then the paired rule's mean [95% interval], Wilcoxon p, MDD and verdict."""
+    rows = [f"| setup | claim | node | difference, points: mean (min..max) | seeds | today's rule | {HEADER} |",
+            "|" + " --- |" * 10]
     labels = {config_label(r["point"]) for r in results}
     ftis = reference_ftis(labels, reference_g)
     setups = list(dict.fromkeys(r["point"]["setup"] for r in results))
@@ -198,27 +214,27 @@ def claims(results: list[dict], id_split: str = "test", ood_split: str = "ood",
             for node in nodes:
                 d = paired(alone_id, nois_id, node)
                 rows.append(f"| {setup} | (a) NoIS ends below alone (ID) | {node} | {fmt_points(d)} | {len(d)} | "
-                            f"{verdict(d, 'above')} |")
+                            f"{both(d, 'above')} |")
         else:
-            rows.append(f"| {setup} | (a) NoIS ends below alone (ID) | - | - | 0 | not run |")
+            rows.append(f"| {setup} | (a) NoIS ends below alone (ID) | - | - | 0 | not run | {NOT_RUN} |")
         if ftis is None or not alone_id:
-            rows.append(f"| {setup} | (c), (d) | - | - | 0 | not run (no f-tis vertical or alone) |")
+            rows.append(f"| {setup} | (c), (d) | - | - | 0 | not run (no f-tis vertical or alone) | {NOT_RUN} |")
             continue
         ftis_id, ftis_ood = finals(results, setup, ftis, id_split), finals(results, setup, ftis, ood_split)
         if nois_id:
             for node in nodes:
                 d = paired(ftis_id, nois_id, node)
                 rows.append(f"| {setup} | (a') F-TIS ends above NoIS (ID) | {node} | {fmt_points(d)} | {len(d)} | "
-                            f"{verdict(d, 'above')} |")
+                            f"{both(d, 'above')} |")
         for node in nodes:
             d = paired(ftis_id, alone_id, node)
             rows.append(f"| {setup} | (c) F-TIS level with alone (ID) | {node} | {fmt_points(d)} | {len(d)} | "
-                        f"{verdict(d, 'level')} |")
+                        f"{both(d, 'level')} |")
         start = starts(results, setup, id_split)
         weaker = weaker_partner(start, alone_id)
         d = paired(ftis_ood, alone_ood, weaker)
         rows.append(f"| {setup} | (d) F-TIS above alone (OOD), weaker partner | {weaker} "
-                    f"(ID {start[weaker]:.3f} at round 0) | {fmt_points(d)} | {len(d)} | {verdict(d, 'above')} |")
+                    f"(ID {start[weaker]:.3f} at round 0) | {fmt_points(d)} | {len(d)} | {both(d, 'above')} |")
         rows += _more(results, setup, nodes, labels, ftis, id_split)
     def has(part: str) -> bool:
         return any(part in lab for lab in labels)
@@ -229,7 +245,8 @@ def claims(results: list[dict], id_split: str = "test", ood_split: str = "ood",
                               ("(g) small g early, large g late", "f-tis vertical with a smaller g or a schedule",
                                bool(_g_compared(labels, ftis)))):
         if not ran:
-            rows.append(f"| all | {claim} | - | - | 0 | not run (needs {needs} runs: sweeps/extra-*.yaml) |")
+            rows.append(f"| all | {claim} | - | - | 0 | not run (needs {needs} runs: sweeps/extra-*.yaml) | "
+                        f"{NOT_RUN} |")
     return rows
 
 
@@ -249,7 +266,7 @@ def _variant_rows(results: list[dict], setup: str, base: str, nodes: list[str], 
     rows = []
     for node in nodes:
         d = paired(a, b, node)
-        rows.append(f"| {base} | {claim} | {node} | {fmt_points(d)} | {len(d)} | {verdict(d, kind)} |")
+        rows.append(f"| {base} | {claim} | {node} | {fmt_points(d)} | {len(d)} | {both(d, kind)} |")
     return rows
 
 
@@ -269,7 +286,7 @@ def _more(results: list[dict], setup: str, nodes: list[str], labels: set[str], f
             share = (f"; recovers {sum(d) / sum(lost):.0%} of NoIS's loss to alone"
                      if lost and sum(lost) > 0 and len(lost) == len(d) else "")
             rows.append(f"| {setup} | (b) F-NoIS ends above NoIS (ID) | {node} | {fmt_points(d)}{share} | {len(d)} | "
-                        f"{verdict(d, 'above')} |")
+                        f"{both(d, 'above')} |")
     fvis_label = next((lab for lab in sorted(labels) if lab.startswith("f-vis vertical")), None)
     early = first_eval_after_start(results, setup, id_split)
     if fvis_label and ftis and early is not None and finals(results, setup, fvis_label, id_split):
@@ -278,17 +295,17 @@ def _more(results: list[dict], setup: str, nodes: list[str], labels: set[str], f
         for node in nodes:
             d = paired(fvis_e, ftis_e, node)
             rows.append(f"| {setup} | (f) F-VIS above F-TIS early (ID, round {early}) | {node} | {fmt_points(d)} | "
-                        f"{len(d)} | {verdict(d, 'above')} |")
+                        f"{len(d)} | {both(d, 'above')} |")
             d = paired(ftis_l, fvis_l, node)
             rows.append(f"| {setup} | (f) F-VIS below F-TIS at the end (ID) | {node} | {fmt_points(d)} | {len(d)} | "
-                        f"{verdict(d, 'above')} |")
+                        f"{both(d, 'above')} |")
     horizontal = next((lab for lab in sorted(labels) if lab.startswith("f-tis horizontal")), None)
     vert, hor = (finals(results, setup, lab, id_split) if lab else {} for lab in (ftis, horizontal))
     if vert and hor:  # a setup the horizontal grid left out has no row
         for node in nodes:
             d = paired(vert, hor, node)
             rows.append(f"| {setup} | (e) vertical F-TIS ends above horizontal (ID) | {node} | {fmt_points(d)} | "
-                        f"{len(d)} | {verdict(d, 'above')} |")
+                        f"{len(d)} | {both(d, 'above')} |")
     rows += _g_rows(results, setup, nodes, labels, ftis, id_split, early)
     return rows
 
@@ -318,13 +335,13 @@ def _g_rows(results: list[dict], setup: str, nodes: list[str], labels: set[str],
         for node in nodes:
             d = paired(finals(results, setup, lab, id_split, at=early), ref_e, node)
             rows.append(f"| {setup} | (g) {g} above {ref} early (ID, round {early}) | {node} | {fmt_points(d)} | "
-                        f"{len(d)} | {verdict(d, 'above')} |")
+                        f"{len(d)} | {both(d, 'above')} |")
         if lab.startswith("f-tis vertical g=lin"):
             continue  # a schedule ends at the reference g: "late" compares constants only
         for node in nodes:
             d = paired(ref_l, finals(results, setup, lab, id_split), node)
             rows.append(f"| {setup} | (g) {ref} above {g} at the end (ID) | {node} | {fmt_points(d)} | "
-                        f"{len(d)} | {verdict(d, 'above')} |")
+                        f"{len(d)} | {both(d, 'above')} |")
     return rows
 
 

@@ -11,6 +11,7 @@ from transformers import PreTrainedTokenizerFast
 
 from ftis_flwr.node.tiny import build_char_tokenizer
 from ftis_flwr.xtok.align import AlignError, align, encode_with_spans, receiver_cuts
+from ftis_flwr.xtok.represent import Unrepresentable
 from ftis_flwr.xtok.token_bytes import TokenBytesError, token_bytes
 
 CORPUS = ["12 + 34 = 46", "100 - 7 = 93", "héllo wörld 中文 🙂", "  spaces   and\ttabs\n\nnew lines",
@@ -122,10 +123,20 @@ def test_real_tokenizers_align_on_random_text(tokenizers, sender, receiver):
     """On random text with multi-byte characters, whitespace runs and digits: both sides split
     into the same number of chunks, in order; each chunk covers the same bytes on both sides; no
     finer common boundary is missed; and a tokenizer aligned with itself gives one token a chunk."""
+    aligned = 0
     for text in texts(seed=sum(map(ord, sender + receiver))):
         total = len(text.encode())
-        lengths = clean_lengths(tokenizers[sender], text)
-        ids, starts, ends = encode_with_spans(tokenizers[receiver], text)
+        try:
+            lengths = clean_lengths(tokenizers[sender], text)
+        except Unrepresentable:  # a text the sender could not have generated (char: no "é")
+            continue
+        try:
+            ids, starts, ends = encode_with_spans(tokenizers[receiver], text)
+        except Unrepresentable as exc:  # char lacks "é", the unigram model "x" (not in its corpus)
+            assert receiver in ("char", "unigram") and exc.reason == "unknown_token", (text, exc)
+            assert tokenizers[receiver].unk_token_id in tokenizers[receiver](text)["input_ids"]
+            continue
+        aligned += 1
         assert not set(ids.tolist()) & {tokenizers[receiver].bos_token_id}  # no BOS in a completion
         c = align(lengths, starts, ends, total)
         check_partition(c, len(lengths), len(ids))
@@ -140,6 +151,7 @@ def test_real_tokenizers_align_on_random_text(tokenizers, sender, receiver):
             assert c.n == len(lengths)
             if sender == "char":
                 assert c.n == len(ids)
+    assert aligned >= 5  # not vacuous: some random texts are representable on both sides
 
 
 # ----------------------------------------------------------------- the sender's bytes per token
@@ -162,7 +174,7 @@ def test_each_generated_tokens_bytes_rebuild_the_text_and_align(tokenizers, name
         ok = joined == want or (name == "unigram" and joined == b" " + want)
         assert ok, (name, text, tok.convert_ids_to_tokens(ids))
         lengths = np.array([len(p) for p in pieces], np.int64)
-        if name != "unigram" and len(want):
+        if name != "unigram" and len(want) and tokenizers["char"].unk_token_id not in tokenizers["char"](text)["input_ids"]:
             r_ids, starts, ends = encode_with_spans(tokenizers["char"], text)
             chunks = align(lengths[lengths > 0], starts, ends, len(want))
             check_partition(chunks, int((lengths > 0).sum()), len(r_ids))

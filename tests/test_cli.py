@@ -75,6 +75,18 @@ def test_a_local_run_writes_where_the_user_is(tmp_path, monkeypatch):
     assert given == {"run-dir": "out"}
 
 
+def test_a_local_run_finds_the_users_data_files_and_reward_code_where_the_user_is(tmp_path, monkeypatch):
+    """The nodes' workers run elsewhere: a relative data file or ``<file.py>:<name>`` becomes absolute."""
+    monkeypatch.chdir(REPO / "docs")
+    given, exp = check(REPO, ["task.name='dataset' task.dataset='json' task.data-files.train='own-task/train.jsonl' "
+                              "task.data-files.test='own-task/test.jsonl' task.reward='own-task/reward.py:reward' "
+                              "task.rewards='exact,own-task/reward.py:reward'"], local=True)
+    assert given["task.data-files.train"] == str(REPO / "docs" / "own-task" / "train.jsonl")
+    assert given["task.reward"] == f"{REPO / 'docs' / 'own-task' / 'reward.py'}:reward"
+    assert given["task.rewards"] == f"exact,{REPO / 'docs' / 'own-task' / 'reward.py'}:reward"
+    assert exp.task.data_files["test"] == str(REPO / "docs" / "own-task" / "test.jsonl")
+
+
 def test_run_asks_a_superlink_that_does_not_answer_again_until_its_wait_is_over(tmp_path, monkeypatch, capsys):
     """A SuperLink started a moment before (the deployment recipe) may not answer yet: ``run``
     asks again for up to ``--wait`` seconds (no run was started, so nothing runs twice), then

@@ -172,8 +172,11 @@ def test_the_configured_choices_are_what_the_code_implements():
     assert set(choices.BUILTIN_LOSSES) <= set(LOSS_REGISTRY)
     assert set(TINY_SIZES) == set(choices.TINY_SIZES)
     assert set(LP_CODECS) == set(choices.LOGPROB_CODECS)
+    from ftis_flwr.tasks.registry import _PREFIXES, _TASKS
+
+    assert set(choices.TASK_NAMES) == set(_TASKS) and set(choices.TASK_PREFIXES) == set(_PREFIXES)
     for name in choices.TASK_NAMES:  # builds lazily: nothing is read or downloaded here
-        assert make_task(TaskConfig(name=name)) is not None
+        assert make_task(TaskConfig(name=name, dataset="json", data_files={"train": "x.jsonl"})) is not None
 
 
 def test_validation_needs_no_torch():

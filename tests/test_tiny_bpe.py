@@ -30,6 +30,9 @@ from ftis_flwr.node.tiny_bpe import (
 from ftis_flwr.tasks import ArithmeticTask
 from ftis_flwr.wire.groups import tokenizer_fingerprint
 from ftis_flwr.xtok.align import encode_with_spans
+from ftis_flwr.xtok.represent import Unrepresentable
+
+
 from ftis_flwr.xtok.token_bytes import token_bytes
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -214,13 +217,17 @@ def test_unigram_decode_token_bytes_and_spans_give_the_text_back(uni, task):
     assert token_bytes(uni, [uni.eos_token_id, uni.pad_token_id]) == [b"", b""]
 
 
-def test_unigram_characters_outside_its_alphabet_are_unk_with_spans_over_the_text(uni):
-    """No byte fallback: "W", "é", "✓" are <unk> (decoded as such); the spans still tile the text."""
+def test_unigram_characters_outside_its_alphabet_are_unk_and_refused_as_a_receiver(uni):
+    """No byte fallback: "W", "é", "✓" are <unk>, so as a receiver the unigram node refuses such a
+    text (it cannot stand for its bytes) instead of weighing <unk> against the sender's letters."""
     for text in ["What is 2 plus 3?\n", "héllo wörld ✓"]:
-        ids, starts, ends = encode_with_spans(uni, text)
-        assert uni.unk_token_id in ids.tolist()
-        assert starts[0] == 0 and ends[-1] == len(text.encode("utf-8"))
-        assert np.array_equal(starts[1:], ends[:-1]) and (ends > starts).all()
+        assert uni.unk_token_id in uni(text, add_special_tokens=False)["input_ids"]
+        with pytest.raises(Unrepresentable) as caught:
+            encode_with_spans(uni, text)
+        assert caught.value.reason == "unknown_token"
+    ids, starts, ends = encode_with_spans(uni, "12 plus 3 is 15\n")  # in its alphabet: tiles the bytes
+    assert starts[0] == 0 and ends[-1] == len("12 plus 3 is 15\n")
+    assert np.array_equal(starts[1:], ends[:-1]) and (ends > starts).all()
 
 
 def test_a_saved_unigram_reloads_with_the_same_ids(uni, task, tmp_path):

@@ -35,8 +35,14 @@ SELECT_RULES = ("all", "random", "reward_variance", "low_kl")
 """``exchange.select``; "all" = no budget (``max_foreign_groups`` 0)."""
 SCHEDULES = ("sync", "async")
 """``exchange.schedule``: rounds in lockstep, or nodes that train on what has arrived."""
-TASK_NAMES = ("arithmetic", "arithmetic-heldout", "basic-math", "basic-math-20", "gsm8k", "math500")
-"""``task.name`` (:func:`ftis_flwr.tasks.make_task`)."""
+TASK_NAMES = ("arithmetic", "arithmetic-heldout", "basic-math", "basic-math-20", "gsm8k", "math500",
+              "dataset")
+"""``task.name``'s registered names (:func:`ftis_flwr.tasks.make_task`); besides them a name may be
+``<prefix>:<name>`` for a prefix in TASK_PREFIXES, or an import path ``<module>:<factory>``."""
+TASK_PREFIXES = ("reasoning-gym",)
+"""``task.name`` prefixes: ``reasoning-gym:<generator>``."""
+GENERATED_TASKS = ("arithmetic", "arithmetic-heldout")
+"""The tasks the tiny character-level models know (they were warm-started on arithmetic)."""
 ENGINES = ("hf", "vllm")
 """``nodes.N.engine``: the rollout engine (transformers, or vLLM on a GPU)."""
 TINY_SIZES = ("small", "large")
@@ -45,6 +51,9 @@ TINY_TOKENIZERS = ("char", "bpe", "unigram")
 """``nodes.N.tiny_tokenizer``: character-level, or the offline byte-level BPE or unigram."""
 CARD_DTYPES = ("float32", "bfloat16", "float16", "auto")
 """``nodes.N.dtype`` / ``compute_dtype``; "auto" = bfloat16 only where the device computes it natively."""
+TRACKERS = ("tensorboard", "mlflow", "wandb", "none")
+"""``report.to``: where the per-round metrics go besides metrics.jsonl (TRL's ``report_to``;
+:mod:`ftis_flwr.server.trackers`); "none" = no tracker, alone."""
 
 EXPERIMENT_CHOICES: dict[str, tuple] = {
     "loss.filter_rule": FILTER_RULES,
@@ -58,7 +67,6 @@ EXPERIMENT_CHOICES: dict[str, tuple] = {
     "wire.logprob_dtype": LOGPROB_CODECS,
     "wire.format": WIRE_FORMATS,
     "wire.compress": COMPRESSORS,
-    "task.name": TASK_NAMES,
     "exchange.select": SELECT_RULES,
     "exchange.schedule": SCHEDULES,
     "exchange.cross_tokenizer": CROSS_TOKENIZER_MODES,

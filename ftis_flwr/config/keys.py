@@ -20,6 +20,7 @@ import ast
 import dataclasses
 import inspect
 import sys
+import typing
 from pathlib import Path
 
 from ftis_flwr.config.merge import dotted_fields, scalar_type
@@ -43,12 +44,23 @@ INTRO = """\
 # `python -m ftis_flwr.config.keys --list` prints every key with its type, default and meaning."""
 
 
+FLAT_DICT_KEYS = {"task.data_files": ("train", "test", "validation", "ood")}
+"""Dict fields with flat keys for their common entries (``task.data-files.test``); any other entry
+is set in YAML or ``overrides``."""
+
+
 def run_config_keys() -> dict[str, str]:
-    """Flat run-config key (dashed) -> dotted field name, for every scalar field but ``nodes``."""
+    """Flat run-config key (dashed) -> dotted field name, for every scalar field but ``nodes``, the
+    lists of strings or numbers (comma-separated) and the entries of :data:`FLAT_DICT_KEYS`."""
     keys: dict[str, str] = {}
     for dotted, hint in dotted_fields(ExperimentConfig).items():
-        if dotted == "preset" or scalar_type(hint) is None:
-            continue  # preset is an app key; lists and dicts are YAML-only
+        if dotted in FLAT_DICT_KEYS:
+            for entry in FLAT_DICT_KEYS[dotted]:
+                keys[f"{dotted}.{entry}".replace("_", "-")] = f"{dotted}.{entry}"
+            continue
+        flat_list = typing.get_origin(hint) is list and typing.get_args(hint)[:1] in ((str,), (float,))
+        if dotted == "preset" or (scalar_type(hint) is None and not flat_list):
+            continue  # preset is an app key; other dicts are YAML-only
         keys[dotted.replace("_", "-")] = dotted
     return keys
 
@@ -94,11 +106,15 @@ def describe() -> str:
     out = [f"{name} (app) default {default}: {doc}" for name, default, doc in APP_ENTRIES]
     fields = dotted_fields(ExperimentConfig)
     for key, dotted in run_config_keys().items():
+        field = dotted if dotted in fields else dotted.rsplit(".", 1)[0]  # a dict field's entry
         value = defaults
-        for part in dotted.split("."):
+        for part in field.split("."):
             value = getattr(value, part)
-        out.append(f"{key} ({scalar_type(fields[dotted]).__name__}) default {value!r}: "  # type: ignore[union-attr]
-                   f"{docs.get(dotted, '')}")
+        hint = fields[field] if field == dotted else typing.get_args(fields[field])[1]
+        if field != dotted:
+            value = value.get(dotted.rsplit(".", 1)[1], "")
+        kind = getattr(scalar_type(hint), "__name__", None) or str(hint).replace("typing.", "")
+        out.append(f"{key} ({kind}) default {value!r}: {docs.get(field, '')}")
     out.append("")
     out.append("Per-node fields (YAML `nodes:` list, or overrides='nodes.<index or name>.<field>=...'):")
     card_docs = _docs_of(ModelCard)

@@ -126,6 +126,14 @@ def coerce(value: Any, hint: Any) -> Any:
         if isinstance(value, (list, tuple)):
             return [str(v) for v in value]
         raise _BadValue("is not a list of strings (comma-separated)")
+    if origin is list and args and args[0] is float:
+        parts = [p.strip() for p in value.split(",") if p.strip()] if isinstance(value, str) else value
+        if not isinstance(parts, (list, tuple)):
+            raise _BadValue("is not a list of numbers (comma-separated)")
+        try:
+            return [coerce(p, float) for p in parts]
+        except ValueError:
+            raise _BadValue("is not a list of numbers (comma-separated)") from None
     raise _BadValue(f"cannot be set from a flat key (type {hint}); set it in a YAML file")
 
 

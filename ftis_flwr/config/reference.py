@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -81,9 +82,13 @@ def render() -> str:
         out += ["", "| key | type | default | allowed | meaning |", "|---|---|---|---|---|"]
         for key, dotted in keys:
             allowed = BUILTIN_LOSSES if dotted == "loss.method" else EXPERIMENT_CHOICES.get(dotted)
-            kind = scalar_type(hints[dotted]).__name__  # type: ignore[union-attr]
-            out.append(f"| `{key}` | {kind} | {_default(_value(defaults, dotted))} | {_allowed(allowed)} | "
-                       f"{_md(docs.get(dotted, ''))} |")
+            field = dotted if dotted in hints else dotted.rsplit(".", 1)[0]  # a dict field's entry
+            hint = hints[field] if field == dotted else typing.get_args(hints[field])[1]
+            kind = getattr(scalar_type(hint), "__name__", None) or str(hint).replace("typing.", "")
+            value = _value(defaults, field).get(dotted.rsplit(".", 1)[1], "") if field != dotted else \
+                _value(defaults, dotted)
+            out.append(f"| `{key}` | {_md(kind)} | {_md(_default(value))} | {_allowed(allowed)} | "
+                       f"{_md(docs.get(field, ''))} |")
     card, card_docs = ModelCard(name="a"), _docs_of(ModelCard)
     out += ["", "## Per-node fields (`nodes.N.*`)", "",
             "Set in a YAML file's `nodes:` list, or with `overrides='nodes.<index or name>.<field>=...'`.",

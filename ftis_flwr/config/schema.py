@@ -300,8 +300,12 @@ class TaskConfig:
     """Which problems are trained and evaluated (algorithm §8-9)."""
 
     name: str = "arithmetic"
-    """"arithmetic" (offline, generated, for the tiny character models), "basic-math" (offline,
-    generated one-step questions in words for small real chat models), "gsm8k" or "math500"."""
+    """A built-in task: "arithmetic" (offline, generated, for the tiny character models),
+    "basic-math" (offline, generated one-step questions in words for small real chat models),
+    "gsm8k" or "math500"; or "dataset" (rows read by ``datasets.load_dataset``: ``dataset``,
+    ``data_files``), "reasoning-gym:<generator>" (procedural, offline; the ``[tasks]`` extra), or
+    "<module>:<factory>" / "<file.py>:<factory>": a callable returning a
+    :class:`ftis_flwr.tasks.base.Task`."""
     train_path: str = ""
     """gsm8k/math: local JSONL file or empty for the hub data set."""
     eval_paths: dict[str, str] = field(default_factory=dict)
@@ -312,6 +316,46 @@ class TaskConfig:
     """Chat tasks (basic-math, gsm8k, math500): worked examples shown as earlier chat turns
     after the paper's system prompt, each answered in the strict <think>/<answer> format.
     Default 0 (paper). A 135M model follows the format in ~1 of 64 samples without one."""
+    dataset: str = ""
+    """``task.name=dataset``: what ``datasets.load_dataset`` takes first: ``"json"``, ``"csv"``,
+    ``"parquet"`` (with ``data_files``), a local folder, or a hub id (needs network)."""
+    data_files: dict[str, str] = field(default_factory=dict)
+    """``task.name=dataset``: split name -> file. ``train`` is trained on; every other split is
+    evaluated and reported under its name (``eval/<split>/accuracy``)."""
+    prompt_field: str = "prompt"
+    """``task.name=dataset``: the column holding the prompt (unless ``prompt_template`` is set)."""
+    prompt_template: str = ""
+    """``task.name=dataset``: a Python format string over the row's columns, e.g.
+    ``"{question}"``; empty (default): the ``prompt_field`` column as it is."""
+    answer_field: str = "answer"
+    """``task.name=dataset``: the column holding the reference answer (the built-in rewards'
+    gold; a reward function gets every column anyway)."""
+    chat: bool = False
+    """``task.name=dataset``: render the prompt through the model's chat template with the
+    paper's system prompt, as the built-in chat tasks do. Default False: plain text (the tiny
+    models and base models)."""
+    reward: str = ""
+    """The reward: empty (default) = the task's own; a built-in name (``exact``, ``math-verify``,
+    ``strict-math``) or ``"<module>:<function>"`` / ``"<file.py>:<function>"`` with TRL's
+    ``reward_funcs`` signature ``f(completions, **columns) -> list[float | None]``."""
+    rewards: list[str] = field(default_factory=list)
+    """Several rewards at once (names or import paths as in ``reward``), summed with
+    ``reward_weights`` as TRL's GRPOTrainer does. Empty (default): ``reward`` alone."""
+    reward_weights: list[float] = field(default_factory=list)
+    """Weights of ``rewards``, in order; empty (default): 1.0 each (TRL's ``reward_weights``)."""
+    size: int = 0
+    """Generated tasks (``reasoning-gym:<generator>``): problems in the train split; 0 (default)
+    = the task's own default size."""
+
+
+@dataclass
+class ReportConfig:
+    """Where the server's per-round metrics go besides metrics.jsonl (TRL's ``report_to``)."""
+
+    to: list[str] = field(default_factory=lambda: ["tensorboard"])
+    """Trackers: any of ``tensorboard`` (default), ``mlflow`` (reads ``MLFLOW_TRACKING_URI``),
+    ``wandb`` (honours ``WANDB_MODE=offline``), or ``none``; comma-separated on the command line.
+    mlflow and wandb are optional extras (``pip install -e ".[trackers]"``)."""
 
 
 @dataclass
@@ -326,6 +370,7 @@ class ExperimentConfig:
     rounds: RoundConfig = field(default_factory=RoundConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     exchange: ExchangeConfig = field(default_factory=ExchangeConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
     nodes: list[ModelCard] = field(default_factory=lambda: [ModelCard(name="a"), ModelCard(name="b")])
     """The federation's model cards; in simulation node k gets nodes[partition_id]."""
     run_dir: str = "runs"

@@ -25,7 +25,16 @@ import importlib
 import sys
 from typing import Any, Callable
 
-from ftis_flwr.config.choices import BUILTIN_LOSSES, CARD_CHOICES, CARD_DTYPES, EXPERIMENT_CHOICES
+from ftis_flwr.config.choices import (
+    BUILTIN_LOSSES,
+    CARD_CHOICES,
+    CARD_DTYPES,
+    EXPERIMENT_CHOICES,
+    GENERATED_TASKS,
+    TASK_NAMES,
+    TASK_PREFIXES,
+    TRACKERS,
+)
 from ftis_flwr.config.schema import ConfigError, ExperimentConfig, ModelCard
 
 
@@ -80,6 +89,24 @@ def resolve_loss_method(name: str, import_registries: bool = True) -> str | None
 
     register_loss(name, replace=True)(fn)
     return None
+
+
+def task_errors(cfg: ExperimentConfig, import_registries: bool = True) -> list[str]:
+    """``task.name`` names a registered task, a prefix's task or an import path; with
+    ``import_registries``, the task is built and its files, columns and rewards checked
+    (:func:`ftis_flwr.tasks.checks.task_errors`, imported by name: checking stays torch-free)."""
+    name = cfg.task.name
+    prefix, sep, rest = name.partition(":")
+    if name not in TASK_NAMES and not (sep and rest and (prefix in TASK_PREFIXES or ":" in name)):
+        return [f"task.name={name!r} is not one of {', '.join(TASK_NAMES)}, nor "
+                f"{', '.join(p + ':<name>' for p in TASK_PREFIXES)}, nor an import path "
+                "'<module>:<factory>' / '<file.py>:<factory>'"]
+    if len(cfg.task.reward_weights) and len(cfg.task.reward_weights) != len(cfg.task.rewards):
+        return [f"task.reward_weights={cfg.task.reward_weights} has {len(cfg.task.reward_weights)} weights "
+                f"for the {len(cfg.task.rewards)} task.rewards"]
+    if not import_registries:
+        return []
+    return importlib.import_module("ftis_flwr.tasks.checks").task_errors(cfg.task)
 
 
 def experiment_errors(cfg: ExperimentConfig, *, import_registries: bool = True) -> list[str]:
@@ -157,9 +184,12 @@ def experiment_errors(cfg: ExperimentConfig, *, import_registries: bool = True) 
     errors += exchange_errors(cfg)
     for card in cfg.nodes:
         errors.extend(card_errors(card, import_registries=import_registries))
-    if not cfg.task.name.startswith("arithmetic") and any(c.source == "tiny" for c in cfg.nodes):
+    errors += task_errors(cfg, import_registries)
+    if cfg.task.name in TASK_NAMES and cfg.task.name not in (*GENERATED_TASKS, "dataset") and any(
+            c.source == "tiny" for c in cfg.nodes):
         errors.append(f"task.name={cfg.task.name!r} needs real models: the tiny character-level "
                       "models only know the arithmetic task")
+    errors += report_errors(cfg)
     return errors
 
 
@@ -257,3 +287,41 @@ def validate(cfg: ExperimentConfig, *, import_registries: bool = True) -> Experi
     """Reject impossible or contradictory settings, all at once, naming each key."""
     raise_errors(experiment_errors(cfg, import_registries=import_registries))
     return cfg
+
+
+TRACKER_PACKAGES = {"mlflow": "mlflow", "wandb": "wandb"}
+"""``report.to`` tracker -> the package it imports (what ``pip install`` installs)."""
+
+
+def _find_spec(name: str):
+    """``importlib.util.find_spec``: whether a package is installed, without importing it."""
+    import importlib.util
+
+    return importlib.util.find_spec(name)
+
+
+def report_errors(cfg: ExperimentConfig) -> list[str]:
+    """``report.to``: known trackers (:data:`ftis_flwr.config.choices.TRACKERS`) and ``none`` alone.
+    Whether their packages are installed is the server's question (:func:`tracker_package_errors`):
+    a node validates the same configuration and needs no tracker."""
+    from ftis_flwr.config.choices import TRACKERS
+
+    to, errors = list(cfg.report.to), []
+    unknown = [n for n in to if n not in TRACKERS]
+    if unknown:
+        errors.append(f"report.to={to!r}: {', '.join(map(repr, unknown))} not one of {', '.join(TRACKERS)}")
+    if "none" in to and len(to) > 1:
+        errors.append(f"report.to={to!r}: 'none' means no tracker and cannot be combined with another")
+    return errors
+
+
+def tracker_package_errors(cfg: ExperimentConfig) -> list[str]:
+    """Each tracker of ``report.to`` whose package is not installed on this machine (the server's:
+    ``ftis-flwr check`` and ``run`` ask it before a local run starts)."""
+    to, errors = list(cfg.report.to), []
+    for name in dict.fromkeys(to):
+        package = TRACKER_PACKAGES.get(name)
+        if package and _find_spec(package) is None:
+            errors.append(f"report.to={to!r}: {name!r} needs the {package} package, not installed here: "
+                          f'pip install {package} (or pip install -e ".[trackers]")')
+    return errors

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ftis_flwr.wire import protocol
 from ftis_flwr.wire.groups import Group
+from ftis_flwr.xtok.represent import REASONS
 from ftis_flwr.xtok.translate import AlignError, AlignStats, to_own_tokens
 
 log = logging.getLogger(__name__)
@@ -40,13 +42,16 @@ def usable(node, received: list[Received], metrics: dict[str, float], reasons: l
     """Foreign groups this node may train on: provenance, assignment and prompt tokens checked.
 
     Every rejected group is counted in ``<source>/groups_rejected`` and ``samples_rejected``
-    under the server's stamp, and each (source, reason) is reported once in ``reasons``.
+    under the server's stamp, and each (source, reason) is reported once in ``reasons``. On the
+    text path each completion is judged on its own: one this node's tokens cannot stand for is
+    counted in ``<source>/text_refused[_<reason>]`` (of ``<source>/text_samples``) and reported.
     """
     kept, rejected = [], {}  # (source, reason) -> [groups, samples, first prompt id]
+    refused: dict[tuple[str, str], list] = {}  # (source, reason) -> [completions, first prompt id]
     for rec in received:
         src, seen = rec.source, set()
         assigned = {node.task.train_problem(i).id for i in rec.prompt_indices}
-        stats, t0 = AlignStats(), time.perf_counter()
+        stats, t0, through_text = AlignStats(), time.perf_counter(), 0
         for g in rec.groups:
             reason = why_unusable(node, g, src, assigned, seen)
             seen.add(g.prompt_id)
@@ -57,16 +62,21 @@ def usable(node, received: list[Received], metrics: dict[str, float], reasons: l
                         node.stop_ids[0], max_tokens=node.cfg.wire.max_tokens_per_completion,
                         ratio=node.cfg.loss.cross_tokenizer_ratio)
                     stats.add(one)
+                    through_text += g.size
+                    count_refused(g, src, metrics, refused)
                 except AlignError as exc:
                     reason = f"cannot align its text with this node's tokens: {exc}"
             if reason is None:
-                kept.append(g)
+                if g.refused is None or not all(g.refused):  # a group of refused texts only: nothing to train
+                    kept.append(g)
                 continue
             for key, n in (("groups_rejected", 1), ("samples_rejected", g.size)):
                 metrics[f"{src}/{key}"] = metrics.get(f"{src}/{key}", 0.0) + n
             entry = rejected.setdefault((src, reason), [0, 0, g.prompt_id])
             entry[0] += 1
             entry[1] += g.size
+        if through_text:
+            metrics[f"{src}/text_samples"] = float(through_text)
         if stats.receiver_tokens:  # the text path's diagnostics (algorithm §4)
             metrics[f"{src}/xtok_tokens"] = float(stats.receiver_tokens)
             metrics[f"{src}/xtok_chunks_per_token"] = stats.chunks / stats.receiver_tokens
@@ -76,7 +86,22 @@ def usable(node, received: list[Received], metrics: dict[str, float], reasons: l
         text = f"{src}: {n} group(s), {samples} sample(s) rejected: {reason} (first: {first!r})"
         reasons.append(text)
         log.warning("node %s: %s", node.card.name, text)
+    for (src, why), (n, first) in refused.items():
+        text = (f"{src}: {n} completion(s) {protocol.REFUSED_NOTE} ({why}: {REASONS[why]}; "
+                f"first: {first!r})")
+        reasons.append(text)
+        log.warning("node %s: %s", node.card.name, text)
     return kept
+
+
+def count_refused(g: Group, src: str, metrics: dict[str, float], refused: dict) -> None:
+    """Count ``g``'s refused completions in ``<src>/text_refused`` and per reason
+    ``<src>/text_refused_<reason>``; ``refused`` keeps (source, reason) -> [count, first group]."""
+    for why in g.refused or []:
+        if why:
+            for key in (f"{src}/text_refused", f"{src}/text_refused_{why}"):
+                metrics[key] = metrics.get(key, 0.0) + 1
+            refused.setdefault((src, why), [0, g.prompt_id])[0] += 1
 
 
 def why_unusable(node, g: Group, src: str, assigned: set[str], seen: set[str]) -> str | None:

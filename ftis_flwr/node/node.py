@@ -34,9 +34,11 @@ from ftis_flwr.node.logprobs import completion_logprobs, pack_batch
 from ftis_flwr.node.logprobs_shared import shared_prompt_logprobs
 from ftis_flwr.node.models import compute_context, load_policy, save_policy, stop_token_ids
 from ftis_flwr.tasks import make_task
+from ftis_flwr.tasks.fingerprint import task_parts
 from ftis_flwr.wire import protocol
 from ftis_flwr.wire.groups import Group, PayloadError, text_fault, tokenizer_fingerprint
 from ftis_flwr.xtok.align import alignment_fault
+from ftis_flwr.xtok.represent import describe_limits, text_limits
 from ftis_flwr.xtok.token_bytes import TokenBytesError, completion_text
 from ftis_flwr.xtok.translate import sequence_gen
 
@@ -89,6 +91,8 @@ class Node:
         torch.set_num_threads(card.torch_threads)
         torch.manual_seed(sampling_seed(card.seed, experiment.rounds.seed, 0))
         self.task = make_task(experiment.task)
+        self.task_parts = task_parts(experiment.task, self.task)
+        """What this node's rewards are computed from (the server checks every node agrees)."""
         self.memory_note = memory_warning(card, experiment)  # before building, not killed mid-run
         if self.memory_note:
             log.warning(self.memory_note)
@@ -107,6 +111,9 @@ class Node:
         self.fingerprint = tokenizer_fingerprint(self.tokenizer)
         self.align_fault = alignment_fault(self.tokenizer)
         """Why this node's tokenizer cannot train with another tokenizer ("" when it can)."""
+        self.text_limits = "" if self.align_fault else describe_limits(text_limits(self.tokenizer))
+        """What texts this node's tokens cannot stand for, so it refuses them from peers of another
+        tokenizer ("" when it stands for any text): the server names each pairing at the start."""
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.base_lr = card.lr if card.lr is not None else experiment.train.lr
         self.optimizer = torch.optim.AdamW(self.params, lr=self.base_lr,
@@ -178,8 +185,9 @@ class Node:
     def _rewards(self, group: Group) -> np.ndarray:
         """Recomputed from the decoded text: a node never trusts a reward it did not compute."""
         problem = self.task.problem(group.prompt_id)
-        texts = self.tokenizer.batch_decode([c.tolist() for c in group.completions], skip_special_tokens=True)
-        return np.asarray([self.task.reward(t, problem) for t in texts], dtype=np.float32)
+        texts = group.source_texts if group.source_texts is not None else \
+            self.tokenizer.batch_decode([c.tolist() for c in group.completions], skip_special_tokens=True)
+        return np.asarray(self.task.rewards(list(texts), [problem] * len(texts)), dtype=np.float32)
 
     def _lr_scale(self) -> float:
         warm = self.cfg.train.warmup_rounds
@@ -271,7 +279,8 @@ class Node:
 
     def _samples(self, groups: list[Group], rewards: list[np.ndarray]) -> list[tuple]:
         """(prompt, completion, gen_lp, advantage, foreign, source, chunks) per sample, in group
-        order; ``chunks`` None on the token path."""
+        order; ``chunks`` None on the token path. A refused completion (``Group.refused``) counts
+        in its group's advantages and is left out here (counted at intake)."""
         adv_cfg = self.cfg.advantage
         advs = pooled_advantages(rewards, self._group_keys(groups), scale=adv_cfg.scale_rewards,
                                  eps=adv_cfg.eps)
@@ -279,8 +288,10 @@ class Node:
         for g, adv in zip(groups, advs):
             foreign = g.node != self.card.name
             chunks = g.chunks if g.chunks is not None else [None] * g.size
-            for c, lp, a, ch in zip(g.completions, g.logprobs, adv, chunks):
-                samples.append((g.prompt_tokens, c, lp, float(a), foreign, g.node, ch))
+            refused = g.refused if g.refused is not None else [""] * g.size
+            for c, lp, a, ch, why in zip(g.completions, g.logprobs, adv, chunks, refused):
+                if not why:
+                    samples.append((g.prompt_tokens, c, lp, float(a), foreign, g.node, ch))
         return samples
 
     def _loss_inputs(self, chunk, old: torch.Tensor | None = None) -> LossInputs:
@@ -385,7 +396,7 @@ class Node:
                 completions = self.engine.greedy(prompts, max_new_tokens=self.cfg.rollout.max_new_tokens,
                                                  batch_size=self.cfg.rollout.batch_size)
             texts = self.tokenizer.batch_decode([c.tolist() for c in completions], skip_special_tokens=True)
-            scores = [self.task.reward(t, p) for t, p in zip(texts, problems)]
+            scores = self.task.rewards(list(texts), problems)
             out[f"eval/{split}/accuracy"] = float(np.mean(scores)) if scores else float("nan")
         return out
 

@@ -368,7 +368,8 @@ def step_from_payloads(node, payload: dict[str, Any]) -> dict[str, Any]:
     return {"arrays": arrays, "meta": meta, "metrics": result.metrics,
             "rejections": reasons + result.rejections,
             "node": node.card.name, "model_id": node.policy.model_id, "tokenizer_fp": node.fingerprint,
-            "align_fault": node.align_fault}
+            "align_fault": node.align_fault, "text_limits": node.text_limits,
+            "task_parts": json.dumps(node.task_parts, sort_keys=True)}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -308,6 +308,7 @@ class AsyncRounds:
                 ended[x.nid] = x
         s.aggregate_train(step, replies)
         s.peers.check()
+        s.tasks.check()
         outcome = s.history[-1]
         for mid in list(self.inflight):
             if self.inflight[mid].nid in ended:

@@ -9,24 +9,54 @@ each round's replies.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+
 from ftis_flwr.config.schema import ExperimentConfig
 from ftis_flwr.server.roster import FederationError
+
+log = logging.getLogger(__name__)
 
 
 class PeerTokenizers:
     """Card -> tokenizer fingerprint and alignment fault, as the nodes report them."""
 
-    def __init__(self, experiment: ExperimentConfig):
+    def __init__(self, experiment: ExperimentConfig, on_event: Callable[..., None] | None = None):
         self.cfg = experiment
+        self.on_event = on_event or (lambda kind, **fields: None)
         self.fingerprints: dict[str, str] = {}
         self.align_faults: dict[str, str] = {}
         """Card -> why its tokenizer cannot be aligned with another one ("" when it can)."""
+        self.text_limits: dict[str, str] = {}
+        """Card -> what texts its tokens cannot stand for ("" when none or not said)."""
+        self.named: set[tuple[str, str]] = set()
+        """(sender, receiver) pairings whose limits the log has named (once per run)."""
 
-    def note(self, name: str, fingerprint: str, align_fault: str) -> None:
+    def note(self, name: str, fingerprint: str, align_fault: str, text_limits: str = "") -> None:
         """What node ``name`` reported with its reply (an empty fingerprint: it did not say)."""
         if fingerprint:
             self.fingerprints[name] = fingerprint
         self.align_faults[name] = align_fault
+        self.text_limits[name] = text_limits
+
+    def name_limits(self) -> None:
+        """Log, once per pairing, each receiver whose tokens cannot stand for every text a sender
+        of another tokenizer may send, and what it will refuse (before any node trains on them)."""
+        if self.cfg.advantage.mode == "alone" or self.cfg.exchange.cross_tokenizer == "off":
+            return
+        for receiver, limits in sorted(self.text_limits.items()):
+            mine = self.fingerprints.get(receiver)
+            for sender in sorted(self.fingerprints):
+                pair = (sender, receiver)
+                if not limits or sender == receiver or pair in self.named or mine is None:
+                    continue
+                if self.fingerprints[sender] == mine and self.cfg.exchange.cross_tokenizer != "always":
+                    continue  # the token path: no text to represent
+                self.named.add(pair)
+                log.warning("pairing %s -> %s: %s's tokens cannot stand for every text %s may send, and "
+                            "such completions are refused, never weighed (counted as text_refused): %s",
+                            sender, receiver, receiver, sender, limits)
+                self.on_event("text_limits", source=sender, node=receiver, limits=limits)
 
     def send_text(self, name: str) -> bool:
         """Whether node ``name`` puts its completions' texts on the wire (``exchange.cross_tokenizer``):
@@ -45,6 +75,7 @@ class PeerTokenizers:
         tokens whose bytes cannot be read), named with the reason."""
         if self.cfg.advantage.mode == "alone":
             return
+        self.name_limits()
         by_fp: dict[str, list[str]] = {}
         for name, fp in sorted(self.fingerprints.items()):
             by_fp.setdefault(fp, []).append(name)

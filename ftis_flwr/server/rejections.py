@@ -37,9 +37,15 @@ class Rejections:
                                          for k in ("groups", "samples", "payloads"))
             if groups > 0 or payloads > 0:
                 sources.add(src)
-                why = "; ".join(x for x in r.rejections if x.startswith(f"{src}: ") and protocol.REWARDS_NOTE not in x)
+                why = "; ".join(x for x in r.rejections if x.startswith(f"{src}: ")
+                                and protocol.REWARDS_NOTE not in x and protocol.REFUSED_NOTE not in x)
                 self.on_event("payload_rejected", round=rnd, node=r.name, source=src, groups=groups,
                               samples=samples, reason=why or "see the receiver's log")
+            prefix = f"{src}/text_refused_"
+            for key in sorted(k for k in r.metrics if k.startswith(prefix)):
+                # completions the receiver's tokens cannot stand for: counted, never weighed
+                self.on_event(f"text_refused:{key[len(prefix):]}", round=rnd, node=r.name, source=src,
+                              samples=r.metrics[key], of=r.metrics.get(f"{src}/text_samples", 0.0))
             corrected = r.metrics.get(f"{src}/rewards_corrected", 0.0)
             if corrected > 0:  # claimed rewards the receiver's own scoring replaced: not used, seen
                 self.on_event("rewards_corrected", round=rnd, node=r.name, source=src, samples=corrected)

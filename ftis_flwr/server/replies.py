@@ -6,6 +6,7 @@ malformed shape becomes one ``BadReply`` with a message naming the record, testa
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -50,6 +51,11 @@ class TrainReply:
     """The node's tokenizer fingerprint as it reports it ("" if it does not)."""
     align_fault: str = ""
     """Why the node's tokenizer cannot be aligned with another ("" when it can or did not say)."""
+    task_parts: dict[str, str] = field(default_factory=dict)
+    """What the node's rewards are computed from ({} when it did not say): part -> hash."""
+    text_limits: str = ""
+    """What texts the node's tokens cannot stand for, which it refuses from peers of another
+    tokenizer ("" when none or it did not say)."""
 
 
 @dataclass
@@ -101,11 +107,24 @@ def read_train_reply(content: RecordDict, wire: WireConfig | None = None) -> Tra
     if isinstance(starts, (int, float)) and not isinstance(starts, bool):
         metrics["worker_starts"] = float(starts)
     nbytes = check_payload(arrays, meta, wire or WireConfig())
-    fp, fault = info.get("tokenizer_fp", ""), info.get("align_fault", "")
+    fp, fault, limits = info.get("tokenizer_fp", ""), info.get("align_fault", ""), info.get("text_limits", "")
     return TrainReply(name=name, arrays=arrays, meta=meta, metrics=metrics,
                       rejections=[x for x in rejections if x], nbytes=nbytes,
                       ntokens=completion_tokens(arrays), tokenizer_fp=fp if isinstance(fp, str) else "",
-                      align_fault=fault[:300] if isinstance(fault, str) else "")
+                      align_fault=fault[:300] if isinstance(fault, str) else "",
+                      text_limits=limits[:600] if isinstance(limits, str) else "",
+                      task_parts=read_parts(info.get("task_parts", "")))
+
+
+def read_parts(text: object) -> dict[str, str]:
+    """A reply's ``task_parts`` (JSON of str -> str), {} when absent or malformed."""
+    if not isinstance(text, str) or not text:
+        return {}
+    try:
+        parts = json.loads(text)
+    except ValueError:
+        return {}
+    return {str(k): str(v) for k, v in parts.items()} if isinstance(parts, dict) else {}
 
 
 def check_payload(arrays: ArrayRecord, meta: ConfigRecord, wire: WireConfig) -> int:

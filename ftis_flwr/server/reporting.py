@@ -1,5 +1,6 @@
-"""Run reporting for the ServerApp: metrics.jsonl, events.jsonl, TensorBoard, a progress line,
-and at the end plot.png + summary.md + summary.json.
+"""Run reporting for the ServerApp: metrics.jsonl, events.jsonl, the trackers of ``report.to``
+(TensorBoard by default, MLflow, W&B: :mod:`ftis_flwr.server.trackers`), a progress line, and at
+the end plot.png + summary.md + summary.json.
 
 Every round's numbers land on disk immediately (a crashed run still has its history), and the
 end-of-run plot and summary are computed from exactly what was logged, read back by
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from ftis_flwr.server.eta import format_left, seconds_left
-from ftis_flwr.server.incidents import incidents
+from ftis_flwr.server.incidents import incidents, mostly_refused
 from ftis_flwr.server.plots import ACC_PREFIX, ACC_SUFFIX, plot_run
 from ftis_flwr.server.summary import (
     Summary,
@@ -33,12 +34,14 @@ from ftis_flwr.server.summary import (
     load_events,
     load_metrics,
 )
+from ftis_flwr.server.trackers import Trackers, check_names
 
 PROGRESS_LEGEND = ("per-round line: reward = mean reward of the node's new samples; acc = greedy "
                    "held-out accuracy (evaluated rounds); filt = share of the samples received from "
                    "other nodes that the filter dropped; B/tok = bytes on the wire per completion "
                    "token; s = the round's wall time; ~ left = the rest of the run, from the rounds so far")
 _TB_WARNED = False
+"""TensorBoard's absence is warned about once per process (it is the default tracker)."""
 
 
 def run_name(experiment: Any) -> str:
@@ -76,8 +79,13 @@ class RunReporter:
     def __init__(self, run_dir: str | Path, *, config: Mapping | Any, node_names: list[str],
                  num_rounds: int | None = None, tensorboard: bool = True,
                  overwrite: bool = False, resume_after: int | None = None,
-                 evaluates: Callable[[int], bool] | None = None) -> None:
-        """``resume_after=k``: continue the run already in ``run_dir`` after its round k; the
+                 evaluates: Callable[[int], bool] | None = None,
+                 report_to: list[str] | None = None) -> None:
+        """``report_to``: the trackers (``report.to``; None: ``["tensorboard"]``; ``tensorboard=False``
+        leaves TensorBoard out). Each gets the config as params now, every round's scalars, and
+        summary.md, summary.json and plot.png at :meth:`finish`; one that fails is warned about,
+        logged as a ``tracker_failed`` event and left out (:class:`ftis_flwr.server.trackers.Trackers`).
+        ``resume_after=k``: continue the run already in ``run_dir`` after its round k; the
         rounds it logged after k (the interrupted round) are dropped, so each is logged once.
         ``evaluates(k)``: whether round k evaluates (``RoundConfig.evaluates``); with it and
         ``num_rounds`` the progress line ends with the time the run has left
@@ -88,6 +96,9 @@ class RunReporter:
             raise ValueError(f"num_rounds must be a non-negative int or None, got {num_rounds!r}")
         if not isinstance(config, Mapping) and not dataclasses.is_dataclass(config):
             raise TypeError(f"config must be a dict (or dataclass), got {type(config).__name__}")
+        names = check_names(["tensorboard"] if report_to is None else list(report_to))
+        if not tensorboard:
+            names = [n for n in names if n != "tensorboard"]
         self.run_dir = Path(run_dir)
         self.node_names = list(node_names)
         self.num_rounds = num_rounds
@@ -116,29 +127,22 @@ class RunReporter:
         self._metrics = open(self.metrics_path, mode)
         self._events = open(self.events_path, mode)
         self._closed = False
-        self._tb = self._open_tensorboard() if tensorboard else None
+        self.trackers = Trackers(names, self.run_dir, self.run_dir.name, self._config,
+                                 on_unavailable=_unavailable, on_failure=self._tracker_failed)
+        self.trackers.log_params(self._config)
         self.steps = (self._config.get("exchange") or {}).get("schedule") == "async"
         """Asynchronous schedule: a row is a step (the nodes that replied in it), not a round; a
         node absent from a row is busy, not failed (failures are in events.jsonl)."""
-        if self._tb is not None:
-            self._tb.add_text("config", "```\n" + json.dumps(self._config, indent=2) + "\n```")
 
-    def _open_tensorboard(self):
-        global _TB_WARNED
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except Exception as e:  # noqa: BLE001 - any import problem means "run without TB"
-            if not _TB_WARNED:
-                warnings.warn(f"TensorBoard unavailable ({e}); continuing without it")
-                _TB_WARNED = True
-            return None
-        return SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+    def _tracker_failed(self, tracker: str, error: str) -> None:
+        if not self._events.closed:  # also while close() closes the trackers
+            self._write_event("tracker_failed", {"tracker": tracker, "error": error})
 
     def __enter__(self) -> "RunReporter":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        self.close("FAILED" if exc_type is not None else "FINISHED")
 
     def _check_open(self, what: str) -> None:
         if self._closed:
@@ -147,7 +151,8 @@ class RunReporter:
     # -------------------------------------------------------------------------- per round
     def log_round(self, round_idx: int, node_metrics: Mapping[str, Mapping[str, Any]],
                   server_metrics: Mapping[str, Any]) -> str:
-        """Append the round to metrics.jsonl (flushed), write TB scalars, return a progress line."""
+        """Append the round to metrics.jsonl (flushed), send the trackers its scalars
+        (``<node>/<metric>``, ``server/<metric>``, at step ``round_idx``), return a progress line."""
         self._check_open("log_round")
         if not isinstance(round_idx, int) or isinstance(round_idx, bool) or round_idx < 0:
             raise ValueError(f"round_idx must be a non-negative int, got {round_idx!r}")
@@ -169,15 +174,9 @@ class RunReporter:
                   "server": server, "nodes": nodes, "missing_nodes": failed}
         self._metrics.write(json.dumps(_jsonable(record, "record"), allow_nan=False) + "\n")
         self._metrics.flush()
-        if self._tb is not None:
-            for n, m in nodes.items():
-                for k, v in m.items():
-                    if v is not None:
-                        self._tb.add_scalar(f"{n}/{k}", v, round_idx)
-            for k, v in server.items():
-                if v is not None:
-                    self._tb.add_scalar(f"server/{k}", v, round_idx)
-            self._tb.flush()
+        scalars = {f"{n}/{k}": v for n, m in nodes.items() for k, v in m.items() if v is not None}
+        scalars.update({f"server/{k}": v for k, v in server.items() if v is not None})
+        self.trackers.log_metrics(round_idx, scalars)
         return self._progress_line(round_idx, nodes, server)
 
     def _progress_line(self, r: int, nodes: dict, server: dict) -> str:
@@ -219,9 +218,17 @@ class RunReporter:
             raise ValueError(f"event kind must be a non-empty string, got {kind!r}")
         if "event" in fields or "time" in fields:
             raise ValueError("log_event fields may not be named 'event' or 'time' (reserved)")
+        self._write_event(kind, fields)
+
+    def _write_event(self, kind: str, fields: Mapping[str, Any]) -> None:
         record = {"event": kind, "time": time.time(), **_jsonable(fields, f"event {kind!r}")}
         self._events.write(json.dumps(record, allow_nan=False) + "\n")
         self._events.flush()
+
+    def log_table(self, step: int, name: str, columns: list[str], rows: list[list[Any]]) -> None:
+        """A small table (e.g. sample completions) to every tracker; nothing on disk here."""
+        self._check_open("log_table")
+        self.trackers.log_table(step, name, list(columns), [list(r) for r in rows])
 
     # -------------------------------------------------------------------------- end of run
     def summary(self, checkpoints: Mapping[str, Any] | None = None) -> Summary:
@@ -257,23 +264,25 @@ class RunReporter:
             checkpoints={str(k): str(v) for k, v in (checkpoints or {}).items()},
             start_round=min((r for r in starts.values() if r is not None), default=0),
             incidents=incidents(load_events(self.run_dir)) if self.events_path.exists() else [],
+            warnings=mostly_refused(self._rows),
         )
 
     def finish(self, extra: Mapping[str, Any] | None = None) -> Summary:
-        """Write plot.png, summary.md, summary.json; close everything; return the Summary."""
+        """Write plot.png, summary.md, summary.json, send them to the trackers; close everything
+        (the trackers' runs FINISHED, or FAILED when writing failed); return the Summary."""
         self._check_open("finish")
         extra = dict(extra or {})
         ckpts = extra.get("checkpoints") or {}
         if not isinstance(ckpts, Mapping):
             raise TypeError(f"extra['checkpoints'] must map node -> path, got {type(ckpts).__name__}")
+        status = "FAILED"
         try:
             summary = self.summary(ckpts)
             paths = {"metrics": self.metrics_path, "events": self.events_path,
                      "config": self.run_dir / "config.json", "plot": self.run_dir / "plot.png",
                      "summary_md": self.run_dir / "summary.md",
                      "summary_json": self.run_dir / "summary.json"}
-            if self._tb is not None:
-                paths["tensorboard"] = self.run_dir / "tensorboard"
+            paths.update(self.trackers.locations())
             summary.paths = paths
             title = f"{run_title(self._config) or self.run_dir.name} ({summary.rounds} rounds)"
             plot_run(paths["plot"], title, self.node_names, summary.splits, self._rows, steps=self.steps)
@@ -284,16 +293,32 @@ class RunReporter:
             if others:
                 data["extra"] = _jsonable(others, "extra")
             paths["summary_json"].write_text(json.dumps(data, indent=2, allow_nan=False) + "\n")
+            for key in ("summary_md", "summary_json", "plot"):
+                self.trackers.log_artifact(paths[key])
+            status = "FINISHED"
         finally:
-            self.close()
+            self.close(status)
         return summary
 
-    def close(self) -> None:
-        """Close metrics/events files and the TB writer; safe to call twice."""
+    def close(self, status: str = "FINISHED") -> None:
+        """Close the trackers' runs with ``status`` ("FINISHED"/"FAILED"), then the metrics and
+        events files; safe to call twice."""
         if self._closed:
             return
         self._closed = True
-        for f in (self._metrics, self._events):
-            f.close()
-        if self._tb is not None:
-            self._tb.close()
+        try:
+            self.trackers.close(status)
+        finally:
+            for f in (self._metrics, self._events):
+                f.close()
+
+
+def _unavailable(name: str, reason: str) -> None:
+    """A tracker whose package is missing: warned about (TensorBoard once per process)."""
+    global _TB_WARNED
+    if name == "tensorboard":
+        if not _TB_WARNED:
+            warnings.warn(f"TensorBoard unavailable ({reason}); continuing without it")
+            _TB_WARNED = True
+        return
+    warnings.warn(f"{name} unavailable ({reason}); continuing without it")

@@ -64,6 +64,7 @@ from ftis_flwr.server.replies import (
 from ftis_flwr.server.reporting import run_name as default_run_name
 from ftis_flwr.server.roster import FederationError, Roster
 from ftis_flwr.server.state import ServerState, ServerStateError, save_server_state
+from ftis_flwr.server.task_agreement import TaskAgreement
 from ftis_flwr.wire import protocol
 from ftis_flwr.wire.rollouts import payload_bytes
 from ftis_flwr.wire.selection import group_count
@@ -131,8 +132,10 @@ class FTISStrategy(Lifecycle, Strategy):
         self.checkpoints: dict[str, str] = {}
         self._round_limit = experiment.rounds.round_timeout
         """How long the server waits for the replies of the round in flight (synchronous rounds)."""
-        self.peers = PeerTokenizers(experiment)
+        self.peers = PeerTokenizers(experiment, lambda kind, **fields: self.on_event(kind, **fields))
         """Each card's tokenizer as its node reports it: who sends texts, who cannot train together."""
+        self.tasks = TaskAgreement()
+        """Each card's task parts: a node whose rewards come from another task stops the run."""
 
     # ------------------------------------------------------------ resume
     def restore(self, state: ServerState) -> None:
@@ -282,7 +285,8 @@ class FTISStrategy(Lifecycle, Strategy):
             outcome.node_metrics[r.name] = {**r.metrics, "payload_bytes": float(r.nbytes),
                                             **self._received.get(nid, {})}
             self.budget.note(r.name, r.metrics)
-            self.peers.note(r.name, r.tokenizer_fp, r.align_fault)
+            self.peers.note(r.name, r.tokenizer_fp, r.align_fault, r.text_limits)
+            self.tasks.note(r.name, r.task_parts)
             rejected |= self.rejections.note(server_round, r, self._forwarded.get(nid, []))
         for nid, reason in outcome.failures.items():
             name = self.roster.name(nid)
@@ -398,6 +402,7 @@ class FTISStrategy(Lifecycle, Strategy):
             self._lost.update(self._unsent)
             self.aggregate_train(rnd, replies)
             self.peers.check()
+            self.tasks.check()
             outcome = self.history[-1]
             outcome.server_metrics["round_seconds"] = time.perf_counter() - t0
             add_idle(outcome.node_metrics, outcome.server_metrics["round_seconds"])

@@ -107,6 +107,9 @@ class Summary:
     start_round: int = 0
     incidents: list[dict] = field(default_factory=list)
     """Failures and rejections from events.jsonl, one row per (event, who): see :func:`incidents`."""
+    warnings: list[str] = field(default_factory=list)
+    """What an operator must read first (a peer's samples mostly unrepresentable for a receiver:
+    :func:`ftis_flwr.server.incidents.mostly_refused`)."""
 
     def to_dict(self) -> dict:
         def ch(c: Change) -> dict:
@@ -119,6 +122,7 @@ class Summary:
                          "delta_points": self.mean_delta[s]} for s in self.splits},
             "reward": {n: ch(c) for n, c in self.reward.items()},
             "checkpoints": self.checkpoints, "paths": self.paths, "incidents": self.incidents,
+            "warnings": self.warnings,
         }, "summary")
 
 
@@ -161,6 +165,7 @@ def format_summary_table(summary: Summary) -> str:
     """Markdown tables (accuracy per node/split with a mean row; train reward) + checkpoints."""
     lost = failed_node_rounds(summary)
     out = [f"Rounds logged: {summary.rounds}" + (f"; failed node rounds: {lost}" if lost else ""), ""]
+    out[1:1] = [f"**Warning:** {w}" for w in summary.warnings] + ([""] if summary.warnings else [])
     if summary.splits:
         out += ["| node | split | first acc (round) | last acc (round) | change (pts) |",
                 "|---|---|---|---|---|"]

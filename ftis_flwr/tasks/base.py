@@ -9,8 +9,8 @@ Problems are loaded lazily on first use, so constructing a task never reads a fi
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 
 @dataclass(frozen=True)
@@ -20,6 +20,9 @@ class Problem:
     id: str
     question: str
     gold: str
+    columns: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
+    """Everything else the problem's source row holds (a data set's columns, a generator's
+    metadata): what a reward function receives as keyword arguments. Empty for built-in tasks."""
 
 
 class Task:
@@ -52,6 +55,17 @@ class Task:
     def prompt_text(self, problem: Problem, tokenizer: Any) -> str:
         """The text a model is conditioned on (before tokenisation)."""
         raise NotImplementedError
+
+    reward_set: Any = None
+    """``task.reward`` / ``task.rewards`` when set (a :class:`ftis_flwr.tasks.reward_funcs.RewardSet`):
+    it replaces :meth:`reward` in :meth:`rewards`."""
+
+    def rewards(self, completions: list[str], problems: list[Problem]) -> list[float]:
+        """The rewards of decoded completions, one per (completion, problem): the configured
+        reward functions, batched (TRL's form), or the task's own :meth:`reward` one at a time."""
+        if self.reward_set is not None:
+            return self.reward_set(completions, problems)
+        return [float(self.reward(c, p)) for c, p in zip(completions, problems)]
 
     # -- shared -------------------------------------------------------------------------------
 

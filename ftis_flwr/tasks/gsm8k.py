@@ -17,7 +17,11 @@ import json
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from ftis_flwr.tasks.base import Problem, Task
+from ftis_flwr.tasks.base import Problem
+from ftis_flwr.tasks.dataset import DatasetTask
+
+ROW_SOURCES = "gsm8k-or-math-rows"
+"""MathTask's ``task.dataset``: each split's source is a JSONL file or a hub spec of its own."""
 
 GSM8K_TRAIN = "openai/gsm8k@main:train"
 GSM8K_TEST = "openai/gsm8k@main:test"
@@ -43,7 +47,7 @@ def _row_problem(row: Any, pid: str, where: str) -> Problem:
                          f"(MATH); got keys {sorted(row)}")
     if not isinstance(question, str) or not question.strip() or not str(gold).strip():
         raise ValueError(f"{where}: empty or non-text question or gold answer")
-    return Problem(id=pid, question=question, gold=str(gold).strip())
+    return Problem(id=pid, question=question, gold=str(gold).strip(), columns=dict(row))
 
 
 def problems_from_rows(rows: Iterable[Any], split: str, source: str) -> list[Problem]:
@@ -131,29 +135,35 @@ def chat_prompt(question: str, tokenizer: Any, demos: tuple[tuple[str, str], ...
     return f"{SYSTEM_PROMPT}\n\n{shown}User: {question}\nAssistant:"
 
 
-class MathTask(Task):
-    """GSM8K-style training with GSM8K / MATH-500 evaluation (algorithm §8-9)."""
+class MathTask(DatasetTask):
+    """GSM8K-style training with GSM8K / MATH-500 evaluation (algorithm §8-9): a data set task
+    whose splits each have their own source (a JSONL file or a hub spec), whose rows are read as
+    GSM8K or MATH rows, and whose reward is the paper's strict format with math-verify."""
 
     max_new_tokens = 640
     demos: tuple[tuple[str, str], ...] = GSM8K_DEMOS
 
     def __init__(self, name: str, train_source: str, eval_sources: Mapping[str, str],
                  seed: int = 1234, shots: int = 0) -> None:
-        super().__init__()
+        from ftis_flwr.config.schema import TaskConfig
+
         if not eval_sources:
             raise ValueError(f"task {name!r} needs at least one evaluation split")
         if "train" in eval_sources:
             raise ValueError(f"task {name!r}: 'train' is reserved for the training split; "
                              "name the evaluation split differently")
+        super().__init__(TaskConfig(name=name, dataset=ROW_SOURCES, chat=True, reward="strict-math", seed=seed,
+                                    data_files={"train": train_source, **dict(eval_sources)}))
+        self.reward_set = None  # its own reward: the same strict-math, one completion at a time
         self.name = name
         self.train_source = train_source
         self.eval_sources = dict(eval_sources)
-        self.eval_splits = tuple(self.eval_sources)
-        self.shuffle_seed = int(seed)
         self.shots = check_shots(shots, self.demos, name)
 
-    def _load_split(self, split: str) -> list[Problem]:
-        source = self.train_source if split == self.train_split else self.eval_sources[split]
+    def _rows(self, split: str):
+        return self.files[split]
+
+    def _problems(self, source, split: str, where: str) -> list[Problem]:
         return load_source(source, split)
 
     def prompt_text(self, problem: Problem, tokenizer: Any) -> str:

@@ -46,6 +46,14 @@ class Group:
     """Receiver side only, never on the wire: after alignment (:mod:`ftis_flwr.xtok.align`) the group
     is in the receiver's tokens and each completion's tokens carry their chunk index 0, 1, ...;
     its ``logprobs`` then hold the sender's log-prob of each chunk on the chunk's last token."""
+    refused: list[str] | None = None
+    """Receiver side only, after alignment: per completion, "" when its tokens stand for exactly
+    the text's bytes, else why not (a key of :data:`ftis_flwr.xtok.represent.REASONS`). A refused
+    completion has no tokens and is never trained on; its reward still counts in its group's
+    advantages."""
+    source_texts: list[str] | None = None
+    """Receiver side only, after alignment: the completions' texts as the sender sent them; the
+    receiver scores its rewards on these (a refused completion has no tokens to decode)."""
 
     @property
     def size(self) -> int:

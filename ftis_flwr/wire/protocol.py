@@ -47,12 +47,17 @@ METRICS = "metrics"
 
 INFO = "info"
 """node -> server: ConfigRecord with node, model_id, tokenizer_fp, align_fault (why its tokenizer cannot
-train with another one, "" when it can), rejections, worker_pid, worker_starts.
+train with another one, "" when it can), text_limits (what texts its tokens cannot stand for, "" when
+none), rejections, worker_pid, worker_starts.
 ``rejections``: list of str, each ``"<source>: <reason>"`` ([""] when there are none)."""
 
 REWARDS_NOTE = "came with rewards that differ"
 """In a ``rejections`` line ``"<source>: <n> sample(s) came with rewards that differ ..."``: the
 receiver rescored a source's claimed rewards (a ``rewards_corrected`` event, not a rejection)."""
+
+REFUSED_NOTE = "not trained on: this node's tokens cannot stand for their text"
+"""In a ``rejections`` line ``"<source>: <n> completion(s) not trained on ... (<reason>: ...)"``: the
+receiver refused completions of a source's groups on the text path (a ``text_refused`` event)."""
 
 FINISH = "ftis.finish"
 """ConfigRecord server -> node (query message): out_dir where the node saves its final model."""

@@ -8,10 +8,10 @@ log-prob is the sum of its tokens' log-probs on either side, so the importance w
 chunk. Between identical tokenizations every chunk is one token, and the token path is recovered.
 
 The walk is the byte-offset alignment of TRL's GOLD trainer, for any pair of fast tokenizers: the
-sender's side comes as token byte lengths (they tile the text), the receiver's from its own
-tokenizer's offsets (characters, turned into UTF-8 bytes here). A receiver token whose span crosses
-a byte position (one of two tokens that share a multi-byte character, say) leaves no boundary
-there, so such tokens always share a chunk. Pure numpy, no model: tested on synthetic and real
+sender's side comes as token byte lengths (they tile the text), the receiver's as the bytes its
+own tokens stand for, which must tile the text too (:mod:`ftis_flwr.xtok.represent`: a completion
+its tokens cannot stand for is refused, never weighed). A receiver span that crosses a byte
+position leaves no boundary there, so such tokens always share a chunk. Pure numpy, no model: tested on synthetic and real
 tokenizers (tests/test_align.py).
 """
 
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ftis_flwr.config.choices import CROSS_TOKENIZER_MODES, CROSS_TOKENIZER_RATIOS  # noqa: F401 (implemented here)
+from ftis_flwr.xtok.represent import Unrepresentable, encode_exact
 from ftis_flwr.xtok.token_bytes import TokenBytesError, token_bytes
 
 
@@ -100,52 +101,39 @@ def align(sender_lengths: np.ndarray, receiver_starts: np.ndarray, receiver_ends
     return Chunks(sender, receiver, len(common) + 1)
 
 
-def utf8_offsets(text: str, char_offsets) -> tuple[np.ndarray, np.ndarray]:
-    """(starts, ends) in UTF-8 bytes of spans given in characters of ``text``."""
-    per_char = np.fromiter((len(ch.encode("utf-8")) for ch in text), np.int64, len(text))
-    at = np.concatenate([[0], np.cumsum(per_char)])
-    spans = np.asarray(char_offsets, np.int64).reshape(-1, 2)
-    return at[spans[:, 0]], at[spans[:, 1]]
-
-
 ALIGN_PROBE = "Hello, world: 12 + 30 = 42.\n  é€ 😀 中文 <think> x"
 """A text with what alignment must survive (multi-byte characters, whitespace runs, digits)."""
 
 
 def alignment_fault(tokenizer) -> str:
     """Why ``tokenizer`` cannot take part in cross-tokenizer F-TIS (no offsets, tokens whose bytes
-    cannot be read), or "" when it can: checked on :data:`ALIGN_PROBE` both as a receiver (spans
-    that tile the text) and as a sender (token bytes that rebuild what it encodes)."""
+    cannot be read), or "" when it can: checked on :data:`ALIGN_PROBE` both as a receiver (tokens
+    that tile the text's bytes) and as a sender (token bytes that rebuild what it encodes). Texts it
+    cannot stand for are not a fault but a limit (:func:`ftis_flwr.xtok.represent.text_limits`)."""
     try:
-        ids, starts, ends = encode_with_spans(tokenizer, ALIGN_PROBE)
-        receiver_cuts(starts, ends, len(ALIGN_PROBE.encode("utf-8")))
-        token_bytes(tokenizer, ids)
+        encode_with_spans(tokenizer, ALIGN_PROBE)
+    except Unrepresentable as exc:
+        if exc.reason == "unreadable":
+            return str(exc)
     except (AlignError, TokenBytesError) as exc:
         return str(exc)
     except Exception as exc:  # a tokenizer's own failure is a fault of that tokenizer, named
+        return f"{type(exc).__name__}: {exc}"
+    try:
+        token_bytes(tokenizer, tokenizer(ALIGN_PROBE, add_special_tokens=False)["input_ids"])
+    except TokenBytesError as exc:
+        return str(exc)
+    except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
     return ""
 
 
 def encode_with_spans(tokenizer, text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The receiver's own tokens of a completion text and their UTF-8 byte spans, without special
-    tokens (a BOS never enters a completion's chunks); AlignError for a tokenizer without offsets.
-
-    The spans are the tokens' own bytes (:mod:`ftis_flwr.xtok.token_bytes`) where those join to exactly
-    the text: a byte-level BPE that splits a multi-byte character then keeps that boundary, and a
-    tokenizer aligned with itself gets one token a chunk. Otherwise (a metaspace tokenizer that
-    prepends a space, say) they come from the tokenizer's character offsets."""
+    """The receiver's own tokens of a completion text and their UTF-8 byte spans, which tile the
+    text's bytes exactly (:func:`ftis_flwr.xtok.represent.encode_exact`: encoded as a continuation,
+    nothing in the text read as a special token); AlignError for a tokenizer that is not fast,
+    :class:`~ftis_flwr.xtok.represent.Unrepresentable` when its tokens cannot stand for the text."""
     if not getattr(tokenizer, "is_fast", False):
         raise AlignError(f"{type(tokenizer).__name__} is not a fast tokenizer: it gives no offsets, so "
                          "its completions cannot be aligned with another tokenizer's")
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    ids = np.asarray(enc["input_ids"], np.int64)
-    try:
-        pieces = token_bytes(tokenizer, ids)
-    except TokenBytesError:
-        pieces = None
-    if pieces is not None and b"".join(pieces) == text.encode("utf-8") and all(pieces):
-        ends = np.cumsum([len(p) for p in pieces]).astype(np.int64)
-        return ids, ends - np.array([len(p) for p in pieces], np.int64), ends
-    starts, ends = utf8_offsets(text, enc["offset_mapping"] if len(ids) else np.zeros((0, 2)))
-    return ids, starts, ends
+    return encode_exact(tokenizer, text)

@@ -7,7 +7,8 @@ sender's tokens by byte positions (:mod:`ftis_flwr.xtok.align`); the sender's lo
 chunk (the chain rule) and put on each chunk's last receiver token, which is all the loss needs
 (:attr:`ftis_flwr.maths.loss.LossInputs.chunks`). A completion that ended its turn ends with the
 receiver's own end-of-turn token, and the two end-of-turn tokens form the last chunk; a truncated
-completion has none. Run once per received group, never per optimiser step.
+completion has none. A completion the receiver's tokens cannot stand for byte for byte is refused
+on its own (:mod:`ftis_flwr.xtok.represent`). Run once per received group, never per optimiser step.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 
 from ftis_flwr.wire.groups import Group
 from ftis_flwr.xtok.align import AlignError, Chunks, align, encode_with_spans
+from ftis_flwr.xtok.represent import Unrepresentable
 
 
 @dataclass
@@ -50,47 +52,65 @@ def to_own_tokens(g: Group, tokenizer, prompt: np.ndarray, eot_id: int, *, max_t
     """``g`` (with texts) in the receiver's tokens: prompt ``prompt``, each completion's text
     encoded by ``tokenizer`` plus ``eot_id`` where the sender ended its turn, with chunks.
 
+    Each completion is judged on its own: one whose text this tokenizer's tokens cannot stand for
+    byte for byte (:mod:`ftis_flwr.xtok.represent`), that cannot be aligned, or that exceeds
+    ``max_tokens`` is refused (``Group.refused`` names why; no tokens) and never trained on; its
+    reward still counts in the group's advantages, scored from ``Group.source_texts``.
+
     ``ratio="sequence"`` (the HACPO-style ablation): one chunk per completion, and every receiver
     token holds the sender's *mean* token log-prob (the node turns that into one per-completion
-    ratio of means). AlignError when a completion cannot be aligned or exceeds ``max_tokens``.
+    ratio of means). AlignError when the group carries no texts.
     """
     if g.texts is None or g.byte_lengths is None:
         raise AlignError("the group carries no completion texts")
-    comps, lps, chunk_ids, stats = [], [], [], AlignStats()
-    for i, (text, lengths, gen) in enumerate(zip(g.texts, g.byte_lengths, g.logprobs)):
-        lengths, gen = np.asarray(lengths, np.int64), np.asarray(gen, np.float32)
-        eot = len(lengths) > 0 and lengths[-1] == 0
-        s_len, s_gen = (lengths[:-1], gen[:-1]) if eot else (lengths, gen)
+    comps, lps, chunk_ids, refused, stats = [], [], [], [], AlignStats()
+    texts = [bytes(t).decode("utf-8", errors="replace") for t in g.texts]
+    for text, raw, lengths, gen in zip(texts, g.texts, g.byte_lengths, g.logprobs):
         try:
-            ids, starts, ends = encode_with_spans(tokenizer, bytes(text).decode("utf-8"))
-            ch = align(s_len, starts, ends, len(text))
-        except (AlignError, UnicodeDecodeError) as exc:
-            raise AlignError(f"completion {i}: {exc}") from None
-        r_gen, r_chunks = chunk_gen(ch, s_gen), ch.receiver
-        if eot:
-            ids = np.append(ids, eot_id)
-            r_gen = np.append(r_gen, gen[-1]).astype(np.float32)
-            r_chunks = np.append(r_chunks, ch.n)
-        if len(ids) == 0:
-            raise AlignError(f"completion {i} has no text and no end of turn")
-        if len(ids) > max_tokens:
-            raise AlignError(f"completion {i} is {len(ids)} of this node's tokens, over "
-                             f"wire.max_tokens_per_completion={max_tokens}")
-        r_counts = np.bincount(r_chunks)
-        s_counts = np.bincount(ch.sender, minlength=max(ch.n, 1))
-        s_counts = np.append(s_counts[:ch.n], [1] if eot else [])
-        one_one = (r_counts == 1) & (s_counts == 1)
-        stats.add(AlignStats(len(ids), len(r_counts), int(np.sum(r_counts[~one_one]))))
-        if ratio == "sequence":
-            r_gen = np.full(len(ids), float(np.mean(gen)), np.float32)
-            r_chunks = np.zeros(len(ids), np.int64)
-        comps.append(ids.astype(np.int64))
-        lps.append(r_gen)
-        chunk_ids.append(r_chunks.astype(np.int64))
+            ids, r_gen, r_chunks, one = _one_completion(text, len(raw), lengths, gen, tokenizer, eot_id, max_tokens)
+        except Unrepresentable as exc:
+            refused.append(exc.reason)
+        except AlignError:
+            refused.append("unaligned")
+        else:
+            stats.add(one)
+            if ratio == "sequence":
+                r_gen = np.full(len(ids), float(np.mean(gen)), np.float32)
+                r_chunks = np.zeros(len(ids), np.int64)
+            comps.append(ids.astype(np.int64))
+            lps.append(r_gen)
+            chunk_ids.append(r_chunks.astype(np.int64))
+            refused.append("")
+            continue
+        comps.append(np.zeros(0, np.int64))
+        lps.append(np.zeros(0, np.float32))
+        chunk_ids.append(np.zeros(0, np.int64))
     out = Group(prompt_id=g.prompt_id, prompt_tokens=prompt, completions=comps, logprobs=lps,
                 rewards=g.rewards, node=g.node, model_id=g.model_id, tokenizer_fp=g.tokenizer_fp,
-                chunks=chunk_ids)
+                chunks=chunk_ids, refused=refused, source_texts=texts)
     return out, stats
+
+
+def _one_completion(text: str, total: int, lengths, gen, tokenizer, eot_id: int, max_tokens: int):
+    """(receiver ids, per-token sender log-probs, chunk per token, stats) of one completion."""
+    lengths, gen = np.asarray(lengths, np.int64), np.asarray(gen, np.float32)
+    eot = len(lengths) > 0 and lengths[-1] == 0
+    s_len, s_gen = (lengths[:-1], gen[:-1]) if eot else (lengths, gen)
+    ids, starts, ends = encode_with_spans(tokenizer, text)
+    ch = align(s_len, starts, ends, total)
+    r_gen, r_chunks = chunk_gen(ch, s_gen), ch.receiver
+    if eot:
+        ids = np.append(ids, eot_id)
+        r_gen = np.append(r_gen, gen[-1]).astype(np.float32)
+        r_chunks = np.append(r_chunks, ch.n)
+    if len(ids) == 0 or len(ids) > max_tokens:
+        raise Unrepresentable("too_long" if len(ids) else "empty_token",
+                              f"{len(ids)} tokens, wire.max_tokens_per_completion={max_tokens}")
+    r_counts = np.bincount(r_chunks)
+    s_counts = np.bincount(ch.sender, minlength=max(ch.n, 1))
+    s_counts = np.append(s_counts[:ch.n], [1] if eot else [])
+    one_one = (r_counts == 1) & (s_counts == 1)
+    return ids, r_gen, r_chunks, AlignStats(len(ids), len(r_counts), int(np.sum(r_counts[~one_one])))
 
 
 def sequence_gen(gen: torch.Tensor, old: torch.Tensor, chunks, comps) -> torch.Tensor:

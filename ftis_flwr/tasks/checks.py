@@ -1,0 +1,56 @@
+"""What ``ftis-flwr check`` asks of a task before anything starts: that ``task.name`` builds a
+task, that its data files exist and hold the named columns and rows, and that every reward
+function can take the rows' columns. Each problem is one message naming the key (the validator
+collects them with the rest of the configuration's, :mod:`ftis_flwr.config.validation`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ftis_flwr.config.imports import ImportPathError
+from ftis_flwr.tasks.dataset import DatasetError, DatasetTask
+from ftis_flwr.tasks.registry import TaskError, make_task
+from ftis_flwr.tasks.reward_funcs import RewardError, signature_fault
+
+if TYPE_CHECKING:
+    from ftis_flwr.config.schema import TaskConfig
+
+BUILTIN_CHECKED = ("arithmetic", "arithmetic-heldout", "basic-math", "basic-math-20")
+"""Built-in generated tasks: nothing to read, so a check builds nothing for them."""
+
+
+def task_errors(cfg: "TaskConfig") -> list[str]:
+    """Every problem with ``cfg`` that shows before a run, each naming its key; [] when none."""
+    if cfg.name in BUILTIN_CHECKED and not (cfg.reward or cfg.rewards):
+        return []
+    if cfg.name in ("gsm8k", "math500") and not (cfg.reward or cfg.rewards):
+        return []  # their files are checked when read (a hub source needs the network)
+    try:
+        task = make_task(cfg)
+    except (TaskError, DatasetError, RewardError, ImportPathError) as exc:
+        return [str(exc) if str(exc).startswith("task") else f"task.name={cfg.name!r}: {exc}"]
+    except Exception as exc:  # a user's factory failed: named, never a traceback
+        return [f"task.name={cfg.name!r}: building the task raised {type(exc).__name__}: {exc}"]
+    errors, columns = [], None
+    if not isinstance(task, DatasetTask) and cfg.name not in BUILTIN_CHECKED:  # generated or the user's
+        try:
+            columns = list(task.problems(task.train_split)[0].columns)
+        except Exception as exc:
+            errors.append(str(exc) if str(exc).startswith("task") else
+                          f"task.name={cfg.name!r}: its train split cannot be built: {type(exc).__name__}: {exc}")
+    if isinstance(task, DatasetTask):
+        for split in task.splits:
+            try:
+                problems = task.problems(split)
+            except (DatasetError, ValueError, FileNotFoundError) as exc:
+                errors.append(str(exc))
+                continue
+            if columns is None:
+                columns = list(problems[0].columns)
+    if task.reward_set is not None and columns is not None:
+        for name, fn in zip(task.reward_set.names, task.reward_set.fns):
+            why = signature_fault(fn, columns)
+            if why:
+                key = "task.rewards" if cfg.rewards else "task.reward"
+                errors.append(f"{key}={name!r} cannot be called with these rows: {why}")
+    return errors

@@ -1,0 +1,164 @@
+"""The paired rule: a claim judged on its per-seed differences by a confidence interval, so more
+seeds can settle it (issue 39). Fixed before the runs of issue 39; ``verdicts.py`` shows it
+beside the first rule ("every seed agrees"), which gets harder to meet as seeds are added.
+
+For one claim, d_i = 100 * (acc_X - acc_Y) on seed i (same seed: same models, prompts and
+sampling), in points, positive in the claim's direction. With n seeds:
+
+- **mean** of d and its **paired bootstrap 95% interval**: the seeds resampled with
+  replacement, ``RESAMPLES`` = 10,000 times, the mean of each resample, the 2.5th and 97.5th
+  percentiles of those means (the percentile method; numpy's ``default_rng(BOOTSTRAP_SEED)``,
+  one fresh generator per claim, so a page is the same every time it is made);
+- **Wilcoxon signed-rank p**, two-sided and exact: zero differences dropped (Wilcoxon's
+  convention), tied magnitudes given their mean rank, and the statistic's null distribution
+  counted over all 2^n sign flips (a subset-sum count, exact for any n; no scipy);
+- **minimum detectable difference** (MDD): the smallest true mean difference the interval
+  would exclude 0 for with 80% power, (t_{0.975,n-1} + t_{0.80,n-1}) * sd(d) / sqrt(n), sd
+  with n - 1 in the denominator and Student t quantiles (computed here, not the normal 2.80).
+
+The verdict, at the level 95%, from the interval [lo, hi] alone:
+
+- a directional claim (X above Y): **reproduced** when lo > 0, **refuted** when hi < 0,
+  **inconclusive** otherwise;
+- a "level" claim (X level with Y) with margin ``LEVEL_MARGIN`` = 2 points (the first rule's
+  "within ±2 points", so the two rules mean the same "level"): **reproduced** when
+  -2 <= lo and hi <= 2, **refuted** when lo > 2 or hi < -2, **inconclusive** otherwise;
+- fewer than ``MIN_SEEDS`` = 5 seeds: inconclusive under both rules (a bootstrap over 2-4
+  values says little; the first rule needs 5 too).
+
+The Wilcoxon p and the MDD are reported beside the verdict, not used by it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+RESAMPLES = 10_000
+BOOTSTRAP_SEED = 39  # the issue the rule was written for; any fixed value would do
+LEVEL = 0.95
+LEVEL_MARGIN = 2.0
+MIN_SEEDS = 5
+POWER = 0.80
+
+
+def bootstrap_interval(d: list[float], resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED,
+                       level: float = LEVEL) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of ``d`` (seeds resampled with replacement)."""
+    x = np.asarray(d, dtype=float)
+    idx = np.random.default_rng(seed).integers(0, len(x), size=(resamples, len(x)))
+    means = x[idx].mean(axis=1)
+    tail = 100 * (1 - level) / 2
+    lo, hi = np.percentile(means, [tail, 100 - tail])
+    return float(lo), float(hi)
+
+
+def signed_ranks(d: list[float]) -> list[float]:
+    """Ranks of |d| over the non-zero differences, ties given their mean rank, with d's sign."""
+    x = [v for v in d if v != 0]
+    order = sorted(range(len(x)), key=lambda i: abs(x[i]))
+    ranks = [0.0] * len(x)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and abs(x[order[j + 1]]) == abs(x[order[i]]):
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return [math.copysign(r, v) for r, v in zip(ranks, x)]
+
+
+def wilcoxon_p(d: list[float]) -> float:
+    """Exact two-sided p of the Wilcoxon signed-rank test: the share of the 2^n sign flips of
+    the ranks whose W+ (sum of positive ranks) is at least as far from n(n+1)/4 as the
+    observed one. 1.0 when every difference is zero."""
+    r = signed_ranks(d)
+    if not r:
+        return 1.0
+    twice = [round(2 * abs(v)) for v in r]  # mean ranks are halves: count in half-ranks
+    counts = [1] + [0] * sum(twice)  # counts[k]: sign flips whose 2 * W+ is k (exact integers)
+    for w in twice:
+        counts = [c + (counts[k - w] if k >= w else 0) for k, c in enumerate(counts)]
+    observed = sum(w for w, v in zip(twice, r) if v > 0)
+    centre = sum(twice) / 2
+    far = [k for k in range(len(counts)) if abs(k - centre) >= abs(observed - centre) - 1e-9]
+    return float(sum(counts[k] for k in far) / 2 ** len(twice))
+
+
+def t_cdf(t: float, df: int) -> float:
+    """Student t CDF for an integer number of degrees of freedom (closed form, Abramowitz and
+    Stegun 26.7.3-4)."""
+    theta = math.atan(abs(t) / math.sqrt(df))
+    c2, s = math.cos(theta) ** 2, math.sin(theta)
+    if df % 2:
+        term, total = math.cos(theta), 0.0
+        for k in range(1, (df - 1) // 2 + 1):  # cos + (2/3) cos^3 + (2*4)/(3*5) cos^5 ...
+            total += term
+            term *= c2 * (2 * k) / (2 * k + 1)
+        a = 2 / math.pi * (theta + s * total) if df > 1 else 2 * theta / math.pi
+    else:
+        term, total = 1.0, 0.0
+        for k in range(1, df // 2 + 1):  # 1 + (1/2) cos^2 + (1*3)/(2*4) cos^4 ...
+            total += term
+            term *= c2 * (2 * k - 1) / (2 * k)
+        a = s * total
+    return 0.5 + math.copysign(a / 2, t)
+
+
+def t_quantile(p: float, df: int) -> float:
+    """The ``p`` quantile of Student's t with ``df`` degrees of freedom (bisection on ``t_cdf``)."""
+    if p < 0.5:
+        return -t_quantile(1 - p, df)
+    lo, hi = 0.0, 1.0
+    while t_cdf(hi, df) < p:
+        hi *= 2
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
+    return (lo + hi) / 2
+
+
+def mdd(d: list[float], level: float = LEVEL, power: float = POWER) -> float | None:
+    """Minimum detectable difference: (t_{1-(1-level)/2, n-1} + t_{power, n-1}) * sd(d) / sqrt(n);
+    None with fewer than 2 seeds."""
+    n = len(d)
+    if n < 2:
+        return None
+    sd = float(np.std(np.asarray(d, dtype=float), ddof=1))
+    return (t_quantile(1 - (1 - level) / 2, n - 1) + t_quantile(power, n - 1)) * sd / math.sqrt(n)
+
+
+def decide(d: list[float], kind: str, margin: float = LEVEL_MARGIN) -> str:
+    """"reproduced", "refuted" or "inconclusive" for a claim of ``kind`` "above" (d > 0 claimed)
+    or "level" (|d| <= margin claimed), from the bootstrap interval of the mean."""
+    if len(d) < MIN_SEEDS:
+        return "inconclusive"
+    lo, hi = bootstrap_interval(d)
+    if kind == "level":
+        if -margin <= lo and hi <= margin:
+            return "reproduced"
+        return "refuted" if lo > margin or hi < -margin else "inconclusive"
+    if lo > 0:
+        return "reproduced"
+    return "refuted" if hi < 0 else "inconclusive"
+
+
+HEADER = "mean [95% interval] | Wilcoxon p | MDD | paired rule"
+NOT_RUN = "- | - | - | not run"
+
+
+def cells(d: list[float], kind: str) -> str:
+    """The paired rule's four table cells: the mean with its bootstrap interval (to 0.01, as the
+    interval decides: a lower end of 2.03 refutes "level" within ±2), the exact Wilcoxon p, the
+    MDD for these n seeds, the verdict."""
+    if not d:
+        return "- | - | - | inconclusive (0 seeds)"
+    lo, hi = bootstrap_interval(d)
+    m = mdd(d)
+    word = decide(d, kind)
+    if len(d) < MIN_SEEDS:
+        word += f" ({len(d)} seeds < {MIN_SEEDS})"
+    return (f"{float(np.mean(d)):+.1f} [{lo:+.2f}, {hi:+.2f}] | {wilcoxon_p(d):.3g} | "
+            f"{'-' if m is None else f'{m:.1f}'} | {word}")

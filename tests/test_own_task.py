@@ -1,0 +1,160 @@
+"""Bring your own task: a user's JSONL rows through ``datasets`` (``task.name=dataset``), reward
+functions in TRL's form by import path, several with weights, factories by import path, and the
+errors a check gives for each kind of bad input (each naming its key)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from ftis_flwr.config.merge import load_experiment
+from ftis_flwr.config.schema import ConfigError, TaskConfig
+from ftis_flwr.tasks import make_task
+from ftis_flwr.tasks.base import Problem, Task
+from ftis_flwr.tasks.reward_funcs import RewardError, RewardSet
+
+# TRL's documentation, "Using a custom reward function", example 3 ("Reward completions based on a
+# reference"), as written there: it must drop in unchanged.
+TRL_REWARD = '''
+import re
+
+def reward_func(completions, ground_truth, **kwargs):
+    # Regular expression to capture content inside \\\\boxed{}
+    matches = [re.search(r"\\\\boxed\\{(.*?)\\}", completion) for completion in completions]
+    contents = [match.group(1) if match else "" for match in matches]
+    # Reward 1 if the content is the same as the ground truth, 0 otherwise
+    return [1.0 if c == gt else 0.0 for c, gt in zip(contents, ground_truth)]
+'''
+
+
+@pytest.fixture()
+def files(tmp_path):
+    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b), "ground_truth": str(a + b), "level": a % 3}
+            for a, b in [(12, 30), (45, 11), (20, 20), (33, 17)]]
+    for split, part in (("train", rows[:3]), ("test", rows[3:])):
+        (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
+    (tmp_path / "trl_reward.py").write_text(TRL_REWARD)
+    (tmp_path / "rewards.py").write_text(textwrap.dedent('''
+        calls = []
+        def by_level(completions, level, **kwargs):
+            calls.append(len(completions))
+            return [None if lv == 0 else float(lv) for lv in level]
+        def wrong_length(completions, **kwargs):
+            return [1.0]
+        def nan(completions, **kwargs):
+            return [float("nan")] * len(completions)
+        def boom(completions, **kwargs):
+            raise RuntimeError("judge is down")
+        def needs_column(completions, difficulty, **kwargs):
+            return [0.0] * len(completions)
+        def factory(cfg):
+            from ftis_flwr.tasks.arithmetic import ArithmeticTask
+            return ArithmeticTask(seed=cfg.seed)
+        def not_a_task(cfg):
+            return 42
+    '''))
+    return tmp_path
+
+
+def _cfg(files, **kw) -> TaskConfig:
+    base = dict(name="dataset", dataset="json", data_files={"train": str(files / "train.jsonl"),
+                                                            "test": str(files / "test.jsonl")})
+    return TaskConfig(**{**base, **kw})
+
+
+def test_rows_become_problems_with_every_column_and_the_eval_splits_by_name(files):
+    task = make_task(_cfg(files))
+    assert task.splits == ("train", "test") and task.eval_splits == ("test",)
+    p = task.problem("train:1")
+    assert (p.id, p.question, p.gold) == ("train:1", "45+11=", "56")
+    assert p.columns == {"prompt": "45+11=", "answer": "56", "ground_truth": "56", "level": 0}
+    assert task.prompt_text(p, tokenizer=None) == "45+11="  # plain text: no chat template asked
+    assert task.rewards(["56", " 56 ", "55"], [p] * 3) == [1.0, 1.0, 0.0]  # default: exact
+    templated = make_task(_cfg(files, prompt_template="Q: {prompt} (level {level})"))
+    assert templated.problem("test:0").question == "Q: 33+17= (level 0)"
+
+
+def test_a_reward_from_trls_documentation_drops_in_unchanged(files):
+    task = make_task(_cfg(files, reward=f"{files / 'trl_reward.py'}:reward_func"))
+    p = task.problem("train:0")
+    assert task.rewards(["so \\boxed{42}", "42", "\\boxed{41}"], [p] * 3) == [1.0, 0.0, 0.0]
+
+
+def test_several_rewards_are_summed_with_weights_and_none_is_counted(files):
+    task = make_task(_cfg(files, rewards=["exact", f"{files / 'rewards.py'}:by_level"], reward_weights=[2.0, 0.5]))
+    problems = [task.problem(f"train:{i}") for i in range(3)]  # levels 0, 0, 2
+    got = task.rewards(["42", "x", "40"], problems)
+    assert got == [2.0, 0.0, 2.0 + 0.5 * 2.0]
+    assert task.reward_set.nones == 2
+
+
+@pytest.mark.parametrize("fn,match", [("wrong_length", "returned 1 values for 2 completions"),
+                                      ("nan", "not finite"), ("boom", "raised RuntimeError: judge is down")])
+def test_a_reward_that_misbehaves_fails_loudly_naming_itself(files, fn, match):
+    task = make_task(_cfg(files, reward=f"{files / 'rewards.py'}:{fn}"))
+    with pytest.raises(RewardError, match=match):
+        task.rewards(["a", "b"], [task.problem("train:0")] * 2)
+
+
+def test_a_task_factory_by_import_path(files):
+    task = make_task(TaskConfig(name=f"{files / 'rewards.py'}:factory", seed=7))
+    assert isinstance(task, Task) and task.name == "arithmetic" and task.seed == 7
+
+
+def _errors(overrides) -> str:
+    with pytest.raises(ConfigError) as caught:
+        load_experiment(overrides=overrides)
+    return str(caught.value)
+
+
+def test_check_names_each_bad_input_by_its_key(files):
+    flat = {"task.name": "dataset", "task.dataset": "json", "task.data_files.train": str(files / "train.jsonl")}
+    assert "task.data_files.test='" in _errors({**flat, "task.data_files.test": str(files / "nope.jsonl")})
+    msg = _errors({**flat, "task.prompt_field": "question"})
+    assert "task.prompt_field" in msg and "its columns: prompt, answer, ground_truth, level" in msg
+    msg = _errors({**flat, "task.reward": f"{files / 'rewards.py'}:needs_column"})
+    assert "task.reward=" in msg and "'difficulty'" in msg and "columns: prompt" in msg
+    msg = _errors({**flat, "task.reward": f"{files / 'rewards.py'}:missing"})
+    assert "has no 'missing'" in msg and "by_level" in msg
+    assert "cannot import module 'no_such_mod'" in _errors({**flat, "task.reward": "no_such_mod:f"})
+    assert "not a ftis_flwr.tasks.base.Task" in _errors({"task.name": f"{files / 'rewards.py'}:not_a_task"})
+    assert "is not one of arithmetic" in _errors({"task.name": "nope"})
+    (files / "empty.jsonl").write_text("")
+    assert "task.data_files.test=" in _errors({**flat, "task.data_files.test": str(files / "empty.jsonl")})
+    (files / "bad.jsonl").write_text("{not json\n")
+    assert "task.data_files.test=" in _errors({**flat, "task.data_files.test": str(files / "bad.jsonl")})
+
+
+def test_problems_keep_comparing_as_before():
+    assert Problem("a", "q", "g") == Problem("a", "q", "g", columns={"x": 1})
+
+
+def test_nodes_that_compute_rewards_from_another_task_stop_the_run_naming_what_differs(files):
+    from ftis_flwr.server.roster import FederationError
+    from ftis_flwr.server.task_agreement import TaskAgreement
+    from ftis_flwr.tasks.fingerprint import task_parts
+
+    cfg = _cfg(files, reward=f"{files / 'trl_reward.py'}:reward_func")
+    same = task_parts(cfg, make_task(cfg))
+    moved = files / "elsewhere"
+    moved.mkdir()
+    for f in ("train.jsonl", "test.jsonl", "trl_reward.py"):
+        (moved / f).write_bytes((files / f).read_bytes())
+    there = _cfg(moved, reward=f"{moved / 'trl_reward.py'}:reward_func")
+    assert task_parts(there, make_task(there)) == same  # the same files at another path agree
+    agree = TaskAgreement()
+    agree.note("a", same)
+    agree.note("b", task_parts(there, make_task(there)))
+    agree.check()
+    (moved / "trl_reward.py").write_text(TRL_REWARD.replace("1.0 if", "2.0 if"))
+    other = task_parts(there, make_task(there))
+    assert other != same and fingerprint_differs(same, other) == ["reward reward_func"]
+    agree.note("b", other)
+    with pytest.raises(FederationError, match=r"reward reward_func \(a: \w+, b: \w+\)"):
+        agree.check()
+
+
+def fingerprint_differs(a: dict, b: dict) -> list[str]:
+    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
