@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from ftis_flwr.node.tiny import build_char_tokenizer
-from ftis_flwr.xtok.align import AlignError, align, encode_with_spans, receiver_cuts
+from ftis_flwr.node.tiny import as_tiny_tokenizer, build_char_tokenizer
+from ftis_flwr.wire.groups import Group
+from ftis_flwr.xtok.translate import to_own_tokens
+from ftis_flwr.xtok.align import (ALIGN_PROBE, AlignError, align, char_class, encode_with_spans, merge_to_words,
+                                  receiver_cuts, sender_cuts, word_boundaries)
 from ftis_flwr.xtok.represent import Unrepresentable
 from ftis_flwr.xtok.token_bytes import TokenBytesError, token_bytes
 
@@ -152,6 +155,154 @@ def test_real_tokenizers_align_on_random_text(tokenizers, sender, receiver):
             if sender == "char":
                 assert c.n == len(ids)
     assert aligned >= 5  # not vacuous: some random texts are representable on both sides
+
+
+# ----------------------------------------------------------------- word boundaries (ratio "word")
+
+
+@pytest.mark.parametrize("text,want", [
+    ("12+30=42", [0, 2, 3, 5, 6, 8]),  # digit runs and the signs between them
+    ("a  b\t\nc", [0, 1, 3, 4, 6, 7]),  # whitespace runs, mixed kinds in one run
+    ("x, y.", [0, 1, 2, 3, 4, 5]),  # punctuation after a letter and before a space
+    ("</answer>", [0, 2, 8, 9]),  # a run of punctuation is one word
+    ("a1b2", [0, 1, 2, 3, 4]),  # letter / digit changes
+    ("héllo 中文🙂!", [0, 6, 7, 13, 18]),  # 2-, 3- and 4-byte characters: letters, an emoji (a symbol)
+    ("e\u0301t", [0, 4]),  # a combining mark belongs to its letter
+    ("\u0663\u00bd7", [0, 5]),  # Arabic-Indic three, a vulgar fraction, 7: all numbers
+    ("", [0]), ("a", [0, 1]), ("  ", [0, 2]),
+])
+def test_word_boundaries_are_where_the_character_class_changes(text, want):
+    assert word_boundaries(text.encode()).tolist() == want
+
+
+def test_word_boundaries_on_random_text_split_runs_of_one_class_and_never_a_character():
+    for text in texts(seed=11, n=200) + [ALIGN_PROBE]:
+        raw = text.encode()
+        b = word_boundaries(raw)
+        assert b[0] == 0 and b[-1] == len(raw) and (np.diff(b) > 0).all()
+        assert all(p == len(raw) or raw[p] & 0xC0 != 0x80 for p in b), text  # never a continuation byte
+        words = [raw[i:j].decode() for i, j in zip(b[:-1], b[1:])]
+        assert "".join(words) == text
+        assert all(len({char_class(ch) for ch in w}) == 1 for w in words), words  # one class a word
+        assert all(char_class(u[-1]) != char_class(v[0]) for u, v in zip(words, words[1:])), words  # maximal
+    with pytest.raises(AlignError, match="not UTF-8"):
+        word_boundaries("é".encode()[:1])
+
+
+def chunk_bytes(chunks, lengths, starts, ends):
+    """Per chunk: the (first, end) bytes its sender tokens and its receiver tokens cover."""
+    bounds = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    first = np.searchsorted(chunks.sender, np.arange(chunks.n))
+    last = np.searchsorted(chunks.sender, np.arange(chunks.n), side="right") - 1
+    send = [(int(bounds[i]), int(bounds[j + 1])) for i, j in zip(first, last)]
+    recv = [(int(starts[chunks.receiver == k].min()), int(ends[chunks.receiver == k].max())) for k in range(chunks.n)]
+    return send, recv
+
+
+def test_merging_to_words_joins_the_chunks_that_end_mid_word():
+    # "12+30=42" in one-character tokens on both sides: the digit runs become one chunk each
+    lengths, starts = np.ones(8, np.int64), np.arange(8)
+    c = align(lengths, starts, starts + 1, 8)
+    assert c.n == 8
+    w = merge_to_words(c, lengths, word_boundaries(b"12+30=42"))
+    assert w.n == 5 and w.sender.tolist() == w.receiver.tolist() == [0, 0, 1, 2, 2, 3, 4, 4]
+    lp = np.array([-1.0, -2.0, -0.5, -1.0, -1.0, -0.25, -3.0, -1.0])
+    assert w.sums(lp).tolist() == w.sums(lp, "sender").tolist() == [-3.0, -0.5, -2.0, -0.25, -4.0]
+    # a chunk that already ends at word boundaries only is left alone; no boundary inside a word
+    assert merge_to_words(c, lengths, np.arange(9)).sender.tolist() == list(range(8))
+    one = merge_to_words(c, lengths, np.array([0, 8]))
+    assert one.n == 1 and set(one.receiver.tolist()) == {0}
+    empty = align(np.zeros(0, np.int64), np.zeros(0), np.zeros(0), 0)
+    assert merge_to_words(empty, np.zeros(0, np.int64), word_boundaries(b"")).n == 0
+    with pytest.raises(AlignError, match="3 sender byte lengths for 8 sender tokens"):
+        merge_to_words(c, lengths[:3], word_boundaries(b"12+30=42"))
+
+
+@pytest.mark.parametrize("sender,receiver", [("char", "bpe"), ("bpe", "char"), ("bpe", "unigram"),
+                                             ("unigram", "char"), ("char", "char"), ("bpe", "bpe")])
+def test_word_chunks_cover_the_same_bytes_and_cut_only_at_common_word_boundaries(tokenizers, sender, receiver):
+    """Merged to words, each chunk covers the same bytes on both sides, and its boundaries are
+    exactly the common token boundaries that are word boundaries: none is missed (maximal)."""
+    merged = 0
+    for text in texts(seed=5 + sum(map(ord, sender + receiver))) + [ALIGN_PROBE]:
+        raw = text.encode()
+        try:
+            lengths = clean_lengths(tokenizers[sender], text)
+            ids, starts, ends = encode_with_spans(tokenizers[receiver], text)
+        except Unrepresentable:
+            continue
+        if not raw:
+            continue
+        c = align(lengths, starts, ends, len(raw))
+        words = word_boundaries(raw)
+        w = merge_to_words(c, lengths, words)
+        check_partition(w, len(lengths), len(ids))
+        send, recv = chunk_bytes(w, lengths, starts, ends)
+        assert send == recv, text  # the same bytes on both sides
+        assert send[0][0] == 0 and send[-1][1] == len(raw) and all(a[1] == b[0] for a, b in zip(send, send[1:]))
+        cuts = [e for _, e in send[:-1]]
+        common = np.intersect1d(sender_cuts(lengths, len(raw)), receiver_cuts(starts, ends, len(raw)))
+        assert cuts == np.intersect1d(common, words).tolist(), text  # common word boundaries, all of them
+        merged += c.n - w.n
+    assert merged > 0  # not vacuous: some chunk ended mid-word
+
+
+WORD_TEXTS = ["12 + 30 = 42", "héllo  wörld, 中文!", "  spaces   and\ttabs\n\nnew lines", "<answer> 7 </answer>",
+              "e\u0301t 3.5"]
+
+
+def word_level_tokenizer(corpus) -> PreTrainedTokenizerFast:
+    """A tokenizer whose tokens are whole words (:func:`word_boundaries`' runs of one class)."""
+    split = pre_tokenizers.Split(Regex(r"\s+|[\p{L}\p{M}]+|\p{N}+|[^\s\p{L}\p{M}\p{N}]+"), behavior="isolated")
+    words = sorted({w for t in corpus for w, _ in split.pre_tokenize_str(t)})
+    vocab = {tok: i for i, tok in enumerate(["<pad>", "<eos>", "<unk>"] + words)}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer, backend.decoder = split, decoders.Fuse()
+    return as_tiny_tokenizer(backend)
+
+
+def _text_group(tokenizer, corpus) -> Group:
+    """A group of ``corpus`` texts in ``tokenizer``'s tokens as a sender puts them on the wire,
+    each ended by an end-of-turn token (byte length 0), with distinct log-probs."""
+    comps, lps, lengths = [], [], []
+    for i, text in enumerate(corpus):
+        cut = clean_lengths(tokenizer, text)
+        comps.append(np.append(tokenizer(text, add_special_tokens=False)["input_ids"], tokenizer.eos_token_id))
+        lps.append(-np.linspace(0.1, 2.0, len(cut) + 1).astype(np.float32) * (i + 1) / len(corpus))
+        lengths.append(np.append(cut, 0).astype(np.int64))
+    return Group(prompt_id="p", prompt_tokens=np.array([3]), completions=comps, logprobs=lps,
+                 rewards=np.zeros(len(corpus), np.float32), node="s", model_id="s", tokenizer_fp="fp",
+                 texts=[t.encode() for t in corpus], byte_lengths=lengths)
+
+
+def test_word_chunks_are_the_tokens_when_every_token_is_a_word():
+    """The reduction: between identical tokenizers whose tokens are whole words, "word" gives one
+    chunk a token, as "chunk" and the token path do; with one character a token it merges digit
+    and letter runs instead (so the first check can fail)."""
+    word = word_level_tokenizer(WORD_TEXTS)
+    for text in WORD_TEXTS:
+        raw = text.encode()
+        lengths = clean_lengths(word, text)
+        _, starts, ends = encode_with_spans(word, text)
+        assert set(np.cumsum(lengths).tolist()) <= set(word_boundaries(raw).tolist())  # tokens are words
+        c = align(lengths, starts, ends, len(raw))
+        w = merge_to_words(c, lengths, word_boundaries(raw))
+        assert w.n == c.n == len(lengths) and w.sender.tolist() == w.receiver.tolist() == list(range(len(lengths)))
+    for tok, same in ((word, True), (build_char_tokenizer(), False)):
+        corpus = WORD_TEXTS if same else ["12 + 30 = 42", "<answer> 7 </answer>", "new lines"]
+        g = _text_group(tok, corpus)
+        (chunk, s_chunk), (words, s_word) = (to_own_tokens(g, tok, np.array([3]), tok.eos_token_id, max_tokens=64,
+                                                           ratio=r) for r in ("chunk", "word"))
+        assert all(not r for r in chunk.refused + words.refused)
+        for a, b, n in zip(chunk.chunks, words.chunks, map(len, g.completions)):
+            assert a.tolist() == list(range(n))  # "chunk" between identical tokenizers: one token a chunk
+            assert (a.tolist() == b.tolist()) is same
+        for a, b in zip(chunk.logprobs, words.logprobs):
+            assert np.array_equal(a, b) is same
+        assert s_chunk.unmerged_chunks == s_chunk.chunks and (s_word.unmerged_chunks == s_word.chunks) is same
+        assert [x.tolist() for x in chunk.completions] == [x.tolist() for x in words.completions]
+    with pytest.raises(ValueError, match="not one of chunk, word, sequence"):
+        to_own_tokens(g, tok, np.array([3]), tok.eos_token_id, max_tokens=64, ratio="words")
 
 
 # ----------------------------------------------------------------- the sender's bytes per token

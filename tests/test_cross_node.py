@@ -3,7 +3,8 @@ receiver aligns them with its own tokens and trains at chunk level (algorithm §
 
 The anchor: between identical char-level tokenizers, ``exchange.cross_tokenizer=always`` (every
 foreign sample through its text) trains exactly as the token path does (same parameters after
-the step, same metrics)."""
+the step, same metrics); with ``loss.cross_tokenizer_ratio=word`` it does so when every word of
+the texts is one token."""
 
 import numpy as np
 import pytest
@@ -68,6 +69,52 @@ def test_always_trains_exactly_as_the_token_path_between_equal_tokenizers(cache)
         torch.testing.assert_close(p, q, rtol=0, atol=1e-7)
     shared = [k for k in ref if k in m and not k.startswith("seconds") and "seconds" not in k]
     assert {k: m[k] for k in shared} == pytest.approx({k: ref[k] for k in shared}, rel=1e-6, abs=1e-7)
+
+
+def _text_group(node, index, answers, name, seed):
+    """A group of ``node``'s char-level tokens whose completions are ``answers``, each ended by the
+    end-of-turn token, with texts and byte lengths as a sender sends them, and log-probs near 0 (so
+    no weight reaches C and every weight counts)."""
+    from ftis_flwr.wire.groups import Group
+
+    problem, rng = node.task.train_problem(index), np.random.default_rng(seed)
+    comps = [np.asarray(node.tokenizer(t, add_special_tokens=False)["input_ids"] + [node.stop_ids[0]]) for t in answers]
+    return Group(prompt_id=problem.id, prompt_tokens=node._prompt_tokens(problem), completions=comps,
+                 logprobs=[(-0.02 - 0.3 * rng.random(len(c))).astype(np.float32) for c in comps],
+                 rewards=np.zeros(len(comps), np.float32), node=name, model_id=f"{name}:crafted",
+                 tokenizer_fp=node.fingerprint, texts=[t.encode() for t in answers],
+                 byte_lengths=[np.append(np.ones(len(c) - 1, np.int64), 0) for c in comps])
+
+
+@pytest.mark.parametrize("words_of_one_token", [True, False])
+def test_word_ratio_trains_as_the_token_path_when_every_word_is_one_token(cache, words_of_one_token):
+    """``loss.cross_tokenizer_ratio=word`` between identical char-level tokenizers: on answers whose
+    every word is one character it is the token path (same parameters to 1e-7); on multi-digit
+    answers it merges each digit run into one chunk, and the update differs."""
+    sender = _node(cache, "b")
+    if words_of_one_token:  # golds "9" and "1" (problems 1 and 5); "3+4", "a b": one character a word
+        indices, answers = [1, 5], [["9", "x", "9", "3+4"], ["1", "a b", "1", "7"]]
+    else:  # golds "65" and "32" (problems 0 and 2)
+        indices, answers = [0, 2], [["65", "x", "65", "12"], ["32", "ab", "32", "7+45"]]
+    assert [sender.task.train_problem(i).gold for i in indices] == [a[0] for a in answers]
+    gb = [_text_group(sender, i, a, "b", seed=i) for i, a in zip(indices, answers)]
+    after, metrics = {}, {}
+    for mode in ("auto", "always"):
+        a = _node(cache, "a", **{"exchange.cross_tokenizer": mode, "loss.cross_tokenizer_ratio": "word"})
+        a.step(StepRequest(0, 3, [3, 4], 4, False))
+        metrics[mode] = a.step(StepRequest(1, 3, [], 4, False, foreign=[Received("b", _wire(gb, a), indices)])).metrics
+        after[mode] = [p.detach().clone() for p in a.params]
+    m, ref = metrics["always"], metrics["auto"]
+    assert m["b/samples"] == 8 and "b/xtok_tokens" not in ref and "b/xtok_word_merged_share" not in ref
+    diff = max(float((p - q).abs().max()) for p, q in zip(after["auto"], after["always"]))
+    if words_of_one_token:
+        assert m["b/xtok_word_merged_share"] == 0.0 and m["b/xtok_chunks_per_token"] == 1.0
+        assert diff <= 1e-7
+        shared = [k for k in ref if k in m and "seconds" not in k]
+        assert {k: m[k] for k in shared} == pytest.approx({k: ref[k] for k in shared}, rel=1e-6, abs=1e-7)
+    else:  # 17 one-character chunks and 8 end-of-turn ones; 10 words and the 8
+        assert m["b/xtok_word_merged_share"] == pytest.approx(1 - 18 / 25)
+        assert diff > 1e-5
 
 
 def test_a_group_without_texts_is_refused_on_the_text_path_and_counted(cache):

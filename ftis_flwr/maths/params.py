@@ -24,8 +24,9 @@ KL_ESTIMATORS = ("k3", "k1")
 """``loss.kl_estimator``: the per-token KL estimate the filter sums."""
 REDUCTIONS = ("sequence", "token")
 """``loss.reduction``: mean per sequence then over sequences, or over all tokens."""
-CROSS_TOKENIZER_RATIOS = ("chunk", "sequence")
-"""``loss.cross_tokenizer_ratio``: per aligned chunk, or one per completion from mean log-probs."""
+CROSS_TOKENIZER_RATIOS = ("chunk", "word", "sequence")
+"""``loss.cross_tokenizer_ratio``: per aligned chunk, per chunk merged to word boundaries, or one
+per completion from mean log-probs."""
 G_KINDS = ("constant", "linear")
 """``nodes.N.g.kind``: a constant g, or linear from ``start`` to ``end`` over the rounds."""
 
@@ -60,8 +61,11 @@ class LossConfig:
     cross_tokenizer_ratio: str = "chunk"
     """How a sample from a peer with another tokenizer is weighted (cross-tokenizer F-TIS,
     algorithm §4): "chunk" (default) takes w and the filter's KL per aligned chunk (the chain rule over
-    byte-aligned runs of tokens); "sequence" uses one ratio per completion from the two sides'
-    per-token *mean* log-probs (as HACPO, arXiv 2603.02604), kept as the ablation."""
+    byte-aligned runs of tokens); "word" takes them per chunk too, with the chunks merged until
+    every chunk boundary is also a word boundary (a change between whitespace, letters, digits and
+    other characters), so no chunk ends mid-word (as ALM, arXiv 2503.20083); "sequence" uses one
+    ratio per completion from the two sides' per-token *mean* log-probs (as HACPO, arXiv
+    2603.02604). "word" and "sequence" are kept as the ablation."""
 
 
 @dataclass

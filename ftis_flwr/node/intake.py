@@ -81,6 +81,8 @@ def usable(node, received: list[Received], metrics: dict[str, float], reasons: l
             metrics[f"{src}/xtok_tokens"] = float(stats.receiver_tokens)
             metrics[f"{src}/xtok_chunks_per_token"] = stats.chunks / stats.receiver_tokens
             metrics[f"{src}/xtok_multi_token_share"] = stats.multi_tokens / stats.receiver_tokens
+            if node.cfg.loss.cross_tokenizer_ratio == "word" and stats.unmerged_chunks:
+                metrics[f"{src}/xtok_word_merged_share"] = 1.0 - stats.chunks / stats.unmerged_chunks
             metrics[f"{src}/xtok_align_seconds"] = time.perf_counter() - t0
     for (src, reason), (n, samples, first) in rejected.items():
         text = f"{src}: {n} group(s), {samples} sample(s) rejected: {reason} (first: {first!r})"

@@ -13,11 +13,18 @@ own tokens stand for, which must tile the text too (:mod:`ftis_flwr.xtok.represe
 its tokens cannot stand for is refused, never weighed). A receiver span that crosses a byte
 position leaves no boundary there, so such tokens always share a chunk. Pure numpy, no model: tested on synthetic and real
 tokenizers (tests/test_align.py).
+
+``loss.cross_tokenizer_ratio=word`` merges the chunks further, until every chunk boundary is also a
+*word boundary* (:func:`word_boundaries`), so that no chunk on either side ends mid-word (ALM,
+arXiv 2503.20083: a likelihood that ends inside a word carries the tokenizer's bias):
+:func:`merge_to_words`.
 """
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -99,6 +106,60 @@ def align(sender_lengths: np.ndarray, receiver_starts: np.ndarray, receiver_ends
     sender = np.searchsorted(common, s_starts, side="right").astype(np.int64)
     receiver = np.searchsorted(common, r_starts, side="right").astype(np.int64)
     return Chunks(sender, receiver, len(common) + 1)
+
+
+@lru_cache(maxsize=4096)
+def char_class(ch: str) -> int:
+    """A character's class for :func:`word_boundaries`: 0 whitespace (``str.isspace``), 1 letter or
+    mark (Unicode L*, M*), 2 digit (any Unicode number, N*), 3 anything else (punctuation, symbols)."""
+    if ch.isspace():
+        return 0
+    major = unicodedata.category(ch)[0]
+    return 1 if major in "LM" else 2 if major == "N" else 3
+
+
+_ASCII_CLASS = np.array([char_class(chr(i)) for i in range(128)], np.int8)
+
+
+def word_boundaries(text: bytes) -> np.ndarray:
+    """The word boundaries of a UTF-8 text, in bytes: 0, ``len(text)``, and every position between
+    two characters of different :func:`char_class`. A word is thus a maximal run of one class:
+    whitespace, letters (with their marks), digits, or other characters (punctuation, symbols), as
+    GPT-2's and Llama-3's pre-tokenizer regexes cut a text (they also cut inside some runs, and keep
+    a space with the next word; Metaspace cuts at whitespace only). Sorted int64, never inside a
+    multi-byte character; AlignError for bytes that are not UTF-8."""
+    raw = bytes(text)
+    try:
+        s = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise AlignError(f"the text is not UTF-8: {exc}") from None
+    if not s:
+        return np.zeros(1, np.int64)
+    cps = np.frombuffer(s.encode("utf-32-le"), np.uint32)
+    cls = np.where(cps < 128, _ASCII_CLASS[np.minimum(cps, 127)], -1).astype(np.int8)
+    for i in np.flatnonzero(cls < 0):
+        cls[i] = char_class(s[i])
+    width = 1 + (cps >= 0x80).astype(np.int64) + (cps >= 0x800) + (cps >= 0x10000)  # UTF-8 bytes per char
+    starts = np.concatenate([[0], np.cumsum(width)])
+    change = np.flatnonzero(cls[1:] != cls[:-1]) + 1  # characters whose class differs from the one before
+    return np.concatenate([[0], starts[change], [len(raw)]]).astype(np.int64)
+
+
+def merge_to_words(chunks: Chunks, sender_lengths: np.ndarray, boundaries: np.ndarray) -> Chunks:
+    """``chunks`` (of :func:`align`, sender tokens of ``sender_lengths`` bytes) merged so that every
+    chunk boundary is a byte position in ``boundaries`` too (:func:`word_boundaries`): each chunk
+    that does not end at one joins the next. The finest such chunks: every common token boundary
+    that is a word boundary stays one."""
+    lengths = np.asarray(sender_lengths, np.int64)
+    if len(lengths) != len(chunks.sender):
+        raise AlignError(f"{len(lengths)} sender byte lengths for {len(chunks.sender)} sender tokens")
+    if chunks.n == 0:
+        return chunks
+    last = np.searchsorted(chunks.sender, np.arange(chunks.n), side="right") - 1  # each chunk's last sender token
+    keep = np.isin(np.cumsum(lengths)[last], np.asarray(boundaries, np.int64))
+    keep[-1] = True  # the text's end
+    index = np.concatenate([[0], np.cumsum(keep[:-1])]).astype(np.int64)  # old chunk -> merged chunk
+    return Chunks(index[chunks.sender], index[chunks.receiver], int(index[-1]) + 1)
 
 
 ALIGN_PROBE = "Hello, world: 12 + 30 = 42.\n  é€ 😀 中文 <think> x"

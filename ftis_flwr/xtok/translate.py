@@ -7,8 +7,10 @@ sender's tokens by byte positions (:mod:`ftis_flwr.xtok.align`); the sender's lo
 chunk (the chain rule) and put on each chunk's last receiver token, which is all the loss needs
 (:attr:`ftis_flwr.maths.loss.LossInputs.chunks`). A completion that ended its turn ends with the
 receiver's own end-of-turn token, and the two end-of-turn tokens form the last chunk; a truncated
-completion has none. A completion the receiver's tokens cannot stand for byte for byte is refused
-on its own (:mod:`ftis_flwr.xtok.represent`). Run once per received group, never per optimiser step.
+completion has none. ``loss.cross_tokenizer_ratio=word`` merges the chunks to word boundaries first
+(:func:`ftis_flwr.xtok.align.merge_to_words`). A completion the receiver's tokens cannot stand for
+byte for byte is refused on its own (:mod:`ftis_flwr.xtok.represent`). Run once per received
+group, never per optimiser step.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ftis_flwr.config.choices import CROSS_TOKENIZER_RATIOS
 from ftis_flwr.wire.groups import Group
-from ftis_flwr.xtok.align import AlignError, Chunks, align, encode_with_spans
+from ftis_flwr.xtok.align import AlignError, Chunks, align, encode_with_spans, merge_to_words, word_boundaries
 from ftis_flwr.xtok.represent import Unrepresentable
 
 
@@ -31,11 +34,14 @@ class AlignStats:
     chunks: int = 0
     multi_tokens: int = 0
     """Receiver tokens in a chunk that is not one token on each side."""
+    unmerged_chunks: int = 0
+    """The chunks before the merge to word boundaries (``ratio="word"``; ``chunks`` otherwise)."""
 
     def add(self, other: "AlignStats") -> None:
         self.receiver_tokens += other.receiver_tokens
         self.chunks += other.chunks
         self.multi_tokens += other.multi_tokens
+        self.unmerged_chunks += other.unmerged_chunks
 
 
 def chunk_gen(chunks: Chunks, sender_lp: np.ndarray) -> np.ndarray:
@@ -57,17 +63,22 @@ def to_own_tokens(g: Group, tokenizer, prompt: np.ndarray, eot_id: int, *, max_t
     ``max_tokens`` is refused (``Group.refused`` names why; no tokens) and never trained on; its
     reward still counts in the group's advantages, scored from ``Group.source_texts``.
 
+    ``ratio="word"``: the chunks merged until every chunk boundary is a word boundary too
+    (:func:`ftis_flwr.xtok.align.merge_to_words`); the loss is the chunk loss on those chunks.
     ``ratio="sequence"`` (the HACPO-style ablation): one chunk per completion, and every receiver
     token holds the sender's *mean* token log-prob (the node turns that into one per-completion
     ratio of means). AlignError when the group carries no texts.
     """
+    if ratio not in CROSS_TOKENIZER_RATIOS:
+        raise ValueError(f"ratio {ratio!r} is not one of {', '.join(CROSS_TOKENIZER_RATIOS)}")
     if g.texts is None or g.byte_lengths is None:
         raise AlignError("the group carries no completion texts")
     comps, lps, chunk_ids, refused, stats = [], [], [], [], AlignStats()
     texts = [bytes(t).decode("utf-8", errors="replace") for t in g.texts]
     for text, raw, lengths, gen in zip(texts, g.texts, g.byte_lengths, g.logprobs):
         try:
-            ids, r_gen, r_chunks, one = _one_completion(text, len(raw), lengths, gen, tokenizer, eot_id, max_tokens)
+            ids, r_gen, r_chunks, one = _one_completion(text, bytes(raw), lengths, gen, tokenizer, eot_id,
+                                                        max_tokens, words=ratio == "word")
         except Unrepresentable as exc:
             refused.append(exc.reason)
         except AlignError:
@@ -91,13 +102,18 @@ def to_own_tokens(g: Group, tokenizer, prompt: np.ndarray, eot_id: int, *, max_t
     return out, stats
 
 
-def _one_completion(text: str, total: int, lengths, gen, tokenizer, eot_id: int, max_tokens: int):
-    """(receiver ids, per-token sender log-probs, chunk per token, stats) of one completion."""
+def _one_completion(text: str, raw: bytes, lengths, gen, tokenizer, eot_id: int, max_tokens: int,
+                    words: bool = False):
+    """(receiver ids, per-token sender log-probs, chunk per token, stats) of one completion of
+    ``raw`` bytes (``text`` decoded); ``words``: chunks merged to word boundaries."""
     lengths, gen = np.asarray(lengths, np.int64), np.asarray(gen, np.float32)
     eot = len(lengths) > 0 and lengths[-1] == 0
     s_len, s_gen = (lengths[:-1], gen[:-1]) if eot else (lengths, gen)
     ids, starts, ends = encode_with_spans(tokenizer, text)
-    ch = align(s_len, starts, ends, total)
+    ch = align(s_len, starts, ends, len(raw))
+    unmerged = ch.n + int(eot)
+    if words:
+        ch = merge_to_words(ch, s_len, word_boundaries(raw))
     r_gen, r_chunks = chunk_gen(ch, s_gen), ch.receiver
     if eot:
         ids = np.append(ids, eot_id)
@@ -110,7 +126,7 @@ def _one_completion(text: str, total: int, lengths, gen, tokenizer, eot_id: int,
     s_counts = np.bincount(ch.sender, minlength=max(ch.n, 1))
     s_counts = np.append(s_counts[:ch.n], [1] if eot else [])
     one_one = (r_counts == 1) & (s_counts == 1)
-    return ids, r_gen, r_chunks, AlignStats(len(ids), len(r_counts), int(np.sum(r_counts[~one_one])))
+    return ids, r_gen, r_chunks, AlignStats(len(ids), len(r_counts), int(np.sum(r_counts[~one_one])), unmerged)
 
 
 def sequence_gen(gen: torch.Tensor, old: torch.Tensor, chunks, comps) -> torch.Tensor:
