@@ -180,16 +180,17 @@ def cache(tmp_path_factory):
 
 
 def test_the_summary_warns_first_when_a_peer_was_mostly_unrepresentable():
-    from ftis_flwr.server.incidents import incidents, mostly_refused
+    from ftis_flwr.server.incidents import incidents
+    from ftis_flwr.server.source_health import warnings_first
 
     rows = [{"round": r, "nodes": {"small": {"bpe/text_samples": 10.0, "bpe/text_refused": 8.0,
                                              "bpe/text_refused_unknown_token": 8.0},
                                    "bpe": {"small/text_samples": 10.0}}} for r in (1, 2)]
-    lines = mostly_refused(rows)
+    lines = warnings_first(rows)
     assert len(lines) == 1 and lines[0].startswith("small could not represent most of bpe's samples")
     assert "16 of 20 (80%: unknown_token 80%)" in lines[0]
     rows[1]["nodes"]["small"].update({"bpe/text_samples": 70.0, "bpe/text_refused": 0.0})
-    assert mostly_refused(rows) == []  # 8 of 80: not most
+    assert warnings_first(rows) == []  # 8 of 80: not most
     events = [{"event": "text_refused:unknown_token", "round": 1, "node": "small", "source": "bpe", "samples": 8.0}]
     row = incidents(events)[0]
     assert (row["event"], row["who"], row["by"], row["samples"]) == ("text_refused:unknown_token", "bpe", "small", 8.0)

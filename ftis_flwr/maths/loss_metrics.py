@@ -92,6 +92,18 @@ def _weight_stats(w: np.ndarray, c: float) -> dict[str, float]:
             "frac_tokens_truncated": float(np.mean(w >= c)), "ess": ess}
 
 
+QUANTILES = (50, 90, 99)
+"""Per-source quantiles of the truncated weights and log-ratios (a far peer shows in its tails)."""
+
+
+def _quantiles(name: str, x: np.ndarray) -> dict[str, float]:
+    """``<name>_p50/_p90/_p99`` of ``x`` (0.0 for an empty selection: nothing to report)."""
+    if x.size == 0:
+        return {f"{name}_p{q}": 0.0 for q in QUANTILES}
+    values = np.percentile(x, QUANTILES)
+    return {f"{name}_p{q}": float(v) for q, v in zip(QUANTILES, values)}
+
+
 def _kl_stats(kl: np.ndarray) -> tuple[float, float]:
     """(mean of KL clamped to +-KL_METRIC_CAP, median); (0.0, 0.0) for no samples."""
     if kl.size == 0:
@@ -142,8 +154,10 @@ def loss_metrics(s: LossStats, trunc_c: float) -> dict[str, float]:
         src = np.asarray(s.sources, dtype=object)
         for name in sorted(set(s.sources)):
             sel = src == name
+            tokens = s.per_token(sel)
             per = {**counts(sel), "foreign": float((sel & foreign).sum()),
-                   **_weight_stats(s.w[s.per_token(sel)], trunc_c)}
+                   **_weight_stats(s.w[tokens], trunc_c), **_quantiles("w", s.w[tokens]),
+                   **_quantiles("log_ratio", s.log_ratio[tokens])}
             per["kl_mean"], per["kl_median"] = _kl_stats(kl[sel])
             met.update({f"{name}/{k}": v for k, v in per.items()})
     return met

@@ -11,8 +11,6 @@ INCIDENTS = {"node_failed": "node", "payload_rejected": "source", "rewards_corre
              "node_left_out": "node_id", "checkpoint_failed": "node", "text_refused": "source"}
 """Event kinds the summary counts, each with the field naming whom it is about; a kind may carry
 a detail after a colon (``text_refused:unknown_token``), kept apart in the table."""
-MOSTLY = 0.5
-"""Share of a source's text-path samples a receiver refused above which the summary warns first."""
 
 
 def incidents(events: list[dict]) -> list[dict]:
@@ -34,28 +32,3 @@ def incidents(events: list[dict]) -> list[dict]:
             if isinstance(e.get(k), (int, float)):
                 row[k] += float(e[k])
     return list(rows.values())
-
-
-def mostly_refused(rows: list[dict]) -> list[str]:
-    """``"b could not represent most of a's samples ..."`` for each (source, receiver) whose
-    text-path samples the receiver mostly refused (over :data:`MOSTLY` of ``<source>/text_samples``
-    summed over the run's rows in metrics.jsonl), with the share of each reason."""
-    totals: dict[tuple[str, str], dict[str, float]] = {}
-    for row in rows:
-        for node, m in (row.get("nodes") or {}).items():
-            for key, value in m.items():
-                src, sep, name = key.partition("/")
-                if sep and isinstance(value, (int, float)) and (name == "text_samples" or
-                                                                 name.startswith("text_refused")):
-                    t = totals.setdefault((src, node), {})
-                    t[name] = t.get(name, 0.0) + float(value)
-    out = []
-    for (src, node), t in totals.items():
-        received, refused = t.get("text_samples", 0.0), t.get("text_refused", 0.0)
-        if received and refused / received > MOSTLY:
-            why = ", ".join(f"{k[len('text_refused_'):]} {v / received:.0%}"
-                            for k, v in sorted(t.items(), key=lambda x: -x[1]) if k.startswith("text_refused_"))
-            out.append(f"{node} could not represent most of {src}'s samples in its own tokens: it refused "
-                       f"{refused:.0f} of {received:.0f} ({refused / received:.0%}: {why}) and trained on "
-                       "the rest only (docs/cross-tokenizer.md)")
-    return out

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from ftis_flwr.server.eta import format_left, seconds_left
-from ftis_flwr.server.incidents import incidents, mostly_refused
+from ftis_flwr.server.incidents import incidents
+from ftis_flwr.server.source_health import source_health, warnings_first
 from ftis_flwr.server.plots import ACC_PREFIX, ACC_SUFFIX, plot_run
 from ftis_flwr.server.summary import (
     Summary,
@@ -264,7 +265,7 @@ class RunReporter:
             checkpoints={str(k): str(v) for k, v in (checkpoints or {}).items()},
             start_round=min((r for r in starts.values() if r is not None), default=0),
             incidents=incidents(load_events(self.run_dir)) if self.events_path.exists() else [],
-            warnings=mostly_refused(self._rows),
+            warnings=warnings_first(self._rows), health=source_health(self._rows),
         )
 
     def finish(self, extra: Mapping[str, Any] | None = None) -> Summary:

@@ -107,9 +107,12 @@ class Summary:
     start_round: int = 0
     incidents: list[dict] = field(default_factory=list)
     """Failures and rejections from events.jsonl, one row per (event, who): see :func:`incidents`."""
+    health: list[dict] = field(default_factory=list)
+    """Per (source, receiver): filtered share, ESS and weight / log-ratio quantiles over the run
+    (:func:`ftis_flwr.server.source_health.source_health`)."""
     warnings: list[str] = field(default_factory=list)
     """What an operator must read first (a peer's samples mostly unrepresentable for a receiver:
-    :func:`ftis_flwr.server.incidents.mostly_refused`)."""
+    :func:`ftis_flwr.server.source_health.warnings_first`)."""
 
     def to_dict(self) -> dict:
         def ch(c: Change) -> dict:
@@ -122,7 +125,7 @@ class Summary:
                          "delta_points": self.mean_delta[s]} for s in self.splits},
             "reward": {n: ch(c) for n, c in self.reward.items()},
             "checkpoints": self.checkpoints, "paths": self.paths, "incidents": self.incidents,
-            "warnings": self.warnings,
+            "warnings": self.warnings, "health": self.health,
         }, "summary")
 
 
@@ -165,7 +168,7 @@ def format_summary_table(summary: Summary) -> str:
     """Markdown tables (accuracy per node/split with a mean row; train reward) + checkpoints."""
     lost = failed_node_rounds(summary)
     out = [f"Rounds logged: {summary.rounds}" + (f"; failed node rounds: {lost}" if lost else ""), ""]
-    out[1:1] = [f"**Warning:** {w}" for w in summary.warnings] + ([""] if summary.warnings else [])
+    out[0:0] = [f"**Warning:** {w}" for w in summary.warnings] + ([""] if summary.warnings else [])
     if summary.splits:
         out += ["| node | split | first acc (round) | last acc (round) | change (pts) |",
                 "|---|---|---|---|---|"]
@@ -189,6 +192,15 @@ def format_summary_table(summary: Summary) -> str:
         c = summary.reward[node]
         out.append(f"| {node} | {_fmt(c.first, '.3f')} | {_fmt(c.last, '.3f')} | "
                    f"{_fmt(c.delta, '+.1f')} |")
+    if summary.health:
+        out += ["", "Per-source health (means over the rounds; w = truncated weight, log-ratio = log pi_old - log pi_gen):", "",
+                "| source | receiver | samples | filtered | ESS | w p50 / p90 / p99 | log-ratio p50 / p90 / p99 |",
+                "|---|---|---|---|---|---|---|"]
+        for h in summary.health:
+            w = " / ".join(_fmt(h[f"w_p{q}"], ".2f") for q in (50, 90, 99))
+            lr = " / ".join(_fmt(h[f"log_ratio_p{q}"], ".2f") for q in (50, 90, 99))
+            out.append(f"| {h['source']} | {h['receiver']} | {h['samples']:.0f} | {100 * h['filtered_share']:.0f}% | "
+                       f"{_fmt(h['ess'], '.2f')} | {w} | {lr} |")
     if summary.incidents:
         out += ["", "Failures and rejections (events.jsonl):", "",
                 "| event | node / source | seen by | times | rounds | groups | samples |",
