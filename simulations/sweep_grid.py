@@ -1,7 +1,7 @@
 """A sweep's grid: read from YAML, checked key by key, expanded into named runs.
 
-A grid file lists setups (a preset plus overrides, and optionally the subset of the grid's modes
-it runs), loss methods, collaboration modes, filter
+A grid file lists setups (a preset plus overrides, and optionally the subsets of the grid's modes
+and methods it runs), loss methods, collaboration modes, filter
 thresholds g (numbers, or ``{linear: [start, end]}`` for a per-node linear schedule) and run
 seeds. Expansion keeps only the points that differ: ``alone`` trains on own samples only, so
 its loss method and g change nothing (one ``alone`` run per setup and seed); methods without
@@ -20,7 +20,7 @@ MODES = ("vertical", "horizontal", "alone")
 TOP_KEYS = {"name": "str", "rounds": "int", "overrides": "mapping", "setups": "list",
             "methods": "list", "modes": "list", "g": "list", "seeds": "list or 'a-b'",
             "id_split": "str", "ood_split": "str", "seconds_per_round": "number", "nice": "int"}
-SETUP_KEYS = ("name", "preset", "overrides", "modes")
+SETUP_KEYS = ("name", "preset", "overrides", "modes", "methods")
 
 
 class GridError(ValueError):
@@ -152,6 +152,10 @@ def load_grid(path: str | Path, *, check_configs: bool = True) -> Grid:
         if not isinstance(modes, list) or not modes or any(m not in data["modes"] for m in modes):
             raise GridError(f"{path}: setups[{i}].modes={modes!r} must be a non-empty list of the grid's "
                             f"modes ({', '.join(data['modes'])})")
+        methods = s.get("methods", data["methods"])
+        if not isinstance(methods, list) or not methods or any(m not in data["methods"] for m in methods):
+            raise GridError(f"{path}: setups[{i}].methods={methods!r} must be a non-empty list of the grid's "
+                            f"methods ({', '.join(data['methods'])})")
         merged = {**common, **ov}
         if rounds:
             merged["rounds.num_rounds"] = rounds
@@ -165,11 +169,11 @@ def load_grid(path: str | Path, *, check_configs: bool = True) -> Grid:
                 raise GridError(f"{path}: setups[{i}] ({name}): {exc}") from None
             n_nodes, n_rounds = len(exp.nodes), exp.rounds.num_rounds
         setups.append({"name": name, "preset": str(s["preset"]), "overrides": merged, "nodes": n_nodes,
-                       "rounds": n_rounds, "modes": list(modes)})
+                       "rounds": n_rounds, "modes": list(modes), "methods": list(methods)})
     points: list[Point] = []
     seen: set[str] = set()
     for s in setups:
-        for method in data["methods"]:
+        for method in s["methods"]:
             for mode in s["modes"]:
                 for gtag, lin in gs:
                     if mode == "alone":  # no foreign samples: method and g change nothing

@@ -48,7 +48,9 @@ Not a claim of the paper, tested the same way where ``sweeps/extra-rule.yaml`` r
   with ``loss.filter_rule=or``) against setup ``<name>``'s F-TIS, same seeds.
 - (ratio) between peers of different tokenizers, F-TIS with chunk ratios ends above F-TIS with one
   HACPO-style ratio of means per completion (``sweeps/xtok.yaml``, ``xtok-seq.yaml``): setup
-  ``<name>-seq`` (``loss.cross_tokenizer_ratio=sequence``) against setup ``<name>``'s F-TIS.
+  ``<name>-seq`` (``loss.cross_tokenizer_ratio=sequence``) against setup ``<name>``'s F-TIS; and
+  word-boundary chunks (ALM-style, setup ``<name>-word``, ``loss.cross_tokenizer_ratio=word``)
+  above chunk ratios (``sweeps/xfamily-rg.yaml``).
 
 F-TIS means F-TIS vertical at the reference g in every claim but (g).
 
@@ -209,6 +211,10 @@ def claims(results: list[dict], id_split: str = "test", ood_split: str = "ood",
             rows += _variant_rows(results, setup, setup[:-len(RATIO_SUFFIX)], nodes, ftis, id_split,
                                   "(ratio) chunk ratios above a sequence ratio (ID)", "above", variant_first=False)
             continue
+        if setup.endswith(WORD_SUFFIX) and setup[:-len(WORD_SUFFIX)] in setups:
+            rows += _variant_rows(results, setup, setup[:-len(WORD_SUFFIX)], nodes, ftis, id_split,
+                                  "(ratio) word-boundary chunks above chunk ratios (ID)", "above", variant_first=True)
+            continue
         alone_id, alone_ood = finals(results, setup, "alone", id_split), finals(results, setup, "alone", ood_split)
         nois_id = finals(results, setup, "nois vertical", id_split)
         if nois_id and alone_id:
@@ -253,6 +259,7 @@ def claims(results: list[dict], id_split: str = "test", ood_split: str = "ood",
 
 RULE_SUFFIX = "-or"
 RATIO_SUFFIX = "-seq"
+WORD_SUFFIX = "-word"
 
 
 def _variant_rows(results: list[dict], setup: str, base: str, nodes: list[str], ftis: str | None,

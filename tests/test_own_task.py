@@ -5,6 +5,7 @@ errors a check gives for each kind of bad input (each naming its key)."""
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 
 import pytest
@@ -158,3 +159,37 @@ def test_nodes_that_compute_rewards_from_another_task_stop_the_run_naming_what_d
 
 def fingerprint_differs(a: dict, b: dict) -> list[str]:
     return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+
+
+def test_every_node_scores_own_and_received_samples_with_the_users_reward(files, tmp_path):
+    """Two tiny nodes on the user's rows: each calls the user's TRL-form reward on its own new
+    groups and on the groups it receives (the claimed rewards are never used), and evaluates the
+    user's test split under its name."""
+    from test_node import YAML
+
+    from ftis_flwr.node.node import Node, Received, StepRequest
+
+    log = tmp_path / "calls.log"
+    (files / "logged.py").write_text(textwrap.dedent(f'''
+        import os
+        def reward(completions, answer, **kwargs):
+            with open({str(log)!r}, "a") as fh:
+                fh.write(f"{{os.getpid()}} {{len(completions)}}\\n")
+            return [1.0 if c.strip() == a else 0.0 for c, a in zip(completions, answer)]
+    '''))
+    overrides = {"cache_dir": str(tmp_path / "cache"), "task.name": "dataset", "task.dataset": "json",
+                 "task.data_files.train": str(files / "train.jsonl"), "task.data_files.test": str(files / "test.jsonl"),
+                 "task.reward": f"{files / 'logged.py'}:reward"}
+    exp = load_experiment(yaml_text=YAML, overrides=overrides)
+    a, b = (Node(card, exp, cache_dir=tmp_path / "cache") for card in exp.nodes)
+    ra = a.step(StepRequest(0, 3, [0, 1], 4, True))
+    rb = b.step(StepRequest(0, 3, [2], 4, False))
+    assert "eval/test/accuracy" in ra.metrics and len(ra.groups) == 2
+    pid = os.getpid()
+    assert log.read_text().splitlines() == [f"{pid} 4", f"{pid} 4", f"{pid} 1", f"{pid} 4"]  # a: 2 groups, its
+    # evaluation of the one test row; b: its group
+    for g in rb.groups:
+        g.rewards = g.rewards + 1.0  # a peer's claimed rewards: never trusted
+    res = a.step(StepRequest(1, 3, [], 4, False, foreign=[Received("b", rb.groups, [2])]))
+    assert res.metrics["b/rewards_corrected"] == 4  # rescored with the user's reward
+    assert len(log.read_text().splitlines()) == 4 + 3  # a's 2 own groups and b's group, scored again

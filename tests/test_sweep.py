@@ -71,6 +71,15 @@ def test_a_setup_may_run_a_subset_of_the_modes(tmp_path):
     assert len(keys) == 2 * (2 + 1 + 1) + 2 * (2 + 1)
 
 
+def test_a_setup_may_run_a_subset_of_the_methods(tmp_path):
+    """A ratio ablation runs F-TIS only: its NoIS would repeat the base setup's (NoIS has no ratio)."""
+    data = yaml.safe_load(GRID)
+    data["setups"][1]["methods"] = [data["methods"][0]]
+    keys = [p.key for p in load_grid(_grid(tmp_path, yaml.safe_dump(data))).points]
+    assert "size__nois__vertical__g--__seed-0" in keys and "params__alone__alone__g--__seed-0" in keys
+    assert not any(k.startswith("params__nois") for k in keys)
+
+
 @pytest.mark.parametrize("key, value, message", [
     ("modes", ["vertical", "sideways"], "'sideways' is not a collaboration mode; allowed: vertical, horizontal, alone"),
     ("methods", ["f-tis", "magic"], "'magic' is not a loss method; allowed: "),
@@ -79,7 +88,9 @@ def test_a_setup_may_run_a_subset_of_the_modes(tmp_path):
     ("seeds", ["a"], "seeds=['a']"),
     ("colour", "red", "unknown key(s) colour; allowed: name (str), rounds (int)"),
     ("setups", [{"name": "x", "preset": "cpu-pair", "flavour": 1}],
-     "setups[0] (x): unknown key(s) flavour; allowed: name, preset, overrides, modes"),
+     "setups[0] (x): unknown key(s) flavour; allowed: name, preset, overrides, modes, methods"),
+    ("setups", [{"name": "x", "preset": "cpu-pair", "methods": ["tis"]}],
+     "setups[0].methods=['tis'] must be a non-empty list of the grid's methods"),
     ("setups", [{"name": "x", "preset": "cpu-pair", "modes": ["horizontal"]}],
      "setups[0].modes=['horizontal'] must be a non-empty list of the grid's modes (vertical, alone)"),
     ("setups", [{"name": "x", "preset": "no-such-preset"}], "setups[0] (x): "),
@@ -303,6 +314,27 @@ def test_verdicts_follow_the_fixed_rules_on_paired_seeds(tmp_path):
     assert [r.split(" | ")[1] for r in rows.values() if "not run" in r] == ["(f) F-VIS faster early, falls late"]
     four = [r for r in results if r["point"]["seed"] < 4]
     assert all("inconclusive (4 seeds < 5)" in r for r in claims(four)[2:] if "not run" not in r)
+
+
+def test_the_word_ratio_claim_compares_setup_word_with_its_base(tmp_path):
+    """(ratio) word-boundary chunks (setup s-word) above chunk ratios (s): weak +3 points in every
+    one of 8 seeds, reproduced by both rules; strong on both sides, inconclusive."""
+    from verdicts import claims
+
+    results = []
+    for seed in range(8):
+        results.append(_verdict_result("s", "alone", "alone", seed, {"weak": 0.4, "strong": 0.5},
+                                       {"weak": 0.6, "strong": 0.7}))
+        results.append(_verdict_result("s", "f-tis", "vertical", seed, {"weak": 0.4, "strong": 0.5},
+                                       {"weak": 0.60 + 0.01 * (seed % 3), "strong": 0.70}))
+        results.append(_verdict_result("s-word", "f-tis", "vertical", seed, {"weak": 0.4, "strong": 0.5},
+                                       {"weak": 0.63 + 0.01 * (seed % 3), "strong": 0.70 + (0.01 if seed % 2 else -0.01)}))
+    rows = {(r.split(" | ")[1], r.split(" | ")[2].split(" ")[0]): r for r in claims(results)[2:]}
+    weak = rows[("(ratio) word-boundary chunks above chunk ratios (ID)", "weak")]
+    assert weak.startswith("| s | ") and "+3.0 (+3.0..+3.0) | 8 | reproduced (8/8" in weak
+    assert weak.rstrip(" |").endswith("reproduced")  # the paired rule's verdict, last column
+    strong = rows[("(ratio) word-boundary chunks above chunk ratios (ID)", "strong")]
+    assert "inconclusive" in strong and strong.rstrip(" |").endswith("inconclusive")
 
 
 def test_method_table_means_and_paired_differences_on_the_seeds_every_config_ran(capsys):

@@ -154,7 +154,7 @@ def load_policy(card: ModelCard, *, task: Any = None, cache_dir: Path | None = N
     if slow:
         log.warning(slow)
     if card.source == "tiny":
-        if not isinstance(task, ArithmeticTask):  # a user's own task trains the arithmetic warm start
+        if task is not None and not isinstance(task, ArithmeticTask):  # a user's task: the arithmetic warm start
             task = ArithmeticTask(seed=getattr(task, "seed", ArithmeticTask().seed))
         base = warm_start(card, task, cache_dir)
         desc = "tiny-" + base.name.rsplit("-", 1)[0]  # e.g. tiny-small-addsub-2500steps-seed0

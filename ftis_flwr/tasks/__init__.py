@@ -1,5 +1,7 @@
 """Prompt sources and their rewards: offline generated arithmetic and basic math, GSM8K and
-MATH-500 (see each module); :mod:`.rewards` scores completions. May import only :mod:`ftis_flwr.config`."""
+MATH-500, a user's data set (:mod:`.dataset`), reasoning-gym's generators (:mod:`.reasoning_gym`)
+or a user's factory, all found through one registry (:mod:`.registry`); :mod:`.rewards` and
+:mod:`.reward_funcs` score completions. May import only :mod:`ftis_flwr.config`."""
 
 from __future__ import annotations
 
