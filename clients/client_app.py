@@ -127,6 +127,7 @@ def train(msg: Message, context: Context) -> Message:
                                      "align_fault": reply.get("align_fault", ""),
                                      "text_limits": reply.get("text_limits", ""),
                                      "task_parts": reply.get("task_parts", ""),
+                                     "samples": reply.get("samples", ""),
                                      "rejections": list(reply["rejections"]) or [""],
                                      "worker_pid": handle.pid, "worker_starts": starts}),
     })

@@ -81,6 +81,9 @@ def run(grid: Grid, experiment, *, connect_timeout: float = 120.0,
 
         strategy = FTISStrategy(experiment, run_name=name, out_dir=str(run_dir / "checkpoints"),
                                 on_round=on_round, on_event=reporter.log_event,
+                                on_samples=lambda rnd, node, rows: reporter.log_table(
+                                    rnd, f"samples/{node}", ["round", "node", "prompt", "completion", "reward"],
+                                    [[rnd, node, r["prompt"], r["completion"], r["reward"]] for r in rows]),
                                 connect_timeout=connect_timeout, state_dir=str(run_dir))
         if state is not None:
             strategy.restore(state)

@@ -332,11 +332,11 @@ def test_per_source_metrics():
         assert f"b/{key}" in m
     assert m["me/kl_median"] == pytest.approx(math.exp(5) - 6)
     for src in ("me", "a", "b"):  # per-source tails: ordered quantiles of the weights and log-ratios
-        for name in ("w", "log_ratio"):
+        for name in ("w", "abs_log_ratio"):
             p50, p90, p99 = (m[f"{src}/{name}_p{q}"] for q in (50, 90, 99))
             assert p50 <= p90 <= p99
         assert m[f"{src}/w_p99"] <= m[f"{src}/w_max"] + 1e-12 and m[f"{src}/w_p50"] >= m[f"{src}/w_min"] - 1e-12
-    assert m["me/log_ratio_p50"] == pytest.approx(-5.0)  # d = gen - old = 5 on every own token
+    assert m["me/abs_log_ratio_p50"] == pytest.approx(5.0)  # d = gen - old = 5 on every own token
     assert m["me/frac_tokens_truncated"] == 0.0  # d=5 means w = e^-5 < C
 
 

@@ -185,6 +185,8 @@ def test_every_node_scores_own_and_received_samples_with_the_users_reward(files,
     ra = a.step(StepRequest(0, 3, [0, 1], 4, True))
     rb = b.step(StepRequest(0, 3, [2], 4, False))
     assert "eval/test/accuracy" in ra.metrics and len(ra.groups) == 2
+    assert [r["prompt"] for r in ra.samples] == [g.prompt_id for g in ra.groups]  # report.samples_per_node=2
+    assert ra.samples[0]["reward"] == float(ra.groups[0].rewards[0]) and rb.samples == []  # b: no eval
     pid = os.getpid()
     assert log.read_text().splitlines() == [f"{pid} 4", f"{pid} 4", f"{pid} 1", f"{pid} 4"]  # a: 2 groups, its
     # evaluation of the one test row; b: its group
@@ -193,3 +195,15 @@ def test_every_node_scores_own_and_received_samples_with_the_users_reward(files,
     res = a.step(StepRequest(1, 3, [], 4, False, foreign=[Received("b", rb.groups, [2])]))
     assert res.metrics["b/rewards_corrected"] == 4  # rescored with the user's reward
     assert len(log.read_text().splitlines()) == 4 + 3  # a's 2 own groups and b's group, scored again
+
+
+def test_sample_rows_in_a_reply_are_read_safely():
+    from ftis_flwr.server.replies import MAX_SAMPLES, read_samples
+
+    rows = [{"prompt": "train:1", "completion": "42", "reward": 1.0}]
+    assert read_samples(json.dumps(rows)) == rows
+    assert read_samples("") == [] and read_samples("{not json") == [] and read_samples('{"a": 1}') == []
+    assert read_samples(json.dumps([{"prompt": "p", "completion": "x" * 5000, "reward": "high"}])) == []
+    many = read_samples(json.dumps(rows * 40))
+    assert len(many) == MAX_SAMPLES
+    assert len(read_samples(json.dumps([{**rows[0], "completion": "x" * 5000}]))[0]["completion"]) == 2000

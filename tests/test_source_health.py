@@ -13,8 +13,8 @@ from ftis_flwr.server.source_health import source_health, warnings_first
 def _row(r: int, filtered_b: float) -> dict:
     return {"round": r, "nodes": {
         "a": {"b/samples": 10.0, "b/filtered": filtered_b, "b/ess": 0.5 + 0.1 * r, "b/w_p50": 1.0,
-              "b/w_p90": 1.5, "b/w_p99": 2.0, "b/log_ratio_p50": 0.0, "b/log_ratio_p90": 0.4,
-              "b/log_ratio_p99": 3.0, "a/samples": 10.0, "a/filtered": 0.0},
+              "b/w_p90": 1.5, "b/w_p99": 2.0, "b/abs_log_ratio_p50": 0.0, "b/abs_log_ratio_p90": 0.4,
+              "b/abs_log_ratio_p99": 3.0, "a/samples": 10.0, "a/filtered": 0.0},
         "b": {"a/samples": 10.0, "a/filtered": 1.0, "a/ess": float("nan")}}}
 
 
@@ -24,7 +24,7 @@ def test_health_per_pair_over_the_run_and_the_almost_all_filtered_warning():
     assert set(health) == {("b", "a"), ("a", "b")}  # a node's own samples are not a peer
     ba = health[("b", "a")]
     assert ba["rounds"] == 2 and ba["samples"] == 20 and ba["filtered_share"] == pytest.approx(0.95)
-    assert ba["ess"] == pytest.approx(0.65) and ba["log_ratio_p99"] == 3.0
+    assert ba["ess"] == pytest.approx(0.65) and ba["abs_log_ratio_p99"] == 3.0
     assert health[("a", "b")]["ess"] is None  # NaN rounds are not averaged in
     (line,) = warnings_first(rows)
     assert line.startswith("a's filter dropped almost all of b's samples: 19 of 20 (95%)")

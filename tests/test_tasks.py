@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -198,6 +199,28 @@ def test_shared_data_files(name, rows):
     assert all(p.gold and p.question for p in problems)
     if name.startswith("gsm8k"):
         assert all(re.fullmatch(r"-?[\d.]+", p.gold) for p in problems)
+
+
+def test_gsm8k_and_math500_are_data_set_tasks_with_the_same_problems_and_ids():
+    """GSM8K and MATH-500 load through the data set task (tasks/dataset.py); the first problems,
+    their ids, golds and train order are pinned (from ../shared/data, skipped without it)."""
+    from ftis_flwr.tasks.dataset import DatasetTask
+
+    files = {n: SHARED / f for n, f in (("train", "gsm8k_train.jsonl"), ("test", "gsm8k_test.jsonl"),
+                                         ("math500", "math500_test.jsonl"))}
+    if not all(f.is_file() for f in files.values()):
+        pytest.skip("../shared/data not present (optional real data; the project does not need it)")
+    task = make_task(TaskConfig(name="gsm8k", train_path=str(files["train"]),
+                                eval_paths={"test": str(files["test"]), "math500": str(files["math500"])}))
+    assert isinstance(task, DatasetTask) and task.splits == ("train", "test", "math500")
+    first = task.problem("test:0")
+    assert first.question.startswith("Janet\u2019s ducks lay 16 eggs per day.") and first.gold == "18"
+    assert task.problem("train:0").gold == "72" and task.problem("train:0").question.startswith("Natalia sold clips")
+    assert task.problem("math500:0").gold == "\\left( 3, \\frac{\\pi}{2} \\right)"
+    assert [task.train_problem(i).id for i in range(3)] == ["train:3169", "train:797", "train:5780"]
+    every = "".join(p.id + p.question + p.gold for s in task.splits for p in task.problems(s))
+    assert hashlib.sha256(every.encode()).hexdigest()[:16] == "8658d072c703dc12"  # as before the data set task
+    assert task.rewards(["<think> x </think><answer> 18 </answer>"], [first]) == [1.0]
 
 
 # ------------------------------------------------------------------------------ arithmetic-heldout

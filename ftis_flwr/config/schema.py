@@ -356,6 +356,9 @@ class ReportConfig:
     """Trackers: any of ``tensorboard`` (default), ``mlflow`` (reads ``MLFLOW_TRACKING_URI``),
     ``wandb`` (honours ``WANDB_MODE=offline``), or ``none``; comma-separated on the command line.
     mlflow and wandb are optional extras (``pip install -e ".[trackers]"``)."""
+    samples_per_node: int = 2
+    """Completions per node logged to the trackers as a table at each evaluated round (its
+    prompt id, text and reward; 0: none). They travel in the node's reply, a few hundred bytes."""
 
 
 @dataclass

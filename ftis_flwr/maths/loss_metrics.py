@@ -93,7 +93,8 @@ def _weight_stats(w: np.ndarray, c: float) -> dict[str, float]:
 
 
 QUANTILES = (50, 90, 99)
-"""Per-source quantiles of the truncated weights and log-ratios (a far peer shows in its tails)."""
+"""Per-source quantiles of the truncated weights and of |log pi_old - log pi_gen| (a far peer shows
+in its tails, on either side: the filter's k3 grows with exp(gen - old))."""
 
 
 def _quantiles(name: str, x: np.ndarray) -> dict[str, float]:
@@ -157,7 +158,7 @@ def loss_metrics(s: LossStats, trunc_c: float) -> dict[str, float]:
             tokens = s.per_token(sel)
             per = {**counts(sel), "foreign": float((sel & foreign).sum()),
                    **_weight_stats(s.w[tokens], trunc_c), **_quantiles("w", s.w[tokens]),
-                   **_quantiles("log_ratio", s.log_ratio[tokens])}
+                   **_quantiles("abs_log_ratio", np.abs(s.log_ratio[tokens]))}
             per["kl_mean"], per["kl_median"] = _kl_stats(kl[sel])
             met.update({f"{name}/{k}": v for k, v in per.items()})
     return met

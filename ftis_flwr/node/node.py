@@ -72,6 +72,9 @@ class StepResult:
     metrics: dict[str, float]
     rejections: list[str] = field(default_factory=list)
     """``"<source>: <reason>"`` per source and kind of rejected group, for the server's log."""
+    samples: list[dict] = field(default_factory=list)
+    """At evaluated rounds, ``report.samples_per_node`` of the new completions (prompt id, text,
+    reward) for the trackers' tables."""
 
 
 def sampling_seed(card_seed: int, run_seed: int, round_idx: int) -> int:
@@ -140,6 +143,7 @@ class Node:
             metrics[f"{src}/samples_rejected"] = float(n_samples)
         rejections: list[str] = []
         batch = list(self.pending)
+        last_own = batch  # the last round's own groups: the samples table of a round that makes none
         if self.cfg.advantage.mode != "alone":
             batch += self._usable(req.foreign, metrics, rejections)
         elif req.foreign:
@@ -167,7 +171,9 @@ class Node:
         if req.send_text:  # a payload carries every group's texts or none: the rest stay home
             sent = [g for g in self.pending if g.texts is not None]
             metrics["groups_unsent_no_text"] = float(len(self.pending) - len(sent))
-        return StepResult(groups=sent, metrics=metrics, rejections=rejections)
+        samples = self._sample_rows(self.cfg.report.samples_per_node, self.pending or last_own) \
+            if req.evaluate else []
+        return StepResult(groups=sent, metrics=metrics, rejections=rejections, samples=samples)
 
     # ---------------------------------------------------------------- helpers
     def _prompt_tokens(self, problem) -> np.ndarray:
@@ -176,6 +182,14 @@ class Node:
             ids = self.task.prompt_ids(problem, self.tokenizer)
             cached = self._prompt_cache[problem.id] = np.asarray(ids, dtype=np.int64)
         return cached
+
+    def _sample_rows(self, k: int, groups: list[Group]) -> list[dict]:
+        """The first completion of each of the first ``k`` of ``groups``, decoded, with its reward."""
+        rows = []
+        for g in groups[:max(k, 0)]:
+            text = self.tokenizer.decode(g.completions[0].tolist(), skip_special_tokens=True)
+            rows.append({"prompt": g.prompt_id, "completion": text[:2000], "reward": float(g.rewards[0])})
+        return rows
 
     def _usable(self, received: list[Received], metrics: dict[str, float],
                 reasons: list[str]) -> list[Group]:

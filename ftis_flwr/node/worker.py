@@ -369,7 +369,8 @@ def step_from_payloads(node, payload: dict[str, Any]) -> dict[str, Any]:
             "rejections": reasons + result.rejections,
             "node": node.card.name, "model_id": node.policy.model_id, "tokenizer_fp": node.fingerprint,
             "align_fault": node.align_fault, "text_limits": node.text_limits,
-            "task_parts": json.dumps(node.task_parts, sort_keys=True)}
+            "task_parts": json.dumps(node.task_parts, sort_keys=True),
+            "samples": json.dumps(result.samples)}
 
 
 def main(argv: list[str] | None = None) -> None:

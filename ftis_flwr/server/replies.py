@@ -51,6 +51,8 @@ class TrainReply:
     """The node's tokenizer fingerprint as it reports it ("" if it does not)."""
     align_fault: str = ""
     """Why the node's tokenizer cannot be aligned with another ("" when it can or did not say)."""
+    samples: list[dict] = field(default_factory=list)
+    """A few of the node's new completions (prompt, completion, reward) for the trackers' tables."""
     task_parts: dict[str, str] = field(default_factory=dict)
     """What the node's rewards are computed from ({} when it did not say): part -> hash."""
     text_limits: str = ""
@@ -113,7 +115,8 @@ def read_train_reply(content: RecordDict, wire: WireConfig | None = None) -> Tra
                       ntokens=completion_tokens(arrays), tokenizer_fp=fp if isinstance(fp, str) else "",
                       align_fault=fault[:300] if isinstance(fault, str) else "",
                       text_limits=limits[:600] if isinstance(limits, str) else "",
-                      task_parts=read_parts(info.get("task_parts", "")))
+                      task_parts=read_parts(info.get("task_parts", "")),
+                      samples=read_samples(info.get("samples", "")))
 
 
 def read_parts(text: object) -> dict[str, str]:
@@ -125,6 +128,27 @@ def read_parts(text: object) -> dict[str, str]:
     except ValueError:
         return {}
     return {str(k): str(v) for k, v in parts.items()} if isinstance(parts, dict) else {}
+
+
+MAX_SAMPLES = 16
+"""Sample rows a reply may carry (more are cut): they are for a table, not for training."""
+
+
+def read_samples(text: object) -> list[dict]:
+    """A reply's ``samples`` (JSON list of {prompt, completion, reward}), cut to :data:`MAX_SAMPLES`
+    rows of 2,000 characters; [] when absent or malformed (a table row is never worth a failed round)."""
+    if not isinstance(text, str) or not text:
+        return []
+    try:
+        rows = json.loads(text)
+    except ValueError:
+        return []
+    out = []
+    for row in rows[:MAX_SAMPLES] if isinstance(rows, list) else []:
+        if isinstance(row, dict) and isinstance(row.get("reward"), (int, float)):
+            out.append({"prompt": str(row.get("prompt", ""))[:200], "completion": str(row.get("completion", ""))[:2000],
+                        "reward": float(row["reward"])})
+    return out
 
 
 def check_payload(arrays: ArrayRecord, meta: ConfigRecord, wire: WireConfig) -> int:

@@ -15,7 +15,7 @@ MOSTLY = 0.5
 """Share of a source's text-path samples a receiver refused above which the summary warns first."""
 ALMOST_ALL = 0.9
 """Share of a source's samples a receiver's filter dropped above which the summary warns first."""
-HEALTH = ("ess", "w_p50", "w_p90", "w_p99", "log_ratio_p50", "log_ratio_p90", "log_ratio_p99")
+HEALTH = ("ess", "w_p50", "w_p90", "w_p99", "abs_log_ratio_p50", "abs_log_ratio_p90", "abs_log_ratio_p99")
 """Per-source metrics averaged over the rounds they were reported in (the health table)."""
 
 

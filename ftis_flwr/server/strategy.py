@@ -93,7 +93,8 @@ class FTISStrategy(Lifecycle, Strategy):
 
     def __init__(self, experiment: ExperimentConfig, *, run_name: str = "", out_dir: str = "",
                  on_round: RoundCallback | None = None, on_event: Callable[..., None] | None = None,
-                 connect_timeout: float = 120.0, state_dir: str = ""):
+                 connect_timeout: float = 120.0, state_dir: str = "",
+                 on_samples: Callable[[int, str, list[dict]], None] | None = None):
         self.cfg = copy.deepcopy(experiment)  # never the caller's object: start() may change it
         self.run_name = run_name or default_run_name(experiment)
         self.out_dir = out_dir or str(Path(experiment.run_dir).expanduser().resolve() / self.run_name
@@ -105,6 +106,9 @@ class FTISStrategy(Lifecycle, Strategy):
         stopped run can be resumed (:meth:`restore`); empty: not saved."""
         self._first_round = 0
         self.on_round = on_round
+        self.on_samples = on_samples
+        """``on_samples(round, node, rows)``: a few of a node's new completions at evaluated rounds
+        (``report.samples_per_node``), for a tracker's table."""
         self.on_event = on_event or (lambda kind, **fields: None)
         self.connect_timeout = connect_timeout
         self._experiment_json = json.dumps(to_dict(experiment))
@@ -287,6 +291,8 @@ class FTISStrategy(Lifecycle, Strategy):
             self.budget.note(r.name, r.metrics)
             self.peers.note(r.name, r.tokenizer_fp, r.align_fault, r.text_limits)
             self.tasks.note(r.name, r.task_parts)
+            if r.samples and self.on_samples is not None:
+                self.on_samples(server_round, r.name, r.samples)
             rejected |= self.rejections.note(server_round, r, self._forwarded.get(nid, []))
         for nid, reason in outcome.failures.items():
             name = self.roster.name(nid)

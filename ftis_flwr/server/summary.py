@@ -193,12 +193,13 @@ def format_summary_table(summary: Summary) -> str:
         out.append(f"| {node} | {_fmt(c.first, '.3f')} | {_fmt(c.last, '.3f')} | "
                    f"{_fmt(c.delta, '+.1f')} |")
     if summary.health:
-        out += ["", "Per-source health (means over the rounds; w = truncated weight, log-ratio = log pi_old - log pi_gen):", "",
-                "| source | receiver | samples | filtered | ESS | w p50 / p90 / p99 | log-ratio p50 / p90 / p99 |",
+        out += ["", "Per-source health (means over the rounds; w = truncated weight, |log-ratio| = "
+                "|log pi_old - log pi_gen| per token):", "",
+                "| source | receiver | samples | filtered | ESS | w p50 / p90 / p99 | abs log-ratio p50 / p90 / p99 |",
                 "|---|---|---|---|---|---|---|"]
         for h in summary.health:
             w = " / ".join(_fmt(h[f"w_p{q}"], ".2f") for q in (50, 90, 99))
-            lr = " / ".join(_fmt(h[f"log_ratio_p{q}"], ".2f") for q in (50, 90, 99))
+            lr = " / ".join(_fmt(h[f"abs_log_ratio_p{q}"], ".2f") for q in (50, 90, 99))
             out.append(f"| {h['source']} | {h['receiver']} | {h['samples']:.0f} | {100 * h['filtered_share']:.0f}% | "
                        f"{_fmt(h['ess'], '.2f')} | {w} | {lr} |")
     if summary.incidents:
