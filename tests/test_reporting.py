@@ -220,3 +220,14 @@ def test_the_plot_shows_the_cross_tokenizer_share_only_where_text_path_samples_w
     assert not any(t.startswith("Cross-tokenizer") for t, *_ in _panels([], plain))
     plot_run(tmp_path / "p.png", "t", ["a"], [], xtok + [{"round": 2, "nodes": {"a": {"kl_mean_foreign": 2.0}}}])
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_plot_shows_the_received_weights_health():
+    """The ESS of the received weights and the farthest source's |log-ratio| p99 (own ~0)."""
+    from ftis_flwr.server.plots import _panels, _worst_tail
+
+    m = {"ess": 0.8, "a/abs_log_ratio_p99": 0.01, "b/abs_log_ratio_p99": 3.5, "c/abs_log_ratio_p99": float("nan")}
+    panels = {t: get for t, get, *_ in _panels([], [])}
+    assert panels["Effective sample size of received samples' weights"](m) == 0.8
+    assert panels["Received |log-ratio| p99, farthest source"](m) == 3.5 == _worst_tail(m)
+    assert _worst_tail({"ess": 1.0}) is None

@@ -1,6 +1,7 @@
 """The run's plot.png: accuracy per held-out split, train reward, and the method's own
 diagnostics (filtered share of received samples, truncated token share, KL of received
-samples on a log scale: k3 reaches 1e5 and more for a far sample), and, where peers of other
+samples on a log scale: k3 reaches 1e5 and more for a far sample, the effective sample size of
+the received weights and the farthest source's |log-ratio| p99), and, where peers of other
 tokenizers trained through their text, the share of received tokens in multi-token chunks; one
 colour per node, from exactly the rows the reporter logged."""
 
@@ -30,6 +31,13 @@ def _xtok_share(m: dict) -> float | None:
     return sum(m.get(src + XTOK_SHARE, 0.0) * n for src, n in tokens.items()) / sum(tokens.values())
 
 
+def _worst_tail(m: dict) -> float | None:
+    """The largest p99 of |log pi_old - log pi_gen| over a node's sources: the farthest peer's
+    (its own samples' is ~0, so it never wins)."""
+    tails = [v for k, v in m.items() if k.endswith("/abs_log_ratio_p99") and v is not None and math.isfinite(v)]
+    return max(tails) if tails else None
+
+
 def _panels(splits: list[str], rows: list[dict] = ()) -> list[tuple[str, object, str, bool]]:
     """(title, metric getter, y label, sparse: evaluated rounds only)."""
     panels = [(f"Eval accuracy: {s}", (lambda k: lambda m: m.get(k))(f"{ACC_PREFIX}{s}{ACC_SUFFIX}"),
@@ -40,6 +48,8 @@ def _panels(splits: list[str], rows: list[dict] = ()) -> list[tuple[str, object,
         ("Truncated IS weights (token share)", lambda m: m.get("frac_tokens_truncated"), "share", False),
         ("KL of received samples (mean k3 = E[e^d - d - 1], d = log gen - log pi)",
          lambda m: m.get("kl_mean_foreign"), "KL (log scale)", False),
+        ("Effective sample size of received samples' weights", lambda m: m.get("ess"), "ESS (0..1)", False),
+        ("Received |log-ratio| p99, farthest source", _worst_tail, "nats", False),
     ]
     if any(_xtok_share(m) is not None for row in rows for m in row["nodes"].values()):
         panels.append(("Cross-tokenizer: received tokens in multi-token chunks", _xtok_share, "share", False))
