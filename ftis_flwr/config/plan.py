@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from ftis_flwr.config.dtypes import resolve_dtypes, warn_slow_bf16
 from ftis_flwr.config.merge import load_experiment
-from ftis_flwr.config.schema import ExperimentConfig, ModelCard
+from ftis_flwr.config.schema import ConfigError, ExperimentConfig, ModelCard
 
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 GIB = 1024 ** 3
@@ -208,10 +208,14 @@ def report(exp: ExperimentConfig) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Validate an experiment and estimate each node's memory.")
+    parser = argparse.ArgumentParser(prog="python -m ftis_flwr.config.plan",
+                                     description="Validate an experiment and estimate each node's memory.")
     parser.add_argument("preset", help="preset name (ftis_flwr/config/presets) or YAML path")
     args = parser.parse_args(argv)
-    exp = load_experiment(args.preset)
+    try:
+        exp = load_experiment(args.preset)
+    except ConfigError as exc:  # a bad preset name or value: named, never a traceback
+        parser.exit(2, f"{parser.prog}: {exc}\n")
     print(f"{args.preset}: valid; {len(exp.nodes)} nodes, G={exp.rollout.group_size}, "
           f"{exp.rollout.max_new_tokens} new tokens, generation batch {exp.rollout.batch_size}, "
           f"micro-batch {exp.train.micro_batch_size}")

@@ -151,14 +151,14 @@ def experiment_errors(cfg: ExperimentConfig, *, import_registries: bool = True) 
                       f"token of wire.max_tokens_per_payload={cfg.wire.max_tokens_per_payload}: "
                       "receivers would reject payloads the token cap admits")
     t = cfg.train
-    if t.lr <= 0 or t.grad_clip <= 0 or t.micro_batch_size < 1 or t.updates_per_round < 1:
-        errors.append("train.lr and train.grad_clip must be > 0, train.micro_batch_size and "
-                      "train.updates_per_round >= 1")
+    errors += [f"train.{k}={getattr(t, k)} must be > 0" for k in ("lr", "grad_clip") if getattr(t, k) <= 0]
+    errors += [f"train.{k}={getattr(t, k)} must be >= 1" for k in ("micro_batch_size", "updates_per_round")
+               if getattr(t, k) < 1]
     if t.warmup_rounds < 0:
         errors.append(f"train.warmup_rounds={t.warmup_rounds} must be >= 0")
     rd = cfg.rounds
-    if rd.num_rounds < 1 or rd.prompts_per_node < 1:
-        errors.append("rounds.num_rounds and rounds.prompts_per_node must be >= 1")
+    errors += [f"rounds.{k}={getattr(rd, k)} must be >= 1" for k in ("num_rounds", "prompts_per_node")
+               if getattr(rd, k) < 1]
     if rd.state_every < 0:
         errors.append(f"rounds.state_every={rd.state_every} must be >= 0 (0 = never save node state)")
     if rd.min_nodes < 1 or rd.round_timeout <= 0 or rd.eval_every < 0 or rd.eval_size < 0:
