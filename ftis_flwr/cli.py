@@ -270,8 +270,9 @@ def main(argv: list[str] | None = None) -> int:
                                 "S seconds (default 60; 0: once)")
     args, rest = p.parse_known_args(argv)
     args.rest = rest
-    if args.command == "check" and rest:
-        p.error(f"check takes no flwr arguments: {' '.join(rest)}")
+    if args.command == "check" and rest:  # a `run` command line with `check` for `run`: still checked
+        print(f"ftis-flwr: note: flwr run's own arguments are passed to it by `run` and not checked here: "
+              f"{' '.join(rest)}", file=sys.stderr)
     local = args.command == "run" and not (args.rest and not args.rest[0].startswith("-"))
     try:
         given, exp = check(args.app, args.run_config, local=local)
