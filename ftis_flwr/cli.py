@@ -259,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="ftis-flwr", description=__doc__.splitlines()[0])
     p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
+    stop = sub.add_parser("stop", help="stop the local SuperLink that `flwr run` left running (by its pid)")
+    stop.add_argument("--port", type=int, default=None, help="its port (default 39091, Flower's)")
     for name, what in (("check", "check the run configuration and exit"),
                        ("run", "check it, run `flwr run` with the same arguments, exit with the outcome")):
         c = sub.add_parser(name, help=what)
@@ -270,6 +272,14 @@ def main(argv: list[str] | None = None) -> int:
                                 "S seconds (default 60; 0: once)")
     args, rest = p.parse_known_args(argv)
     args.rest = rest
+    if args.command == "stop":
+        from ftis_flwr import local_superlink
+
+        port = args.port or local_superlink.PORT
+        pids = local_superlink.stop(port)
+        print(f"ftis-flwr: stopped the local SuperLink (pid {', '.join(map(str, pids))})" if pids else
+              f"ftis-flwr: no SuperLink listens on port {port}", flush=True)
+        return 0
     if args.command == "check" and rest:  # a `run` command line with `check` for `run`: still checked
         print(f"ftis-flwr: note: flwr run's own arguments are passed to it by `run` and not checked here: "
               f"{' '.join(rest)}", file=sys.stderr)

@@ -153,3 +153,33 @@ def test_check_takes_a_run_command_line_as_it_is(capsys):
     out = capsys.readouterr()
     assert code == 0 and "configuration valid" in out.out
     assert "not checked here: --stream --federation-config num-supernodes=2" in out.err
+
+
+def test_stop_finds_the_process_listening_on_the_port_and_stops_it_by_pid(capsys):
+    """``ftis-flwr stop --port P``: the process that listens on P (here a plain listening socket in a
+    child process, standing in for the SuperLink: what is tested is finding it by its port) is
+    stopped by its pid; with nothing listening, it says so."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = ("import socket, time; s = socket.socket(); s.bind(('127.0.0.1', %d)); s.listen(); "
+            "print('up', flush=True); time.sleep(120)" % port)
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "up"
+        from ftis_flwr.local_superlink import listening_pids
+
+        assert listening_pids(port) == [child.pid]
+        assert main(["stop", "--port", str(port)]) == 0
+        assert f"stopped the local SuperLink (pid {child.pid})" in capsys.readouterr().out
+        assert child.wait(timeout=20) != 0
+        assert main(["stop", "--port", str(port)]) == 0
+        assert f"no SuperLink listens on port {port}" in capsys.readouterr().out
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()

@@ -25,7 +25,8 @@ ALLOWED = {
     "xtok": {"config", "wire"},
     "node": {"maths", "config", "tasks", "wire", "xtok"},
     "server": {"config", "wire"},
-    "cli": {"config"},
+    "cli": {"config", "local_superlink"},
+    "local_superlink": set(),
 }
 """Part -> the other parts it may import (``ftis_flwr.<part>``)."""
 
