@@ -62,3 +62,12 @@ def test_the_site_builds_strictly(tmp_path):
     assert "ftis_flwr.maths.advantages.filter_mask" in html  # a cross-reference the docstrings make
     left = re.findall(r":(?:func|class|mod|meth|attr|data|exc|obj):<code>[^<]*", html)
     assert not left, f"Sphinx roles shown as text on the API page: {left[:5]}"  # scripts/mkdocs_hooks.py
+
+
+def test_the_readme_and_getting_started_quote_the_same_test_suite_figure():
+    """One figure for the suite (count, skipped, time), the same wherever it is quoted."""
+    pattern = re.compile(r"(\d+) passed and (\d+) skipped\s+in\s+(\d+ min \d+ s)")
+    quotes = {name: pattern.findall(" ".join((REPO / name).read_text().split()))
+              for name in ("README.md", "docs/getting-started.md")}
+    assert all(len(q) == 1 for q in quotes.values()), quotes
+    assert quotes["README.md"] == quotes["docs/getting-started.md"]
