@@ -31,6 +31,17 @@ from pathlib import Path
 from typing import Any
 
 EXIT_INVALID, EXIT_FAILED = 2, 1
+DESCRIPTION = """Check a run configuration of the ftis-flwr Flower app in about a second (every
+unknown key and bad value named at once), run it with `flwr run`, and exit with the run's outcome."""
+EPILOG = """examples:
+  ftis-flwr check . --run-config "preset='cpu-smollm2' loss.trunc-c=3"
+  ftis-flwr run . --stream --federation-config "num-supernodes=2 client-resources-num-cpus=1"
+  ftis-flwr stop
+
+`run` passes every argument it does not know (--stream, --federation-config, a federation name)
+on to `flwr run`; `check` takes the same command line and checks what it can.
+
+exit codes: 0 completed (or valid, for check), 1 the run failed, 2 invalid configuration"""
 STARTED = re.compile(r"Successfully started run (\d+)")
 UNREACHABLE = "Connection to the SuperLink is unavailable"  # flwr 1.42's words when nothing answers
 WAIT_STEP = 2.0
@@ -256,14 +267,16 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="ftis-flwr", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="ftis-flwr", description=DESCRIPTION, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
     stop = sub.add_parser("stop", help="stop the local SuperLink that `flwr run` left running (by its pid)")
     stop.add_argument("--port", type=int, default=None, help="its port (default 39091, Flower's)")
     for name, what in (("check", "check the run configuration and exit"),
                        ("run", "check it, run `flwr run` with the same arguments, exit with the outcome")):
-        c = sub.add_parser(name, help=what)
+        c = sub.add_parser(name, help=what, description=f"ftis-flwr {name}: {what}.", epilog=EPILOG,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
         c.add_argument("app", nargs="?", default=".", type=Path, help="the Flower app's folder (default: .)")
         c.add_argument("--run-config", action="append", default=[], help="as for flwr run (may repeat)")
         if name == "run":
