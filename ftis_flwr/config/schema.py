@@ -47,7 +47,7 @@ class AdvantageConfig:
 
 @dataclass
 class WireConfig:
-    """What crosses the network and the caps a receiver enforces (DESIGN: Data on the wire)."""
+    """What crosses the network and the caps a receiver enforces (docs/wire-cost.md, docs/security.md)."""
 
     format: str = "compact"
     """What a node sends: "compact" (default, format 2: one byte container, bit-packed ids,
@@ -130,7 +130,7 @@ class TrainConfig:
 
 @dataclass
 class RoundConfig:
-    """The federation's schedule, read by the strategy (DESIGN: One round)."""
+    """The federation's schedule, read by the strategy (docs/how-it-works.md)."""
 
     num_rounds: int = 50
     """Rounds (paper: ~50)."""
@@ -165,7 +165,7 @@ class RoundConfig:
 
 @dataclass
 class ExchangeConfig:
-    """How many foreign groups each node gets per round (DESIGN: Growth), read by the strategy.
+    """How many foreign groups each node gets per round (docs/performance.md), read by the strategy.
 
     With m nodes a node otherwise receives (and trains on) the groups of all m - 1 others: its
     bytes received and update time grow with m. A budget keeps them flat."""
@@ -218,7 +218,7 @@ class LoraConfig:
 
 @dataclass
 class ModelCard:
-    """One node's identity: which model, how it trains, where it runs (DESIGN: Identity)."""
+    """One node's identity: which model, how it trains, where it runs (docs/deployment.md: a card per SuperNode)."""
 
     name: str = "node"
     """Node name, used in logs and on the wire."""

@@ -1,5 +1,5 @@
-"""What a node accepts of the groups the server forwarded it (DESIGN: a receiver checks what only
-it can judge), and the text path's conversion into its own tokens.
+"""What a node accepts of the groups the server forwarded it (a receiver checks what only it can
+judge: docs/security.md), and the text path's conversion into its own tokens.
 
 Why apart from the node: it is the receiver's gate, one function per question: whose groups
 these are by the server's stamp, whether their prompts were assigned to that source, whether they

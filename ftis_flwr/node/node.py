@@ -1,6 +1,6 @@
 """One participant: its policy, optimiser, rollout engine and the groups it generated last round.
 
-A round is one call of :meth:`Node.step` (DESIGN: One round, one message per node):
+A round is one call of :meth:`Node.step` (docs/how-it-works.md: one round, one message per node):
 
 1. train on last round's own groups (exactly on-policy) plus the groups received from the other
    nodes (one update stale, corrected by the importance weights), with rewards recomputed here;

@@ -1,4 +1,4 @@
-"""The wire codec of groups to Flower records (algorithm §1, DESIGN: Data on wire).
+"""The wire codec of groups to Flower records (algorithm §1; docs/wire-cost.md).
 
 Only tokens, per-token generator log-probs and small metadata cross the network. Two formats,
 chosen by the sender's ``wire.format``; a receiver reads both (a federation can switch format
