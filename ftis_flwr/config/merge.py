@@ -327,8 +327,9 @@ def load_run_config(run_config: Mapping[str, Any], *, import_registries: bool = 
     if config_file:
         path = Path(config_file).expanduser()
         if not path.is_file():
-            raise ConfigError(f"config-file={config_file!r}: no such file (relative paths resolve "
-                              f"in the directory the SuperLink runs in; give an absolute path)")
+            raise ConfigError(f"config-file={config_file!r}: no such file here (under plain `flwr run` a relative "
+                              f"path resolves where the SuperLink runs: give an absolute one, or run "
+                              f"`ftis-flwr run`, which resolves it where you are)")
         yaml_text = path.read_text()
     flat = {k: v for k, v in run_config.items() if _normalise_key(k) not in APP_KEYS and v != ""}
     flat.update(parse_overrides(str(app.get("overrides", "") or "")))

@@ -226,8 +226,10 @@ class ModelCard:
     """"tiny" (built and warm-started locally, offline), a local directory, or a hub id."""
     tiny_tokenizer: str = "char"
     """tiny source only: "char" (default: one token per character, shared by the default's
-    models) or "bpe" (a byte-level BPE trained offline on the arithmetic data, whose tokens span
-    several characters: a tiny peer with *another* tokenizer, for cross-tokenizer runs)."""
+    models), "bpe" (a byte-level BPE trained offline on the arithmetic data, whose tokens span
+    several characters: a tiny peer with *another* tokenizer, for cross-tokenizer runs) or
+    "unigram" (a SentencePiece-style unigram model with metaspace and no byte fallback: a third
+    segmentation, and a receiver that refuses characters outside its vocabulary)."""
     tiny_size: str = "small"
     """tiny source only: "small" (~0.5M params: hidden 128, 2 layers) or "large" (~1.6M params:
     hidden 192, 3 layers). The tokenizer is tiny_tokenizer's."""
