@@ -47,3 +47,16 @@ def test_a_card_larger_than_its_machine_is_named_before_it_builds(monkeypatch):
     assert plan.memory_warning(card, exp) is None
     monkeypatch.setattr(plan, "available_bytes", lambda device: None)  # cannot be told: silent
     assert plan.memory_warning(card, exp) is None
+
+
+def test_the_placement_speaks_gib_and_takes_the_users_device_size(capsys):
+    """One unit (GiB) throughout; a CPU card is placed on this machine's memory, not on a GPU; a
+    stated device size decides for GPU cards."""
+    main(["paper-size-base", "--device-gib", "80"])
+    out = capsys.readouterr().out
+    assert " GB " not in out and "b: 140.1 GiB with 20% margin -> needs more than one 80 GiB device" in out
+    main(["paper-size-base"])
+    assert "a: 80.0 GiB with 20% margin -> fits one 139 GiB device" in capsys.readouterr().out
+    main(["cpu-smollm2"])
+    out = capsys.readouterr().out
+    assert "runs on the CPU" in out and "GPU" not in out.split("Placement:")[1]

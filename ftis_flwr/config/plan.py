@@ -174,25 +174,35 @@ def build_notes(card: ModelCard, exp: ExperimentConfig) -> list[str]:
     return [n for n in (dtype_note, warn_slow_bf16(resolved), memory_warning(card, exp)) if n]
 
 
-def placement(exp: ExperimentConfig, estimates: list[Estimate | None]) -> list[str]:
-    """One line per node: the smallest common GPU that holds it with 20% to spare."""
-    sizes_gb = (24, 40, 48, 80, 141)
+DEVICE_GIB = (22.5, 40, 48, 80, 139)
+"""Common accelerators' usable memory in GiB (a "24 GB" card, A100 40/80, L40S 48, H200 ~139)."""
+
+
+def placement(exp: ExperimentConfig, estimates: list[Estimate | None],
+              device_gib: float | None = None) -> list[str]:
+    """One line per node, in GiB: its estimate with 20% to spare and where it fits: this
+    machine's memory for a CPU card; a ``device_gib`` device, or the smallest common one."""
     lines = []
     for card, est in zip(exp.nodes, estimates):
         if est is None:
             lines.append(f"{card.name}: architecture unknown offline; cannot estimate")
             continue
-        need = est.total * 1.2
-        fits = next((gb for gb in sizes_gb if gb * 1e9 >= need), None)
-        where = (f"one {fits} GB GPU" if fits else
-                 "more than one 141 GB GPU: lower train.micro_batch_size (activations scale with "
-                 "it) or set compute_dtype: bfloat16 on the card")
-        lines.append(f"{card.name}: {need / GIB:.1f} GiB with 20% margin -> {where} "
-                     f"(card device: {card.device})")
+        need = est.total * 1.2 / GIB
+        if card.device == "cpu":
+            have = available_bytes("cpu") / GIB
+            where = (f"runs on the CPU: {have:.1f} GiB free on this machine now"
+                     + ("" if need <= have else " (not enough: lower train.micro_batch_size)"))
+        else:
+            sizes = (device_gib,) if device_gib else DEVICE_GIB
+            fits = next((gib for gib in sizes if gib >= need), None)
+            where = (f"fits one {fits:g} GiB device" if fits else
+                     f"needs more than one {sizes[-1]:g} GiB device: lower train.micro_batch_size (activations "
+                     "scale with it) or set compute_dtype: bfloat16 on the card")
+        lines.append(f"{card.name}: {need:.1f} GiB with 20% margin -> {where} (card device: {card.device})")
     return lines
 
 
-def report(exp: ExperimentConfig) -> str:
+def report(exp: ExperimentConfig, device_gib: float | None = None) -> str:
     ests = [estimate(c, exp) for c in exp.nodes]
     rows = ["| node | source | params | trainable | weights | grads | AdamW | KV cache | activations | total |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -204,13 +214,15 @@ def report(exp: ExperimentConfig) -> str:
         rows.append(f"| {card.name} | {card.source}{' (LoRA)' if card.lora else ''} | {e.params / 1e9:.2f} B | "
                     f"{e.trainable / 1e6:.1f} M | {g(e.weights)} | {g(e.gradients)} | {g(e.optimizer)} | "
                     f"{g(e.kv_cache)} | {g(e.activations)} | {g(e.total)} |")
-    return "\n".join(rows + ["", "Placement:"] + ["  " + line for line in placement(exp, ests)])
+    return "\n".join(rows + ["", "Placement:"] + ["  " + line for line in placement(exp, ests, device_gib)])
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m ftis_flwr.config.plan",
                                      description="Validate an experiment and estimate each node's memory.")
     parser.add_argument("preset", help="preset name (ftis_flwr/config/presets) or YAML path")
+    parser.add_argument("--device-gib", type=float, default=None, metavar="N",
+                        help="the memory of one of your GPUs in GiB (default: the smallest common one that fits)")
     args = parser.parse_args(argv)
     try:
         exp = load_experiment(args.preset)
@@ -219,7 +231,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{args.preset}: valid; {len(exp.nodes)} nodes, G={exp.rollout.group_size}, "
           f"{exp.rollout.max_new_tokens} new tokens, generation batch {exp.rollout.batch_size}, "
           f"micro-batch {exp.train.micro_batch_size}")
-    print(report(exp))
+    print(report(exp, args.device_gib))
 
 
 if __name__ == "__main__":
