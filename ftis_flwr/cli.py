@@ -30,7 +30,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-EXIT_INVALID, EXIT_FAILED = 2, 1
+EXIT_INVALID, EXIT_FAILED, EXIT_USAGE = 2, 1, 64  # 64: EX_USAGE, apart from an invalid configuration
 DESCRIPTION = """Check a run configuration of the ftis-flwr Flower app in about a second (every
 unknown key and bad value named at once), run it with `flwr run`, and exit with the run's outcome."""
 EPILOG = """examples:
@@ -41,7 +41,8 @@ EPILOG = """examples:
 `run` passes every argument it does not know (--stream, --federation-config, a federation name)
 on to `flwr run`; `check` takes the same command line and checks what it can.
 
-exit codes: 0 completed (or valid, for check), 1 the run failed, 2 invalid configuration"""
+exit codes: 0 completed (or valid, for check), 1 the run failed, 2 invalid configuration,
+64 a command line ftis-flwr itself cannot parse"""
 STARTED = re.compile(r"Successfully started run (\d+)")
 UNREACHABLE = "Connection to the SuperLink is unavailable"  # flwr 1.42's words when nothing answers
 WAIT_STEP = 2.0
@@ -256,6 +257,15 @@ def _run(args: argparse.Namespace, given: dict[str, Any]) -> int:
     return 0 if ok else EXIT_FAILED
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its own exit code for a bad command line (argparse's 2 is taken: invalid
+    configuration)."""
+
+    def error(self, message: str):
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
 def _version() -> str:
     """The installed package's version (``pyproject.toml``), or "unknown" from a bare checkout."""
     from importlib.metadata import PackageNotFoundError, version
@@ -267,7 +277,7 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="ftis-flwr", description=DESCRIPTION, epilog=EPILOG,
+    p = _Parser(prog="ftis-flwr", description=DESCRIPTION, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", required=True)

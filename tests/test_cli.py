@@ -183,3 +183,9 @@ def test_stop_finds_the_process_listening_on_the_port_and_stops_it_by_pid(capsys
         if child.poll() is None:
             child.kill()
             child.wait()
+
+
+def test_a_command_line_it_cannot_parse_has_its_own_exit_code(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["bogus"])
+    assert done.value.code == 64 and "invalid choice: 'bogus'" in capsys.readouterr().err
