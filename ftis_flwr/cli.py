@@ -84,22 +84,29 @@ def resolve_keys(given: dict[str, Any], declared: dict[str, Any]) -> tuple[dict[
     return out, errors
 
 
-def parse_run_config(values: list[str]) -> dict[str, Any]:
-    """``--run-config`` values as Flower parses them (a TOML file, or ``key=value`` pairs)."""
+_PAIR = re.compile(r"""(?:[^\s'"]+|'[^']*'|"[^"]*")+""")
+"""One ``key=value`` pair of a ``--run-config`` string (a quoted value may hold spaces)."""
+
+
+def parse_run_config(values: list[str]) -> tuple[dict[str, Any], list[str]]:
+    """``--run-config`` values as Flower parses them (a TOML file, or ``key=value`` pairs), and
+    the pairs Flower refuses, each named: the good pairs are kept, so the rest is still checked."""
     from flwr.common.config import parse_config_args
 
     try:
-        return parse_config_args(values or None)
-    except Exception as exc:  # Flower's own message (a click exception or a ValueError), and the pairs it refused
-        bad = []
+        return parse_config_args(values or None), []
+    except Exception as exc:  # Flower's own message (a click exception or a ValueError): find the pairs
+        good, bad = {}, []
         for value in values:
-            for pair in value.split() if not value.endswith(".toml") else []:
+            for pair in _PAIR.findall(value) if not value.endswith(".toml") else [value]:
                 try:
-                    parse_config_args([pair])
+                    good.update(parse_config_args([pair]))
                 except Exception:
                     bad.append(pair)
-        which = f" ({', '.join(bad)}: a string value needs quotes, e.g. preset='cpu-pair')" if bad else ""
-        raise CheckError(f"--run-config: {getattr(exc, 'message', None) or exc}{which}") from None
+        if not bad:
+            return {}, [f"--run-config: {getattr(exc, 'message', None) or exc}"]
+        return good, [f"--run-config: {pair}: a string value needs quotes, e.g. preset='cpu-pair' (Flower "
+                      "reads key=value pairs of TOML values)" for pair in bad]
 
 
 PATH_KEYS = ("run-dir", "cache-dir", "config-file", "resume", "task.train-path", "task.data-files.train",
@@ -144,21 +151,26 @@ def check(app: Path, run_config: list[str], *, local: bool = False) -> tuple[dic
     from ftis_flwr.config.schema import ConfigError
 
     declared = declared_keys(app)
-    given, errors = resolve_keys(parse_run_config(run_config), declared)
-    if errors:
-        raise CheckError("\n".join(errors))
+    parsed, errors = parse_run_config(run_config)
+    given, unknown = resolve_keys(parsed, declared)
+    errors += unknown  # and the known keys are checked all the same: every problem at once
     if local:
         given = localise(given, app)
     merged = {**declared, **given}
     resume = str(merged.get("resume", "") or "")
     if resume:
         if not Path(resume).expanduser().is_dir():
-            raise CheckError(f"resume={resume!r}: no such run directory")
+            errors.append(f"resume={resume!r}: no such run directory")
+        if errors:
+            raise CheckError("\n".join(errors))
         return given, None
     try:
-        return given, load_run_config(merged)
+        exp = load_run_config(merged)
     except (ConfigError, ValueError) as exc:
-        raise CheckError(str(exc)) from None
+        errors.append(str(exc))
+    if errors:
+        raise CheckError("\n".join(errors))
+    return given, exp
 
 
 def missing_packages(exp: Any) -> list[str]:

@@ -43,6 +43,15 @@ def test_an_unquoted_string_is_named():
         check(REPO, ["preset=cpu-smollm2 rounds.num-rounds=3"])
 
 
+def test_an_unquoted_string_an_unknown_key_and_bad_values_are_named_at_once():
+    with pytest.raises(CheckError) as err:
+        check(REPO, ["preset=cpu-pair loss.metod='tis' train.lr=0 rounds.num-rounds=-1 run-dir='/tmp/a b'"])
+    msg = str(err.value)
+    for fragment in ("preset=cpu-pair: a string value needs quotes", "unknown key 'loss.metod'; did you mean "
+                     "loss.method?", "train.lr=0.0 must be > 0", "rounds.num_rounds=-1 must be >= 1"):
+        assert fragment in msg, fragment
+
+
 def test_check_exits_2_on_an_invalid_configuration_and_0_on_a_valid_one(capsys):
     assert main(["check", str(REPO), "--run-config", "preset='no-such-preset'"]) == 2
     err = capsys.readouterr().err
