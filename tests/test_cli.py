@@ -198,3 +198,13 @@ def test_a_command_line_it_cannot_parse_has_its_own_exit_code(capsys):
     with pytest.raises(SystemExit) as done:
         main(["bogus"])
     assert done.value.code == 64 and "invalid choice: 'bogus'" in capsys.readouterr().err
+
+
+def test_a_yaml_syntax_error_names_the_file_line_and_column(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("loss:\n  method: tis\n  trunc_c: [1\nrounds: {num_rounds: 3}\n")
+    with pytest.raises(CheckError) as err:
+        check(REPO, [f"config-file='{bad}'"])
+    msg = str(err.value)
+    assert f"config-file '{bad}'" in msg and "YAML syntax error at line 4, column 7" in msg
+    assert "opened at line 3, column 12" in msg

@@ -271,12 +271,21 @@ def _omegaconf_error(where: str, exc: Exception) -> ConfigError:
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
     key = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("full_key:")), "")
     head = lines[0] if lines else type(exc).__name__
+    mark = getattr(exc, "problem_mark", None)  # a YAML syntax error: where in the file, and what
+    if mark is not None:
+        problem = getattr(exc, "problem", None) or ""
+        start = getattr(exc, "context_mark", None)
+        head = f"YAML syntax error at line {mark.line + 1}, column {mark.column + 1}: {head}" + \
+            (f" (opened at line {start.line + 1}, column {start.column + 1})" if start is not None else "") + \
+            (f", {problem}" if problem and problem not in head else "")
     return ConfigError(f"invalid configuration in {where}: {head}" + (f" (key {key})" if key else ""))
 
 
 def load_experiment(preset: str | None = None, overrides: Mapping[str, Any] | None = None,
-                    yaml_text: str | None = None, *, import_registries: bool = True) -> ExperimentConfig:
-    """defaults <- YAML preset (name or path) <- YAML text <- flat dotted overrides; validated.
+                    yaml_text: str | None = None, *, import_registries: bool = True,
+                    yaml_name: str = "the YAML config") -> ExperimentConfig:
+    """defaults <- YAML preset (name or path) <- YAML text (``yaml_name``: what errors call it, e.g.
+    its file) <- flat dotted overrides; validated.
 
     ``import_registries``: see :func:`ftis_flwr.config.validation.validate`.
     """
@@ -286,7 +295,7 @@ def load_experiment(preset: str | None = None, overrides: Mapping[str, Any] | No
         path = resolve_preset(preset)
         layers.append((f"preset {str(path)!r}", lambda: OmegaConf.load(path)))
     if yaml_text:
-        layers.append(("the YAML config", lambda: OmegaConf.create(yaml_text)))
+        layers.append((yaml_name, lambda: OmegaConf.create(yaml_text)))
     for where, load in layers:
         try:
             merged = OmegaConf.merge(merged, load())
@@ -333,7 +342,8 @@ def load_run_config(run_config: Mapping[str, Any], *, import_registries: bool = 
         yaml_text = path.read_text()
     flat = {k: v for k, v in run_config.items() if _normalise_key(k) not in APP_KEYS and v != ""}
     flat.update(parse_overrides(str(app.get("overrides", "") or "")))
-    return load_experiment(preset or None, flat, yaml_text=yaml_text, import_registries=import_registries)
+    return load_experiment(preset or None, flat, yaml_text=yaml_text, import_registries=import_registries,
+                           yaml_name=f"config-file {config_file!r}")
 
 
 def from_dict(data: Mapping[str, Any], *, import_registries: bool = False) -> ExperimentConfig:
