@@ -22,8 +22,8 @@ from typing import Any, Callable, Mapping
 
 from ftis_flwr.server.eta import format_left, seconds_left
 from ftis_flwr.server.incidents import incidents
-from ftis_flwr.server.source_health import source_health, warnings_first
 from ftis_flwr.server.plots import ACC_PREFIX, ACC_SUFFIX, plot_run
+from ftis_flwr.server.source_health import source_health, warnings_first
 from ftis_flwr.server.summary import (
     Summary,
     _change,
