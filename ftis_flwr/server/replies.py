@@ -119,14 +119,19 @@ def read_train_reply(content: RecordDict, wire: WireConfig | None = None) -> Tra
                       samples=read_samples(info.get("samples", "")))
 
 
+def _json(text: object) -> object:
+    """An optional JSON field of a reply, None when absent or malformed (never a failed round)."""
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
 def read_parts(text: object) -> dict[str, str]:
     """A reply's ``task_parts`` (JSON of str -> str), {} when absent or malformed."""
-    if not isinstance(text, str) or not text:
-        return {}
-    try:
-        parts = json.loads(text)
-    except ValueError:
-        return {}
+    parts = _json(text)
     return {str(k): str(v) for k, v in parts.items()} if isinstance(parts, dict) else {}
 
 
@@ -137,13 +142,7 @@ MAX_SAMPLES = 16
 def read_samples(text: object) -> list[dict]:
     """A reply's ``samples`` (JSON list of {prompt, completion, reward}), cut to :data:`MAX_SAMPLES`
     rows of 2,000 characters; [] when absent or malformed (a table row is never worth a failed round)."""
-    if not isinstance(text, str) or not text:
-        return []
-    try:
-        rows = json.loads(text)
-    except ValueError:
-        return []
-    out = []
+    rows, out = _json(text), []
     for row in rows[:MAX_SAMPLES] if isinstance(rows, list) else []:
         if isinstance(row, dict) and isinstance(row.get("reward"), (int, float)):
             out.append({"prompt": str(row.get("prompt", ""))[:200], "completion": str(row.get("completion", ""))[:2000],

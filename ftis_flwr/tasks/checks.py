@@ -19,6 +19,11 @@ BUILTIN_CHECKED = ("arithmetic", "arithmetic-heldout", "basic-math", "basic-math
 """Built-in generated tasks: nothing to read, so a check builds nothing for them."""
 
 
+def _named(cfg: "TaskConfig", exc: Exception, what: str) -> str:
+    """``exc``'s message as it is when it names its key (``task...``), else prefixed with task.name."""
+    return str(exc) if str(exc).startswith("task") else f"task.name={cfg.name!r}: {what}{exc}"
+
+
 def task_errors(cfg: "TaskConfig") -> list[str]:
     """Every problem with ``cfg`` that shows before a run, each naming its key; [] when none."""
     if cfg.name in BUILTIN_CHECKED and not (cfg.reward or cfg.rewards):
@@ -28,7 +33,7 @@ def task_errors(cfg: "TaskConfig") -> list[str]:
     try:
         task = make_task(cfg)
     except (TaskError, DatasetError, RewardError, ImportPathError) as exc:
-        return [str(exc) if str(exc).startswith("task") else f"task.name={cfg.name!r}: {exc}"]
+        return [_named(cfg, exc, "")]
     except Exception as exc:  # a user's factory failed: named, never a traceback
         return [f"task.name={cfg.name!r}: building the task raised {type(exc).__name__}: {exc}"]
     errors, columns = [], None
@@ -36,8 +41,7 @@ def task_errors(cfg: "TaskConfig") -> list[str]:
         try:
             columns = list(task.problems(task.train_split)[0].columns)
         except Exception as exc:
-            errors.append(str(exc) if str(exc).startswith("task") else
-                          f"task.name={cfg.name!r}: its train split cannot be built: {type(exc).__name__}: {exc}")
+            errors.append(_named(cfg, exc, f"its train split cannot be built: {type(exc).__name__}: "))
     if isinstance(task, DatasetTask):
         for split in task.splits:
             try:

@@ -97,8 +97,10 @@ class DatasetTask(Task):
             key = "task.prompt_template" if self.template else "task.prompt_field"
             raise DatasetError(f"{key}: {where} has no column {', '.join(map(repr, missing))}; its columns: "
                                f"{', '.join(columns)}")
+        from ftis_flwr.tasks.reward_funcs import BUILTIN_REWARDS
+
         if self.answer_field and self.answer_field not in columns and self.reward_set is not None \
-                and any(n in ("exact", "math-verify", "strict-math") for n in self.reward_set.names):
+                and any(n in BUILTIN_REWARDS for n in self.reward_set.names):
             raise DatasetError(f"task.answer_field={self.answer_field!r}: {where} has no such column; its "
                                f"columns: {', '.join(columns)}")
         out = []

@@ -38,22 +38,22 @@ def _code(name: str) -> str:
     return _digest(src.read_bytes()) if src is not None and src.is_file() else "built-in"
 
 
+def _short(name: str) -> str:
+    """An import path without its file or module (which may sit elsewhere on each machine)."""
+    return name.rpartition(":")[2] if is_import_path(name) else name
+
+
 def task_parts(cfg: Any, task: Any) -> dict[str, str]:
     """Part name -> short hash: ``settings``, ``task code``, ``reward <name>`` for each reward and
     ``data <split>`` for each file (a hub source is named, not read)."""
     settings = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in PATH_FIELDS}
-    if is_import_path(cfg.name):  # the factory's file may sit at another path on each machine
-        settings["name"] = cfg.name.rpartition(":")[2]
-    for r in ("reward", "rewards"):
-        value = settings.get(r)
-        settings[r] = [v.rpartition(":")[2] for v in value] if isinstance(value, list) else \
-            (value.rpartition(":")[2] if is_import_path(value or "") else value)
+    settings.update(name=_short(cfg.name), reward=_short(cfg.reward), rewards=[_short(r) for r in cfg.rewards])
     parts = {"settings": _digest(json.dumps(settings, sort_keys=True, default=str).encode())}
     module = inspect.getmodule(type(task))
     file = getattr(module, "__file__", None)
     parts["task code"] = _digest(Path(file).read_bytes()) if file and Path(file).is_file() else "unknown"
     for name in list(cfg.rewards) or ([cfg.reward] if cfg.reward else []):
-        parts[f"reward {name.rpartition(':')[2] if is_import_path(name) else name}"] = _code(name)
+        parts[f"reward {_short(name)}"] = _code(name)
     files = {"train": cfg.train_path, **dict(cfg.eval_paths), **dict(cfg.data_files)}
     for split, path in files.items():
         if path:
