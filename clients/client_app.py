@@ -3,6 +3,11 @@
 It holds no model and no maths. It works out which node it is (``card`` in the node config in
 deployment, ``partition-id`` in simulation), finds or starts that node's long-lived worker
 (``ftis_flwr.node.worker``) and relays the round: received groups in, new groups + metrics out.
+
+Flower routes each message by its type: ``train`` to :func:`train`, and ``query.<action>`` to the
+function registered with ``@app.query("<action>")`` (:data:`QUERIES`: hello, build, stop, finish),
+so a query this app does not serve fails in Flower with ``No query function registered with name
+'<action>'`` instead of reaching another handler.
 """
 
 from __future__ import annotations
@@ -108,6 +113,8 @@ def step_payload(msg: Message) -> dict:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
+    """One round: the worker trains on the received groups and answers with its new groups,
+    metrics and info (see protocol.ROUND, GROUPS, METRICS, INFO)."""
     t0 = time.perf_counter()
     card, handle, timeout = _worker(msg.content[protocol.ROUND], context)
     try:
@@ -134,21 +141,9 @@ def train(msg: Message, context: Context) -> Message:
     return Message(content=content, reply_to=msg)
 
 
-@app.query()
-def query(msg: Message, context: Context) -> Message:
-    """HELLO (which card do you serve?), BUILD (build now, and how far is it?), STOP (the run
-    ended early) or FINISH (save the model)."""
-    if protocol.HELLO in msg.content:
-        return hello(msg, context)
-    if protocol.BUILD in msg.content:
-        return build(msg, context)
-    if protocol.STOP in msg.content:
-        return stop(msg, context)
-    return finish(msg, context)
-
-
+@app.query("stop")
 def stop(msg: Message, context: Context) -> Message:
-    """Stop this node's worker for the run, if one runs; never start one."""
+    """Stop this node's worker for the run, if one runs; never start one (see protocol.STOP)."""
     cfg = msg.content[protocol.STOP]
     experiment = experiment_of(str(cfg["experiment"]))
     card = select_card(experiment, dict(context.node_config))
@@ -158,6 +153,7 @@ def stop(msg: Message, context: Context) -> Message:
                    reply_to=msg)
 
 
+@app.query("hello")
 def hello(msg: Message, context: Context) -> Message:
     """Name this SuperNode's card without building anything (see protocol.HELLO)."""
     experiment = experiment_of(str(msg.content[protocol.HELLO]["experiment"]))
@@ -177,6 +173,7 @@ def hello(msg: Message, context: Context) -> Message:
     return Message(content=RecordDict({protocol.HELLO: ConfigRecord(answer)}), reply_to=msg)
 
 
+@app.query("build")
 def build(msg: Message, context: Context) -> Message:
     """Start this node's worker if none runs and have it build the model in the background; answer
     at once with how far it is (see protocol.BUILD)."""
@@ -201,7 +198,10 @@ def checkpoint_dir(server_out_dir: str, run_name: str, card: str, node_config: d
     return path / safe_name(card)
 
 
+@app.query("finish")
 def finish(msg: Message, context: Context) -> Message:
+    """Have the worker save the final model where this node decides (:func:`checkpoint_dir`) and
+    stop; answer with the checkpoint's path (see protocol.FINISH, CHECKPOINT)."""
     cfg = msg.content[protocol.FINISH]
     card, handle, timeout = _worker(cfg, context)
     out_dir = checkpoint_dir(str(cfg["out_dir"]), str(cfg.get("run_name") or context.run_id), card.name,
@@ -210,3 +210,15 @@ def finish(msg: Message, context: Context) -> Message:
     content = RecordDict({protocol.CHECKPOINT: ConfigRecord({"node": card.name, "path": out["checkpoint"],
                                                              "updates": int(out["updates"])})})
     return Message(content=content, reply_to=msg)
+
+
+QUERIES = {"hello": hello, "build": build, "stop": stop, "finish": finish}
+"""Query action -> its handler: the server's ``"query.<action>"`` messages reach these."""
+
+
+def serve_queries(other: ClientApp) -> ClientApp:
+    """Register :data:`QUERIES` on another ClientApp (one that wraps :func:`train`, as the attack
+    studies' forger does), so it answers the server's queries as this app does."""
+    for action, handler in QUERIES.items():
+        other.query(action)(handler)
+    return other

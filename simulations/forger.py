@@ -124,7 +124,7 @@ def forging_app(attacker: str, plan: Callable[[int], Forgery | None]):
     round-``r`` groups with ``plan(r)``'s forgery of them (None: the honest reply)."""
     from flwr.clientapp import ClientApp
 
-    from clients.client_app import query, train
+    from clients.client_app import serve_queries, train
 
     app = ClientApp()
 
@@ -139,5 +139,5 @@ def forging_app(attacker: str, plan: Callable[[int], Forgery | None]):
             reply.content[protocol.GROUPS], reply.content[protocol.GROUPS_META] = arrays, meta
         return reply
 
-    app.query()(query)
+    serve_queries(app)
     return app

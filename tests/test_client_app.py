@@ -50,3 +50,57 @@ def test_the_experiment_is_parsed_once_per_text_and_a_bad_one_refused_every_time
     for _ in range(2):
         with pytest.raises(ValueError, match="trunc_c"):
             experiment_of(json.dumps(bad))
+
+
+# ------------------------------------------------------------------ Flower's routing of the queries
+
+
+@pytest.fixture
+def task_identity(monkeypatch):
+    """Flower stamps new Messages with the running app's ids; outside an app, set them."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for attr, value in (("_run_id", 1), ("_node_id", 1), ("_task_id", 1)):
+        monkeypatch.setattr(TaskIdentity, attr, value)
+
+
+def _query(message_type: str, content=None):
+    from flwr.app import Message, RecordDict
+
+    msg = Message(RecordDict(content or {}), dst_node_id=1, message_type=message_type)
+    msg.metadata.__dict__["_message_id"] = "m1"  # as the SuperNode's copy has
+    return msg
+
+
+def _context(node_config):
+    from flwr.app import Context, RecordDict
+
+    return Context(run_id=1, node_id=1, node_config=node_config, state=RecordDict(), run_config={})
+
+
+def test_the_server_sends_exactly_the_query_types_the_client_app_serves():
+    """Every query the server builds is typed "query.<action>" and has a decorated handler here."""
+    from clients.client_app import QUERIES, app
+    from ftis_flwr.server.lifecycle import query_type
+    from ftis_flwr.wire import protocol
+
+    sent = {query_type(k) for k in (protocol.HELLO, protocol.BUILD, protocol.STOP, protocol.FINISH)}
+    assert sent == {f"query.{a}" for a in QUERIES} == {"query.hello", "query.build", "query.stop", "query.finish"}
+    assert set(app._registered_funcs) == sent | {"train.default"}
+
+
+def test_flower_routes_a_hello_to_its_handler_and_refuses_an_unknown_query(task_identity):
+    from flwr.app import ConfigRecord
+    from flwr.clientapp import ClientApp
+
+    from clients.client_app import app, serve_queries
+    from ftis_flwr.wire import protocol
+
+    hello = _query("query.hello", {protocol.HELLO: ConfigRecord({"experiment": json.dumps(to_dict(EXP))})})
+    reply = app(hello, _context({"partition-id": 1}))
+    assert reply.metadata.message_type == "query.hello" and reply.content[protocol.HELLO]["node"] == "large"
+    for wrong, action in (("query.nope", "nope"), ("query", "default")):  # no fall-through to another handler
+        with pytest.raises(ValueError, match=f"No query function registered with name '{action}'"):
+            app(_query(wrong, {protocol.FINISH: ConfigRecord({})}), _context({"partition-id": 0}))
+    other = serve_queries(ClientApp())  # a wrapper of train (the forger) answers the same queries
+    assert other(hello, _context({"card": "small"})).content[protocol.HELLO]["node"] == "small"

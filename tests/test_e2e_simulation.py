@@ -119,6 +119,15 @@ def test_run_directory_has_reports(federation):
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
 
 
+def test_every_metric_the_run_logged_is_in_the_metrics_reference(federation):
+    """docs/reference/metrics.md lists every metric a node or the server logged in this run."""
+    from ftis_flwr.server.metric_names import uncatalogued
+
+    _, _, run_dir = federation
+    assert uncatalogued(load_metrics(run_dir)) == [], \
+        "add them to ftis_flwr/server/metric_names.py, then `python -m ftis_flwr.server.metric_names --write`"
+
+
 def test_a_supernode_without_a_card_is_left_out_once(federation):
     from ftis_flwr.server.summary import load_events
 

@@ -850,3 +850,19 @@ def test_every_round_message_promises_when_the_next_comes():
                 for r in (0, 1, 2)}
     assert promised == {0: {next_within(0.5)}, 1: {next_within(0.3)}, 2: {next_within(0.3)}}
     assert next_within(0.3) == 0.3 + 0.3 + NEXT_MARGIN and next_within(600) == 600 + 120 + NEXT_MARGIN
+
+
+def test_every_query_is_typed_for_flowers_routing():
+    """HELLO, BUILD and FINISH go out as "query.<action>" (the ClientApp's ``@app.query``
+    functions), never as a bare "query" that the ClientApp would have to sort by record key."""
+    from ftis_flwr.server.lifecycle import query_type
+
+    grid = FakeGrid(honest())
+    run(experiment(), grid)
+    typed = {}
+    for m in grid.pushed:
+        if m.metadata.message_type != "train":
+            (key,) = list(m.content.keys())
+            typed[key] = m.metadata.message_type
+    assert typed == {k: query_type(k) for k in (protocol.HELLO, protocol.BUILD, protocol.FINISH)}
+    assert typed[protocol.HELLO] == "query.hello" and typed[protocol.FINISH] == "query.finish"

@@ -3,22 +3,24 @@ about a second (``ftis-flwr check``) without importing the code that implements 
 
 The maths' vocabularies are its own (:mod:`ftis_flwr.maths.params`); the rest are declared here
 and imported by the module that implements them (the engines, the tiny models, the wire, the
-server's exchange, the tasks), which fails a test when it implements a different set
-(``tests/test_config.py``). A new value is added here and in its implementation, together.
+server's exchange, the tasks). Where a kind has a registry (losses, tasks, engines, selection
+rules), ``tests/test_registries.py`` fails when its names and the tuple here differ; the other
+vocabularies are checked in ``tests/test_config.py``. A new value is added here and in its
+implementation, together.
 """
 
 from __future__ import annotations
 
 from ftis_flwr.maths.params import (
-                                    BUILTIN_LOSSES,
-                                    CROSS_TOKENIZER_RATIOS,
-                                    FILTER_ACTIONS,
-                                    FILTER_RULES,
-                                    FILTER_SCOPES,
-                                    G_KINDS,
-                                    KL_ESTIMATORS,
-                                    REDUCTIONS,
-                                    SCALES,
+    BUILTIN_LOSSES,
+    CROSS_TOKENIZER_RATIOS,
+    FILTER_ACTIONS,
+    FILTER_RULES,
+    FILTER_SCOPES,
+    G_KINDS,
+    KL_ESTIMATORS,
+    REDUCTIONS,
+    SCALES,
 )
 
 ADVANTAGE_MODES = ("vertical", "horizontal", "alone")
@@ -31,8 +33,10 @@ WIRE_FORMATS = ("compact", "arrays")
 """``wire.format``: format 2 (one byte container) or format 1 (npy arrays)."""
 COMPRESSORS = ("none", "zlib")
 """``wire.compress``: the compact container's body compressor."""
-SELECT_RULES = ("all", "random", "reward_variance", "low_kl")
-"""``exchange.select``; "all" = no budget (``max_foreign_groups`` 0)."""
+NO_SELECTION = "all"
+"""``exchange.select`` without a budget (``max_foreign_groups`` 0): every group goes, no rule chooses."""
+SELECT_RULES = (NO_SELECTION, "random", "reward_variance", "low_kl")
+"""``exchange.select``: NO_SELECTION, or a rule registered in :mod:`ftis_flwr.server.budget`."""
 SCHEDULES = ("sync", "async")
 """``exchange.schedule``: rounds in lockstep, or nodes that train on what has arrived."""
 TASK_NAMES = ("arithmetic", "arithmetic-heldout", "basic-math", "basic-math-20", "gsm8k", "math500",
@@ -44,7 +48,8 @@ TASK_PREFIXES = ("reasoning-gym",)
 GENERATED_TASKS = ("arithmetic", "arithmetic-heldout")
 """The tasks the tiny character-level models know (they were warm-started on arithmetic)."""
 ENGINES = ("hf", "vllm")
-"""``nodes.N.engine``: the rollout engine (transformers, or vLLM on a GPU)."""
+"""``nodes.N.engine``: the rollout engine (transformers, or vLLM on a GPU), as registered in
+:mod:`ftis_flwr.node.engines`."""
 TINY_SIZES = ("small", "large")
 """``nodes.N.tiny_size``: the offline tiny models' sizes (:data:`ftis_flwr.node.tiny.TINY_SIZES`)."""
 TINY_TOKENIZERS = ("char", "bpe", "unigram")

@@ -14,6 +14,10 @@ each receiver gets at N groups per round across all sources; ``exchange.select``
   Sources it has not measured yet come first (tied among themselves, seeded), so every source
   is tried once before the rule exploits; within a source, groups in the seeded order.
 
+Each rule is a registered scorer (:func:`register_select_rule`, the shape of
+:func:`ftis_flwr.maths.loss.register_loss`): it scores every group of one source, higher first, and
+ties keep the seeded order; ``config.choices.SELECT_RULES`` lists the names (a test checks).
+
 Cheap on the server: no model, no tokenizer; a source's payload is cut with
 :meth:`ftis_flwr.wire.selection.Cuttable.subset`, and the provenance map then lists only the train
 indices of the groups forwarded (see :meth:`ForeignBudget.select`).
@@ -24,12 +28,12 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord
 
-from ftis_flwr.config.choices import SELECT_RULES
+from ftis_flwr.config.choices import NO_SELECTION
 from ftis_flwr.config.schema import ExchangeConfig, WireConfig
 from ftis_flwr.wire.selection import Cuttable, WireSelectError
 
@@ -44,6 +48,64 @@ COMPUTE_KEYS = ("seconds_train", "seconds_generate", "seconds_eval", "state_save
 def _seed(*parts: object) -> int:
     """A stable 64-bit seed from parts (Python's hash() of a str changes per process)."""
     return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little")
+
+
+GroupScores = Callable[[str, Cuttable, Mapping[str, float]], Sequence[float]]
+"""A selection rule: ``rule(source, its payload, the receiver's last KL per source)`` -> one score
+per group of the source; higher goes first, ties keep the seeded order. A rule that raises, or
+returns the wrong number of scores, leaves that source out of the receiver's round."""
+SELECT_RULE_REGISTRY: dict[str, GroupScores] = {}
+"""``exchange.select`` name -> its rule (every name of ``SELECT_RULES`` but NO_SELECTION)."""
+
+
+def register_select_rule(*names: str) -> Callable[[GroupScores], GroupScores]:
+    """Register a selection rule under one or more names; a second, different one is refused."""
+    if not names:
+        raise ValueError("register_select_rule needs at least one rule name")
+
+    def deco(rule: GroupScores) -> GroupScores:
+        for name in names:
+            if SELECT_RULE_REGISTRY.get(name, rule) is not rule:
+                raise ValueError(f"selection rule {name!r} is already registered (by "
+                                 f"{SELECT_RULE_REGISTRY[name].__module__})")
+            SELECT_RULE_REGISTRY[name] = rule
+        return rule
+
+    return deco
+
+
+def get_select_rule(name: str) -> GroupScores:
+    """The rule ``exchange.select`` names; ValueError listing the registered ones otherwise."""
+    if name not in SELECT_RULE_REGISTRY:
+        raise ValueError(f"exchange.select={name!r} is not one of {', '.join(SELECT_RULE_REGISTRY)} "
+                         f"(or {NO_SELECTION!r} without a budget)")
+    return SELECT_RULE_REGISTRY[name]
+
+
+@register_select_rule("random")
+def _random(source: str, read: Cuttable, kl: Mapping[str, float]) -> list[float]:
+    """No preference: the seeded draw alone decides."""
+    return [0.0] * read.n
+
+
+@register_select_rule("reward_variance")
+def _reward_variance(source: str, read: Cuttable, kl: Mapping[str, float]) -> list[float]:
+    """The source's claimed rewards' variance per group (a zero-variance group teaches nothing)."""
+    return [float(np.var(r)) if len(r) else 0.0 for r in read.rewards()]
+
+
+@register_select_rule("low_kl")
+def _low_kl(source: str, read: Cuttable, kl: Mapping[str, float]) -> list[float]:
+    """The receiver's last KL to the source, lowest first; a source not measured yet first of all."""
+    return [-kl.get(source, -math.inf)] * read.n
+
+
+def _scores(rule: GroupScores, source: str, read: Cuttable, kl: Mapping[str, float]) -> list[float]:
+    """``rule``'s scores of ``source``'s groups, checked to be one float per group."""
+    scores = [float(x) for x in rule(source, read, kl)]
+    if len(scores) != read.n:
+        raise ValueError(f"the selection rule scored {len(scores)} groups of {read.n}")
+    return scores
 
 
 class ForeignBudget:
@@ -85,14 +147,15 @@ class ForeignBudget:
         """
         if not self.active:
             return dict(payloads)
+        rule, known = get_select_rule(self.cfg.select), self.kl.get(receiver, {})
         rng = np.random.default_rng(_seed(self.run_seed, rnd, receiver))
         readable: dict[str, Cuttable] = {}
-        spread: dict[str, list[float]] = {}  # source -> per-group claimed-reward variance
+        scores: dict[str, list[float]] = {}  # source -> the rule's score of each of its groups
         for src in sorted(payloads):
             read = self._payload(rnd, src, payloads[src])
-            if self.cfg.select == "reward_variance" and not isinstance(read, Exception):
+            if not isinstance(read, Exception):
                 try:
-                    spread[src] = [float(np.var(r)) if len(r) else 0.0 for r in read.rewards()]
+                    scores[src] = _scores(rule, src, read, known)
                 except Exception as exc:  # the source's failure for this round, not the receiver's
                     read = exc
             if isinstance(read, Exception):
@@ -101,13 +164,7 @@ class ForeignBudget:
                 readable[src] = read
         candidates = [(src, g) for src in sorted(readable) for g in range(readable[src].n)]
         ranked = [candidates[i] for i in rng.permutation(len(candidates))]  # also every tie-break
-        if self.cfg.select == "reward_variance":
-            ranked.sort(key=lambda c: -spread[c[0]][c[1]])  # stable: ties keep the seeded order
-        elif self.cfg.select == "low_kl":
-            known = self.kl.get(receiver, {})
-            ranked.sort(key=lambda c: known.get(c[0], -math.inf))
-        elif self.cfg.select != "random":
-            raise ValueError(f"exchange.select={self.cfg.select!r} is not one of {', '.join(SELECT_RULES)}")
+        ranked.sort(key=lambda c: -scores[c[0]][c[1]])  # stable: ties keep the seeded order
         chosen: dict[str, list[int]] = {}
         for src, g in ranked[: self.cfg.max_foreign_groups]:
             chosen.setdefault(src, []).append(g)

@@ -31,6 +31,14 @@ worker takes seconds): a node that does not answer is left to the first round, a
 the others' progress reports up for longer."""
 
 
+def query_type(key: str) -> str:
+    """The Flower message type of the query whose record is ``key``: ``"query.<action>"``, the
+    action being the key's last part (protocol.HELLO ``"ftis.hello"`` -> ``"query.hello"``).
+    Flower routes it to the ClientApp's ``@app.query("<action>")`` function, and refuses it with
+    a clear error where the app registers none."""
+    return f"{MessageType.QUERY}.{key.rpartition('.')[2]}"
+
+
 class Lifecycle:
     """HELLO, BUILD, STOP and FINISH for the strategy (see the module docstring)."""
 
@@ -141,10 +149,11 @@ class Lifecycle:
                         ", ".join(sorted(self.roster.name(n) for n in pending)))
 
     def _query(self, key: str, nid: int, **extra: str) -> Message:
-        """A query message (protocol.HELLO, STOP or FINISH) carrying the experiment and run name."""
+        """A query message (protocol.HELLO, BUILD, STOP or FINISH) carrying the experiment and run
+        name, typed :func:`query_type` so Flower routes it to its handler."""
         return Message(content=RecordDict({key: ConfigRecord({
             "experiment": self._experiment_json, "run_name": self.run_name, **extra})}),
-            dst_node_id=nid, message_type=MessageType.QUERY)
+            dst_node_id=nid, message_type=query_type(key))
 
     def _stop_workers(self, grid: Grid) -> None:
         """The run ends early: tell every bound node to stop its worker (best effort, short wait)."""

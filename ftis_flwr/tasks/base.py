@@ -4,10 +4,15 @@ The strategy only ever sends integers (train indices) or problem ids over the wi
 node must map an index to the *same* problem: :meth:`Task.train_problem` reads the train split
 through a fixed, seeded permutation built with Python's ``random`` (identical on every machine).
 Problems are loaded lazily on first use, so constructing a task never reads a file or the hub.
+
+:class:`Task` is an abstract base class, as Flower's ``Strategy`` is: a subclass that leaves out
+one of the three methods it must provide fails when it is built, naming the method, instead of in
+a node's first round.
 """
 
 from __future__ import annotations
 
+import abc
 import random
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -25,8 +30,9 @@ class Problem:
     metadata): what a reward function receives as keyword arguments. Empty for built-in tasks."""
 
 
-class Task:
-    """Base class of the prompt sources; subclasses implement :meth:`_load_split`.
+class Task(abc.ABC):
+    """Base class of the prompt sources; subclasses implement :meth:`_load_split`, :meth:`reward`
+    and :meth:`prompt_text`.
 
     Class attributes a subclass sets: ``name``, ``eval_splits`` (the splits evaluated, in
     reporting order) and ``max_new_tokens`` (a completion-length hint for the engines).
@@ -45,16 +51,33 @@ class Task:
 
     # -- to implement -------------------------------------------------------------------------
 
+    @abc.abstractmethod
     def _load_split(self, split: str) -> list[Problem]:
-        raise NotImplementedError
+        """Every problem of ``split`` (one of :attr:`splits`), ids ``"<split>:<index>"`` in order.
 
+        Called once per split, on first use (:meth:`problems` caches the list); it may read
+        files or the hub. An empty list is refused by :meth:`problems`.
+        """
+
+    @abc.abstractmethod
     def reward(self, completion_text: str, problem: Problem) -> float:
-        """Verifiable reward of a decoded completion (1.0 correct, 0.0 otherwise)."""
-        raise NotImplementedError
+        """Verifiable reward of a decoded completion (1.0 correct, 0.0 otherwise).
 
+        Parameters
+        ----------
+        completion_text : the completion, decoded without special tokens.
+        problem : the problem it answers (its ``gold`` is the reference answer).
+        """
+
+    @abc.abstractmethod
     def prompt_text(self, problem: Problem, tokenizer: Any) -> str:
-        """The text a model is conditioned on (before tokenisation)."""
-        raise NotImplementedError
+        """The text a model is conditioned on (before tokenisation).
+
+        Parameters
+        ----------
+        problem : the problem to pose.
+        tokenizer : the node's tokenizer (a task may apply its chat template; arithmetic ignores it).
+        """
 
     reward_set: Any = None
     """``task.reward`` / ``task.rewards`` when set (a :class:`ftis_flwr.tasks.reward_funcs.RewardSet`):

