@@ -3,6 +3,7 @@ the run's outcome.
 
     ftis-flwr check . --run-config "preset='cpu-smollm2' loss.trunc-c=3"
     ftis-flwr run . --stream --federation-config "num-supernodes=2" --run-config "rounds.num-rounds=4"
+    ftis-flwr plan paper-size-base --device-gib 80
 
 Why: ``flwr run --stream`` (Flower 1.42) exits 0 whatever happened to the run, names no key it
 rejects (``[code: 15] Invalid run configuration.``) and reports the project's own configuration
@@ -13,7 +14,8 @@ does the same, then runs ``flwr run`` with the same arguments (an underscore spe
 key, ``loss.trunc_c``, is passed on as declared, ``loss.trunc-c``), streams it, asks Flower for the
 run's final status (``flwr ls --run-id``) and exits 0 only when the run completed. A SuperLink that
 does not answer yet (started a moment before) is asked again for up to ``--wait`` seconds. Plain ``flwr run``
-keeps working; this adds nothing the app needs.
+keeps working; this adds nothing the app needs. ``plan`` checks a preset (with ``--run-config`` on
+top) the same way and prints each node's memory per rank, in GiB (:mod:`ftis_flwr.config.plan`).
 """
 
 from __future__ import annotations
@@ -36,12 +38,13 @@ unknown key and bad value named at once), run it with `flwr run`, and exit with 
 EPILOG = """examples:
   ftis-flwr check . --run-config "preset='cpu-smollm2' loss.trunc-c=3"
   ftis-flwr run . --stream --federation-config "num-supernodes=2 client-resources-num-cpus=1"
+  ftis-flwr plan paper-size-base --device-gib 80
   ftis-flwr stop
 
 `run` passes every argument it does not know (--stream, --federation-config, a federation name)
 on to `flwr run`; `check` takes the same command line and checks what it can.
 
-exit codes: 0 completed (or valid, for check), 1 the run failed, 2 invalid configuration,
+exit codes: 0 completed (valid, for check; planned, for plan), 1 the run failed, 2 invalid configuration,
 64 a command line ftis-flwr itself cannot parse"""
 STARTED = re.compile(r"Successfully started run (\d+)")
 UNREACHABLE = "Connection to the SuperLink is unavailable"  # flwr 1.42's words when nothing answers
@@ -143,16 +146,18 @@ def localise(given: dict[str, Any], app: Path) -> dict[str, Any]:
     return out
 
 
-def check(app: Path, run_config: list[str], *, local: bool = False) -> tuple[dict[str, Any], Any]:
+def check(app: Path | None, run_config: list[str], *, local: bool = False) -> tuple[dict[str, Any], Any]:
     """(the ``--run-config`` pairs spelled as declared, the experiment); CheckError listing every
     problem otherwise. ``local``: the run goes to the local SuperLink (:func:`localise` its paths).
+    ``app`` None (a plan made anywhere): no declared keys to check against, the merge names the
+    unknown ones.
     A ``resume`` run is checked for its folder only (its configuration is the one saved in it)."""
     from ftis_flwr.config.merge import load_run_config
     from ftis_flwr.config.schema import ConfigError
 
-    declared = declared_keys(app)
+    declared = declared_keys(app) if app is not None else {}
     parsed, errors = parse_run_config(run_config)
-    given, unknown = resolve_keys(parsed, declared)
+    given, unknown = resolve_keys(parsed, declared) if app is not None else (parsed, [])
     errors += unknown  # and the known keys are checked all the same: every problem at once
     if local:
         given = localise(given, app)
@@ -167,10 +172,18 @@ def check(app: Path, run_config: list[str], *, local: bool = False) -> tuple[dic
     try:
         exp = load_run_config(merged)
     except (ConfigError, ValueError) as exc:
-        errors.append(str(exc))
+        errors += _items(str(exc))
     if errors:
-        raise CheckError("\n".join(errors))
+        raise CheckError(f"invalid configuration ({len(errors)} error{'s' * (len(errors) > 1)}):\n  - "
+                         + "\n  - ".join(errors))
     return given, exp
+
+
+def _items(message: str) -> list[str]:
+    """The problems a ConfigError lists (``invalid configuration (n errors):`` then ``  - `` lines),
+    so that they and the command line's own make one list."""
+    head, sep, rest = message.partition(":\n  - ")
+    return rest.split("\n  - ") if sep and head.startswith("invalid ") else [message]
 
 
 def missing_packages(exp: Any) -> list[str]:
@@ -288,6 +301,45 @@ def _version() -> str:
         return "unknown"
 
 
+def _device_gib(text: str) -> float:
+    from ftis_flwr.config.plan import device_gib  # here, not at start: `stop` and `--version` need none of it
+
+    return device_gib(text)
+
+
+def _add_plan(sub: Any) -> None:
+    what = "estimate each node's memory per rank (GiB) and where it fits, offline"
+    c = sub.add_parser("plan", help=what, description=f"ftis-flwr plan: {what}.", epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    c.add_argument("preset", help="a preset name (e.g. paper-size-base) or a YAML file")
+    c.add_argument("app", nargs="?", default=None, type=Path,
+                   help="a Flower app's folder: its declared keys check --run-config, as `check` does")
+    c.add_argument("--run-config", action="append", default=[], help="as for flwr run (may repeat)")
+    c.add_argument("--device-gib", type=_device_gib, default=None, metavar="N",
+                   help="one GPU's memory in GiB: where a node does not fit, the ranks (FSDP2) it needs "
+                        "(default: the smallest common device that fits)")
+
+
+def _plan(args: argparse.Namespace) -> int:
+    """``ftis-flwr plan``: the preset with ``--run-config`` on top, checked as ``check`` checks it,
+    then its memory plan; exit 2 when it is invalid."""
+    from ftis_flwr.config.plan import headline, report
+
+    if args.rest:
+        print(f"ftis-flwr: note: not used by the plan: {' '.join(args.rest)}", file=sys.stderr)
+    try:
+        _, exp = check(args.app, [f"preset={json.dumps(args.preset)}", *args.run_config])
+    except CheckError as exc:
+        print(f"ftis-flwr: the configuration is not valid:\n{exc}", file=sys.stderr)
+        return EXIT_INVALID
+    if exp is None:
+        print("ftis-flwr: a resume run reuses its saved configuration: plan its preset instead", file=sys.stderr)
+        return EXIT_INVALID
+    print(headline(args.preset, exp))
+    print(report(exp, args.device_gib), flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = _Parser(prog="ftis-flwr", description=DESCRIPTION, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -305,8 +357,11 @@ def main(argv: list[str] | None = None) -> int:
             c.add_argument("--wait", type=float, default=60.0, metavar="S",
                            help="while the SuperLink does not answer (it may be starting), ask again for up to "
                                 "S seconds (default 60; 0: once)")
+    _add_plan(sub)
     args, rest = p.parse_known_args(argv)
     args.rest = rest
+    if args.command == "plan":
+        return _plan(args)
     if args.command == "stop":
         from ftis_flwr import local_superlink
 

@@ -141,10 +141,9 @@ def test_version_and_a_bad_preset_for_the_memory_plan(capsys):
     with pytest.raises(SystemExit) as done:
         main(["--version"])
     assert done.value.code == 0 and capsys.readouterr().out.startswith("ftis-flwr ")
-    with pytest.raises(SystemExit) as done:
-        plan.main(["paper-size-bas"])
+    assert plan.main(["paper-size-bas"]) == 2  # `python -m ftis_flwr.config.plan` exits with it
     err = capsys.readouterr().err
-    assert done.value.code == 2 and "preset 'paper-size-bas' is neither" in err and "Traceback" not in err
+    assert "preset 'paper-size-bas' is neither" in err and "Traceback" not in err
 
 
 def test_each_bad_bound_is_named_with_its_own_key_and_value():
@@ -208,3 +207,56 @@ def test_a_yaml_syntax_error_names_the_file_line_and_column(tmp_path):
     msg = str(err.value)
     assert f"config-file '{bad}'" in msg and "YAML syntax error at line 4, column 7" in msg
     assert "opened at line 3, column 12" in msg
+
+
+BAD_YAML = """rounds:
+  num_rounds: -3
+loss:
+  trunc_c: abc
+  bogus_key: 1
+nodes:
+  - {name: a, source: tiny, lrr: 1}
+  - {name: b, source: tiny, seed: x}
+"""
+
+
+def test_a_config_file_and_the_run_config_are_answered_at_once_in_under_2_s(tmp_path):
+    """The issue's case: a YAML file with an unknown key and bad values (three of them here, and an
+    unknown card field), plus a --run-config with an unquoted string, an unknown key and a bad
+    value: one answer names them all, the YAML ones with file and line, in a fresh interpreter in
+    under 2 s, without importing torch."""
+    import subprocess
+    import sys
+    import time
+
+    bad = tmp_path / "exp.yaml"
+    bad.write_text(BAD_YAML)
+    code = ("import sys; from ftis_flwr.cli import main; code = main(sys.argv[1:]); "
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules)); sys.exit(code)")
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", code, "check", str(REPO), "--run-config",
+                           f"config-file='{bad}' preset=cpu-pair loss.metod='tis' rollout.group-size='x'"],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - start
+    assert proc.returncode == 2 and proc.stdout.strip().endswith("[]"), proc.stdout + proc.stderr
+    at = f"config-file '{bad}', line"
+    for fragment in ("invalid configuration (8 errors)", "preset=cpu-pair: a string value needs quotes",
+                     "unknown key 'loss.metod'; did you mean loss.method?", "rollout.group_size='x' is not an integer",
+                     f"{at} 2, column 3: rounds.num_rounds=-3 must be >= 1",
+                     f"{at} 4, column 3: loss.trunc_c='abc' is not a number",
+                     f"{at} 5, column 3: unknown key 'loss.bogus_key'; the keys of loss: clip_eps,",
+                     f"{at} 7, column 29: unknown key 'nodes[a].lrr'; did you mean lr?",
+                     f"{at} 8, column 29: nodes[b].seed='x' is not an integer"):
+        assert fragment in proc.stderr, fragment + "\n" + proc.stderr
+    assert took < 2.0 + 1.0, f"{took:.1f} s"  # 0.8 s idle; the slack is for a busy machine
+
+
+def test_a_yaml_syntax_error_does_not_hide_the_run_configs_problems(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("loss:\n  method: tis\n  trunc_c: [1\nrounds: {num_rounds: 3}\n")
+    with pytest.raises(CheckError) as err:
+        check(REPO, [f"config-file='{bad}' preset=cpu-pair loss.metod='tis' train.lr=0"])
+    msg = str(err.value)
+    for fragment in ("YAML syntax error at line 4, column 7", "preset=cpu-pair: a string value needs quotes",
+                     "unknown key 'loss.metod'", "train.lr=0.0 must be > 0"):
+        assert fragment in msg, fragment

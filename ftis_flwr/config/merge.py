@@ -5,8 +5,10 @@ generated from the dataclasses by :mod:`ftis_flwr.config.keys`) or from Python c
 dotted, ``section.field`` or ``nodes.<index or name>.field``; dashes and underscores are equal.
 Each value is converted to its field's type (Flower's run config is typed by TOML: ``8.0`` for an
 int field, ``"1e-4"`` for a float field, ``"true"`` for a bool field all work); a value that does
-not convert is a :class:`~ftis_flwr.config.schema.ConfigError` naming the key. Every problem (unknown
-keys, bad values, impossible combinations) is reported in one error.
+not convert is a :class:`~ftis_flwr.config.schema.ConfigError` naming the key. A YAML layer (a preset
+file, ``config-file``) is walked key by key the same way (:func:`checked_yaml`), so its unknown keys
+and bad values are named with their file and line instead of stopping at OmegaConf's first. Every
+problem (of every layer: unknown keys, bad values, impossible combinations) is reported in one error.
 
 Re-exported by :mod:`ftis_flwr.config.schema`; import it from there.
 """
@@ -14,7 +16,9 @@ Re-exported by :mod:`ftis_flwr.config.schema`; import it from there.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
+import re
 import shlex
 import types
 import typing
@@ -281,43 +285,178 @@ def _omegaconf_error(where: str, exc: Exception) -> ConfigError:
     return ConfigError(f"invalid configuration in {where}: {head}" + (f" (key {key})" if key else ""))
 
 
+_LEADING_KEY = re.compile(r"([A-Za-z_][\w.\[\]-]*)=")
+"""The key a validation message starts with (``rounds.num_rounds=-3 must be >= 1``)."""
+
+
+def checked_yaml(text: str, where: str, errors: list[str], marks: dict[str, str]) -> dict[str, Any]:
+    """A YAML layer as a plain dict with every key checked against the schema and every value
+    converted to its field's type. Each problem is appended to ``errors`` with ``where`` and its
+    line, and left out, so the layers after it and the rest of this one are still checked; each
+    key kept is recorded in ``marks`` (for the line of a later validation message)."""
+    import yaml
+
+    try:
+        tree = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = OmegaConf.to_container(OmegaConf.create(text), resolve=False) if tree is not None else {}
+    except Exception as exc:  # YAML syntax: file, line and column
+        errors.append(str(_omegaconf_error(where, exc)))
+        return {}
+    if not isinstance(data, dict) or not isinstance(tree, yaml.MappingNode):
+        errors.append(f"{where}: the file must be a mapping of sections (loss:, rollout:, nodes:, ...), "
+                      f"not a {type(data).__name__}")
+        return {}
+    walk = _YamlWalk(where, errors, marks)
+    return walk.mapping(data, tree, _fields()[0], "", "")
+
+
+class _YamlWalk:
+    """One YAML layer's walk: the layer's name, the errors found, the lines of the keys kept."""
+
+    def __init__(self, where: str, errors: list[str], marks: dict[str, str]):
+        self.where, self.errors, self.marks = where, errors, marks
+
+    def at(self, node: Any) -> str:
+        return f"{self.where}, line {node.start_mark.line + 1}, column {node.start_mark.column + 1}"
+
+    def mapping(self, data: dict, tree: Any, fields: dict[str, Any], prefix: str, label: str) -> dict[str, Any]:
+        """``data`` (the mapping at ``prefix`` of ``fields``; ``label``: how messages name it) checked."""
+        import yaml
+
+        clean: dict[str, Any] = {}
+        for key_node, value_node in tree.value:
+            raw = key_node.value
+            key, value = _normalise_key(str(raw)), data.get(raw)
+            full = prefix + key
+            if full == "nodes" and fields is _EXPERIMENT_FIELDS and isinstance(value_node, yaml.SequenceNode):
+                clean[key] = self.cards(value, value_node)
+            elif full in fields:
+                ok, converted = self.leaf(value, fields[full], label + key, key_node)
+                if ok:
+                    clean[key] = converted
+            elif isinstance(value, dict) and isinstance(value_node, yaml.MappingNode) and \
+                    any(f.startswith(full + ".") for f in fields):
+                clean[key] = self.mapping(value, value_node, fields, full + ".", label + key + ".")
+            else:
+                self.errors.append(f"{self.at(key_node)}: unknown key {label + str(raw)!r}; "
+                                   f"{_allowed(key, fields, prefix, label)}")
+        return clean
+
+    def cards(self, items: list, tree: Any) -> list[Any]:
+        """The ``nodes:`` list: each model card checked against the card's fields."""
+        import yaml
+
+        out = []
+        for i, (item, node) in enumerate(zip(items, tree.value)):
+            if isinstance(item, dict) and isinstance(node, yaml.MappingNode):
+                out.append(self.mapping(item, node, _fields()[1], "", f"nodes[{item.get('name', i)}]."))
+            else:
+                self.errors.append(f"{self.at(node)}: nodes[{i}]={item!r} is not a model card (a mapping "
+                                   "such as {name: small, source: tiny})")
+        return out
+
+    def leaf(self, value: Any, hint: Any, key: str, key_node: Any) -> tuple[bool, Any]:
+        """(kept, value converted to ``hint``); a value it cannot convert is named and dropped."""
+        if isinstance(value, str) and "${" in value:  # an interpolation: OmegaConf resolves it
+            return True, value
+        if scalar_type(hint) is not None and isinstance(value, (dict, list)):
+            return self.bad(key, value, "is not a single value", key_node)
+        if _coercible(hint):
+            try:
+                value = coerce(value, hint)
+            except ValueError as exc:
+                return self.bad(key, value, str(exc), key_node)
+        self.marks[key] = self.at(key_node)
+        return True, value
+
+    def bad(self, key: str, value: Any, why: str, key_node: Any) -> tuple[bool, Any]:
+        self.errors.append(f"{self.at(key_node)}: {key}={value!r} {why}")
+        return False, None
+
+
+def _coercible(hint: Any) -> bool:
+    """Whether :func:`coerce` converts to ``hint`` (a dict field is left to OmegaConf)."""
+    args = typing.get_args(hint)
+    return scalar_type(hint) is not None or (typing.get_origin(hint) is list and args[:1] in ((str,), (float,)))
+
+
+def _allowed(key: str, fields: dict[str, Any], prefix: str, label: str) -> str:
+    """What may stand where ``key`` does: the closest names, else every name at that level."""
+    here = sorted({f[len(prefix):].split(".")[0] for f in fields if f.startswith(prefix)})
+    close = difflib.get_close_matches(key, here, n=3, cutoff=0.6)
+    if close:
+        return f"did you mean {' or '.join(close)}?"
+    return (f"the keys of {label.rstrip('.')}: " if label else "the top-level keys: ") + ", ".join(here)
+
+
+def _located(message: str, marks: dict[str, str]) -> str:
+    """A validation message with the file and line of the YAML key it names, where there is one."""
+    match = _LEADING_KEY.match(message)
+    where = marks.get(match.group(1)) if match else None
+    return f"{where}: {message}" if where else message
+
+
+def _forget_overridden(marks: dict[str, str], nested: dict[str, Any], nodes: list[Any]) -> None:
+    """Drop the YAML lines of keys a flat key sets after them: a message about one is the flat key's."""
+    names = [str(n.name) for n in nodes]
+
+    def paths(tree: dict, prefix: str):
+        for k, v in tree.items():
+            yield from paths(v, f"{prefix}{k}.") if isinstance(v, dict) else [prefix + k]
+
+    for idx, patch in (nested.get("nodes") or {}).items():
+        name = names[int(idx)] if idx.isdigit() and int(idx) < len(names) else idx
+        for p in paths(patch, f"nodes[{name}]."):
+            marks.pop(p, None)
+    for p in paths({k: v for k, v in nested.items() if k != "nodes"}, ""):
+        marks.pop(p, None)
+
+
 def load_experiment(preset: str | None = None, overrides: Mapping[str, Any] | None = None,
                     yaml_text: str | None = None, *, import_registries: bool = True,
-                    yaml_name: str = "the YAML config") -> ExperimentConfig:
+                    yaml_name: str = "the YAML config", errors: list[str] | None = None) -> ExperimentConfig:
     """defaults <- YAML preset (name or path) <- YAML text (``yaml_name``: what errors call it, e.g.
-    its file) <- flat dotted overrides; validated.
+    its file) <- flat dotted overrides; validated, every problem of every layer in one error.
 
-    ``import_registries``: see :func:`ftis_flwr.config.validation.validate`.
+    ``import_registries``: see :func:`ftis_flwr.config.validation.validate`. ``errors``: problems
+    the caller found already (a missing file), reported with the rest.
     """
     merged = OmegaConf.structured(ExperimentConfig)
+    errors = list(errors or [])
+    marks: dict[str, str] = {}  # a dotted key set in a YAML layer -> "<file>, line <n>"
     layers = []
     if preset:
-        path = resolve_preset(preset)
-        layers.append((f"preset {str(path)!r}", lambda: OmegaConf.load(path)))
-    if yaml_text:
-        layers.append((yaml_name, lambda: OmegaConf.create(yaml_text)))
-    for where, load in layers:
         try:
-            merged = OmegaConf.merge(merged, load())
-        except Exception as exc:  # YAML syntax, OmegaConf type and key errors: message, no trace
-            raise _omegaconf_error(where, exc) from None
-    errors: list[str] = []
+            path = resolve_preset(preset)
+            layers.append((f"preset {str(path)!r}", path.read_text()))
+        except ConfigError as exc:  # the other layers are still checked, on the defaults
+            errors.append(str(exc))
+    if yaml_text:
+        layers.append((yaml_name, yaml_text))
+    for where, text in layers:
+        data = checked_yaml(text, where, errors, marks)
+        try:
+            merged = OmegaConf.merge(merged, OmegaConf.create(data)) if data else merged
+        except Exception as exc:  # what the walk did not catch (OmegaConf's own type and key errors)
+            errors.append(str(_omegaconf_error(where, exc)))
     if overrides:
-        nested, errors = _flat_to_nested(overrides)
+        nested, flat_errors = _flat_to_nested(overrides)
+        errors += flat_errors
         nodes = list(merged.nodes)
+        _forget_overridden(marks, nested, nodes)
         errors += _nodes_overrides(nested, nodes)
         try:
             merged.nodes = nodes
             merged = OmegaConf.merge(merged, OmegaConf.create(nested))
         except Exception as exc:
-            raise _omegaconf_error("the flat keys", exc) from None
+            errors.append(str(_omegaconf_error("the flat keys", exc)))
     if preset:
         merged.preset = preset
     try:
         cfg: ExperimentConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
     except Exception as exc:
-        raise _omegaconf_error("the merged configuration", exc) from None
-    errors += experiment_errors(cfg, import_registries=import_registries)
+        raise_errors(errors + [str(_omegaconf_error("the merged configuration", exc))])
+    errors += [_located(e, marks) for e in experiment_errors(cfg, import_registries=import_registries)]
     raise_errors(errors)
     return cfg
 
@@ -332,18 +471,22 @@ def load_run_config(run_config: Mapping[str, Any], *, import_registries: bool = 
     app = {_normalise_key(k): v for k, v in run_config.items() if _normalise_key(k) in APP_KEYS}
     preset = str(app.get("preset", "") or "")
     config_file = str(app.get("config_file", "") or "")
-    yaml_text = None
+    yaml_text, errors = None, []
     if config_file:
         path = Path(config_file).expanduser()
-        if not path.is_file():
-            raise ConfigError(f"config-file={config_file!r}: no such file here (under plain `flwr run` a relative "
-                              f"path resolves where the SuperLink runs: give an absolute one, or run "
-                              f"`ftis-flwr run`, which resolves it where you are)")
-        yaml_text = path.read_text()
+        if path.is_file():
+            yaml_text = path.read_text()
+        else:
+            errors.append(f"config-file={config_file!r}: no such file here (under plain `flwr run` a relative "
+                          f"path resolves where the SuperLink runs: give an absolute one, or run "
+                          f"`ftis-flwr run`, which resolves it where you are)")
     flat = {k: v for k, v in run_config.items() if _normalise_key(k) not in APP_KEYS and v != ""}
-    flat.update(parse_overrides(str(app.get("overrides", "") or "")))
+    try:
+        flat.update(parse_overrides(str(app.get("overrides", "") or "")))
+    except ConfigError as exc:
+        errors.append(str(exc))
     return load_experiment(preset or None, flat, yaml_text=yaml_text, import_registries=import_registries,
-                           yaml_name=f"config-file {config_file!r}")
+                           yaml_name=f"config-file {config_file!r}", errors=errors)
 
 
 def from_dict(data: Mapping[str, Any], *, import_registries: bool = False) -> ExperimentConfig:

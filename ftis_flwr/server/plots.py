@@ -3,12 +3,18 @@ diagnostics (filtered share of received samples, truncated token share, KL of re
 samples on a log scale: k3 reaches 1e5 and more for a far sample, the effective sample size of
 the received weights and the farthest source's |log-ratio| p99), and, where peers of other
 tokenizers trained through their text, the share of received tokens in multi-token chunks; one
-colour per node, from exactly the rows the reporter logged."""
+colour per node, from exactly the rows the reporter logged.
+
+Written for a reader who has not read the code: every y axis says what it counts and in which
+unit, accuracy and shares are in % (as the summary tables give accuracy), the splits are named
+in words ("test" is the in-distribution test split, "ood" the out-of-distribution one) and the
+filter panel says what "filtered" means."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Callable, NamedTuple
 
 ACC_PREFIX, ACC_SUFFIX = "eval/", "/accuracy"
 
@@ -38,21 +44,52 @@ def _worst_tail(m: dict) -> float | None:
     return max(tails) if tails else None
 
 
-def _panels(splits: list[str], rows: list[dict] = ()) -> list[tuple[str, object, str, bool]]:
-    """(title, metric getter, y label, sparse: evaluated rounds only)."""
-    panels = [(f"Eval accuracy: {s}", (lambda k: lambda m: m.get(k))(f"{ACC_PREFIX}{s}{ACC_SUFFIX}"),
-               "accuracy", True) for s in splits]
+SPLIT_NAMES = {"test": "in-distribution test", "ood": "out-of-distribution", "validation": "validation"}
+"""Held-out split -> the words a plot uses for it (any other split keeps its own name)."""
+
+
+def split_title(split: str) -> str:
+    """``ood`` -> ``out-of-distribution (ood)``: the words, and the name the tables use."""
+    words = SPLIT_NAMES.get(split)
+    return f"{words} ({split})" if words else split
+
+
+class Panel(NamedTuple):
+    """One panel: its title, the metric read from a node's row, the y axis label (with its unit),
+    whether only evaluated rounds have it, the factor to the unit shown (100: a share in %) and
+    whether the axis spans the whole 0-100% range."""
+
+    title: str
+    get: Callable[[dict], float | None]
+    ylabel: str
+    sparse: bool = False
+    scale: float = 1.0
+    bounded: bool = False
+
+
+def _metric(key: str) -> Callable[[dict], float | None]:
+    return lambda m: m.get(key)
+
+
+def _panels(splits: list[str], rows: list[dict] = ()) -> list[Panel]:
+    panels = [Panel(f"Held-out accuracy: {split_title(s)}", _metric(f"{ACC_PREFIX}{s}{ACC_SUFFIX}"),
+                    "accuracy (% of problems, greedy)", sparse=True, scale=100.0, bounded=True) for s in splits]
     panels += [
-        ("Train reward (mean)", lambda m: m.get("reward_mean"), "reward", False),
-        ("Filtered share of received samples", _ratio("filtered", "samples_foreign"), "share", False),
-        ("Truncated IS weights (token share)", lambda m: m.get("frac_tokens_truncated"), "share", False),
-        ("KL of received samples (mean k3 = E[e^d - d - 1], d = log gen - log pi)",
-         lambda m: m.get("kl_mean_foreign"), "KL (log scale)", False),
-        ("Effective sample size of received samples' weights", lambda m: m.get("ess"), "ESS (0..1)", False),
-        ("Received |log-ratio| p99, farthest source", _worst_tail, "nats", False),
+        Panel("Train reward: mean of the groups the node generated", _metric("reward_mean"),
+              "reward (the task's own scale)"),
+        Panel("Filtered: received samples the F-TIS filter dropped\n(KL estimate above the threshold g, advantage <= 0)",
+              _ratio("filtered", "samples_foreign"), "% of received samples", scale=100.0, bounded=True),
+        Panel("Truncated importance weights (weight reached C)", _metric("frac_tokens_truncated"),
+              "% of tokens", scale=100.0, bounded=True),
+        Panel("KL of received samples to the learner, mean k3\n(k3 = E[e^d - d - 1], d = log gen - log pi)",
+              _metric("kl_mean_foreign"), "KL estimate, nats (log scale)"),
+        Panel("Effective sample size of received samples' weights", _metric("ess"),
+              "ESS, % of received tokens", scale=100.0, bounded=True),
+        Panel("Received |log-ratio| p99, farthest source", _worst_tail, "|log pi - log gen|, nats"),
     ]
     if any(_xtok_share(m) is not None for row in rows for m in row["nodes"].values()):
-        panels.append(("Cross-tokenizer: received tokens in multi-token chunks", _xtok_share, "share", False))
+        panels.append(Panel("Cross-tokenizer: received tokens in multi-token chunks", _xtok_share,
+                            "% of received tokens", scale=100.0, bounded=True))
     return panels
 
 
@@ -70,24 +107,24 @@ def plot_run(path: Path, title: str, nodes: list[str], splits: list[str], rows: 
     fig = Figure(figsize=(5.2 * cols, 3.8 * nrows), dpi=110, layout="constrained")
     axes = fig.subplots(nrows, cols, squeeze=False).ravel()
     colours = [f"C{i % 10}" for i in range(len(nodes))]
-    for ax, (label, get, ylabel, sparse) in zip(axes, panels):
+    for ax, panel in zip(axes, panels):
         for node, colour in zip(nodes, colours):
             xs, ys = [], []
             for row in rows:
                 m = row["nodes"].get(node)
-                v = None if m is None else get(m)
-                if (sparse or steps) and v is None:
+                v = None if m is None else panel.get(m)
+                if (panel.sparse or steps) and v is None:
                     continue  # eval only every N rounds: connect the evaluated points
                 xs.append(row["round"] if m is None else m.get("round", row["round"]))
-                ys.append(math.nan if v is None else v)
+                ys.append(math.nan if v is None else v * panel.scale)
             if any(math.isfinite(y) for y in ys):
                 ax.plot(xs, ys, marker="o", markersize=3, color=colour, label=node)
-        ax.set_title(label, fontsize=10)
+        ax.set_title(panel.title, fontsize=10)
         ax.set_xlabel("round")
-        ax.set_ylabel(ylabel)
-        if sparse or ylabel == "share":
-            ax.set_ylim(-0.02, 1.02)
-        if ylabel.endswith("(log scale)") and any(y > 0 for line in ax.get_lines() for y in line.get_ydata()
+        ax.set_ylabel(panel.ylabel)
+        if panel.bounded:
+            ax.set_ylim(-2, 102)
+        if panel.ylabel.endswith("(log scale)") and any(y > 0 for line in ax.get_lines() for y in line.get_ydata()
                                                   if math.isfinite(y)):
             ax.set_yscale("log")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
