@@ -8,7 +8,11 @@ samples G=12 completions for 12 prompts of 256 tokens up to 640 new tokens (rand
 emit EOS, so every completion is full length: the worst case), and one F-TIS update over those
 144 samples with micro-batches of 8 and AdamW. Prints the peak CUDA memory of each phase next to
 the plan's estimate, tokens/s, and the on-policy check: |learner - engine| log-prob of the
-sampled tokens (float32, and bfloat16 autocast). Needs a CUDA GPU.
+sampled tokens (float32, and bfloat16 autocast). Then the same update through the sharded
+learner's path (``ModelCard.ranks``; :mod:`ftis_flwr.node.sharding`): FSDP2 on a process group of
+one rank (NCCL), the engine's plain copy beside it, and the copy's refresh after the step; its
+peak memory is printed beside the plan's one-rank figure plus the copy. Needs a CUDA GPU
+(``--device cpu`` runs the same phases on the CPU, gloo, as a smoke test of the script).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from ftis_flwr.config.schema import ExperimentConfig, LossConfig, ModelCard  # n
 from ftis_flwr.maths.loss import LossInputs, compute_loss  # noqa: E402
 from ftis_flwr.node.engines.hf import HFEngine  # noqa: E402
 from ftis_flwr.node.logprobs import completion_logprobs, pack_batch  # noqa: E402
+from ftis_flwr.node.sharding import norm_value, plain_copy, shard, sync_copy  # noqa: E402
 
 
 class _Tok:
@@ -51,6 +56,59 @@ def _peak() -> float:
 def _reset() -> None:
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
+
+
+def _update(model, samples, a, vocab_tokens) -> tuple[list[float], float]:
+    """One F-TIS update over ``samples`` in micro-batches, AdamW; -> (own log-prob gaps, grad norm)."""
+    params = [q for q in model.parameters() if q.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-6)
+    gaps = []
+    model.train()
+    for start in range(0, len(samples), a.micro_batch):
+        chunk = samples[start:start + a.micro_batch]
+        batch = pack_batch([c[0] for c in chunk], [c[1].tokens for c in chunk], pad_id=0)
+        lp = completion_logprobs(model, batch, vocab_size=vocab_tokens)
+        gen = torch.zeros_like(lp)
+        for i, (_, s) in enumerate(chunk):
+            gen[i, :len(s.logprobs)] = torch.from_numpy(s.logprobs).to(a.device)
+        mask = batch.completion_mask.to(a.device).bool()
+        gaps.append((lp.detach() - gen).abs()[mask].max().item())
+        out = compute_loss(LossInputs(lp, gen, torch.randn(len(chunk), device=a.device), mask,
+                                      torch.zeros(len(chunk), dtype=torch.bool, device=a.device)),
+                           LossConfig(method="f-tis"))
+        out.loss_sum.backward()
+    norm = norm_value(torch.nn.utils.clip_grad_norm_(params, 1.0))
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return gaps, norm
+
+
+def _sharded(model, samples, a, vocab_tokens, est) -> dict:
+    """The update through the sharded learner's path on a one-rank process group: FSDP2 groups per
+    decoder layer, the engine's plain copy, its refresh after the step."""
+    import os
+
+    import torch.distributed as dist
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29561")
+    dist.init_process_group("nccl" if a.device != "cpu" else "gloo", rank=0, world_size=1)
+    try:
+        twin = plain_copy(model)
+        groups = shard(model, a.device)
+        _reset()
+        t0 = time.perf_counter()
+        _, norm = _update(model, samples, a, vocab_tokens)
+        _peak()
+        update_s, peak = time.perf_counter() - t0, _peak()
+        t0 = time.perf_counter()
+        sync_copy(twin, model)
+        sync_s = time.perf_counter() - t0
+    finally:
+        dist.destroy_process_group()
+    return {"fsdp_groups": groups, "fsdp_update_s": update_s, "fsdp_update_peak_GiB": peak,
+            "fsdp_copy_sync_s": sync_s, "fsdp_grad_norm": norm,
+            "fsdp_estimate_GiB": (est.total + est.weights) / GIB}  # one rank's figure plus the copy
 
 
 def main() -> None:
@@ -99,26 +157,9 @@ def main() -> None:
                max_sampled_id=max(int(s.tokens.max()) for g in groups for s in g))
 
     samples = [(prompts[i], s) for i, g in enumerate(groups) for s in g]
-    opt = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=1e-6)
     _reset()
     t0 = time.perf_counter()
-    gaps = []
-    model.train()
-    for start in range(0, n, a.micro_batch):
-        chunk = samples[start:start + a.micro_batch]
-        batch = pack_batch([c[0] for c in chunk], [c[1].tokens for c in chunk], pad_id=0)
-        lp = completion_logprobs(model, batch, vocab_size=vocab_tokens)
-        gen = torch.zeros_like(lp)
-        for i, (_, s) in enumerate(chunk):
-            gen[i, :len(s.logprobs)] = torch.from_numpy(s.logprobs).to(a.device)
-        mask = batch.completion_mask.to(a.device).bool()
-        gaps.append((lp.detach() - gen).abs()[mask].max().item())
-        out = compute_loss(LossInputs(lp, gen, torch.randn(len(chunk), device=a.device), mask,
-                                      torch.zeros(len(chunk), dtype=torch.bool, device=a.device)),
-                           LossConfig(method="f-tis"))
-        out.loss_sum.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    opt.step()
+    gaps, _ = _update(model, samples, a, vocab_tokens)
     _peak()
     res.update(update_s=time.perf_counter() - t0, update_peak_GiB=_peak(),
                own_logprob_gap_max=max(gaps))
@@ -137,6 +178,8 @@ def main() -> None:
     d = (lp - gen).abs()[mask]
     res.update(bf16_autocast_gap_max=d.max().item(), bf16_autocast_gap_mean=d.mean().item())
     print(json.dumps(res, indent=1), flush=True)
+    res.update(_sharded(model, samples, a, vocab_tokens, est))
+    print(json.dumps({k: v for k, v in res.items() if k.startswith("fsdp")}, indent=1), flush=True)
     if a.out:
         Path(a.out).write_text(json.dumps(res, indent=1))
 

@@ -4,8 +4,8 @@
     .venv/trl/bin/python benchmarks/vs_trl.py --model tiny --repeats 3
     .venv/trl/bin/python benchmarks/vs_trl.py --model smollm2 --repeats 3
 
-Same model (``tiny``: cpu-pair's small model, char-level; ``smollm2``: cpu-smollm2's full card,
-float32), same prompts (the task's own rendering, given to TRL as plain-text prompts), G,
+Same model (``tiny``: cpu-pair's small model, char-level; ``smollm2``: cpu-smollm2's full card),
+float32 weights and compute on both sides (the card's ``auto`` is pinned), same prompts (the task's own rendering, given to TRL as plain-text prompts), G,
 max_new_tokens, temperature, learning rate, micro-batch and optimiser steps; HF ``generate`` on
 both sides; each side warmed up by one step first. TRL's gradient checkpointing (its default) is
 off, as the node does not checkpoint; ``--trl-checkpointing`` measures TRL with it. Per step:
@@ -51,6 +51,9 @@ def setting(model: str, prompts: int | None):
         overrides["rounds.prompts_per_node"] = prompts
     exp = load_experiment(preset, overrides=overrides)
     card = next(c for c in exp.nodes if c.name == card_name)
+    # like for like: TRL's side runs float32 on the CPU (bf16=False); the card's "auto" would pick
+    # bfloat16 compute where the CPU has it natively (AVX512-BF16), so the node is pinned too
+    card.dtype, card.compute_dtype = "float32", "float32"
     return exp, card
 
 
@@ -190,7 +193,8 @@ def main(argv: list[str] | None = None) -> None:
     theirs = Theirs(exp, card, ours.node, args.trl_checkpointing)
     print(f"# {args.model}: {card.name} of {Path(exp.preset).stem}; {exp.rounds.prompts_per_node} prompts x G "
           f"{exp.rollout.group_size}, {exp.rollout.max_new_tokens} new tokens, micro-batch "
-          f"{exp.train.micro_batch_size}, lr {card.lr or exp.train.lr}; trl {trl.__version__}, gradient "
+          f"{exp.train.micro_batch_size}, lr {card.lr or exp.train.lr}; float32 weights and compute on "
+          f"both sides; trl {trl.__version__}, gradient "
           f"checkpointing {'on' if args.trl_checkpointing else 'off'}", flush=True)
     sides = {"ftis alone": lambda: ours.step(False), "ftis + partner": lambda: ours.step(True),
              "trl": theirs.step}

@@ -114,7 +114,22 @@ def step_payload(msg: Message) -> dict:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """One round: the worker trains on the received groups and answers with its new groups,
-    metrics and info (see protocol.ROUND, GROUPS, METRICS, INFO)."""
+    metrics and info (see protocol.ROUND, GROUPS, METRICS, INFO).
+
+    Args:
+        msg: The server's round message: ``protocol.ROUND`` (round, prompt indices, the
+            experiment...) and the other nodes' groups under their stamped keys.
+        context: Flower's context: its node config names this SuperNode's card (``card``, or
+            ``partition-id`` in simulation).
+
+    Returns:
+        The reply: this node's new groups (``protocol.GROUPS``, ``GROUPS_META``), its metrics
+            (``METRICS``, with ``clientapp_seconds``) and ``INFO`` (name, tokenizer, rejections...).
+
+    Raises:
+        WorkerTimeout: The worker did not answer in time; it is killed, and the next message
+            starts a new one, which resumes from its saved state.
+    """
     t0 = time.perf_counter()
     card, handle, timeout = _worker(msg.content[protocol.ROUND], context)
     try:
@@ -143,7 +158,15 @@ def train(msg: Message, context: Context) -> Message:
 
 @app.query("stop")
 def stop(msg: Message, context: Context) -> Message:
-    """Stop this node's worker for the run, if one runs; never start one (see protocol.STOP)."""
+    """Stop this node's worker for the run, if one runs; never start one (see protocol.STOP).
+
+    Args:
+        msg: The server's ``query.stop`` message (``protocol.STOP``: the experiment, run name).
+        context: Flower's context (the node config names the card).
+
+    Returns:
+        ``protocol.STOP``: the card's ``node`` name and whether a worker was ``stopped``.
+    """
     cfg = msg.content[protocol.STOP]
     experiment = experiment_of(str(cfg["experiment"]))
     card = select_card(experiment, dict(context.node_config))
@@ -155,7 +178,17 @@ def stop(msg: Message, context: Context) -> Message:
 
 @app.query("hello")
 def hello(msg: Message, context: Context) -> Message:
-    """Name this SuperNode's card without building anything (see protocol.HELLO)."""
+    """Name this SuperNode's card without building anything (see protocol.HELLO).
+
+    Args:
+        msg: The server's ``query.hello`` message (``protocol.HELLO``: the experiment).
+        context: Flower's context (the node config names the card).
+
+    Returns:
+        ``protocol.HELLO``: the card's ``node`` name ("" when it serves none), the ``reason``
+            it serves none, whether the card it names is ``unknown`` to the experiment, and
+            ``notes`` on its dtype and memory for the server's log.
+    """
     experiment = experiment_of(str(msg.content[protocol.HELLO]["experiment"]))
     answer = {"node": "", "reason": "", "unknown": False, "notes": ""}
     try:
@@ -176,7 +209,16 @@ def hello(msg: Message, context: Context) -> Message:
 @app.query("build")
 def build(msg: Message, context: Context) -> Message:
     """Start this node's worker if none runs and have it build the model in the background; answer
-    at once with how far it is (see protocol.BUILD)."""
+    at once with how far it is (see protocol.BUILD).
+
+    Args:
+        msg: The server's ``query.build`` message (``protocol.BUILD``: the experiment, run name).
+        context: Flower's context (the node config names the card).
+
+    Returns:
+        ``protocol.BUILD``: the card's ``node`` name, the build's ``state`` (ready, building, failed
+            or idle), its ``seconds`` so far, its ``progress`` and any ``error``.
+    """
     card, handle, _ = _worker(msg.content[protocol.BUILD], context)
     status = handle.call("build", timeout=PING_TIMEOUT)
     answer = {"node": card.name, "state": str(status["state"]), "seconds": float(status["seconds"]),
@@ -201,7 +243,17 @@ def checkpoint_dir(server_out_dir: str, run_name: str, card: str, node_config: d
 @app.query("finish")
 def finish(msg: Message, context: Context) -> Message:
     """Have the worker save the final model where this node decides (:func:`checkpoint_dir`) and
-    stop; answer with the checkpoint's path (see protocol.FINISH, CHECKPOINT)."""
+    stop; answer with the checkpoint's path (see protocol.FINISH, CHECKPOINT).
+
+    Args:
+        msg: The server's ``query.finish`` message (``protocol.FINISH``: the experiment, run
+            name and the server's ``out_dir``).
+        context: Flower's context (the node config names the card, and may give ``out-dir``).
+
+    Returns:
+        ``protocol.CHECKPOINT``: the card's ``node`` name, the model's ``path`` and the
+            worker's number of ``updates``.
+    """
     cfg = msg.content[protocol.FINISH]
     card, handle, timeout = _worker(cfg, context)
     out_dir = checkpoint_dir(str(cfg["out_dir"]), str(cfg.get("run_name") or context.run_id), card.name,

@@ -58,9 +58,20 @@ def test_all_equal_group_is_exactly_zero_and_counted():
     assert torch.all(t == 0)
 
 
+def _config_error(key: str, value) -> str:
+    """What the configuration says of a setting the maths no longer checks itself."""
+    from ftis_flwr.config.merge import load_experiment
+    from ftis_flwr.config.schema import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        load_experiment(overrides={key: value}, import_registries=False)
+    return str(err.value)
+
+
 def test_bad_inputs_raise():
-    with pytest.raises(ValueError, match="group, none"):
-        group_advantages(np.zeros((1, 2)), scale="batch")
+    assert "advantage.scale_rewards='batch' is not one of group, none" in _config_error(
+        "advantage.scale_rewards", "batch")
+    assert "advantage.eps=-1.0 must be >= 0" in _config_error("advantage.eps", -1.0)
     with pytest.raises(ValueError, match="2-D"):
         group_advantages(np.zeros(3))
     with pytest.raises(ValueError, match="NaN"):
@@ -143,10 +154,8 @@ def test_filter_mask_rule_specific_facts():
 
 def test_filter_mask_bad_inputs():
     a, k, f = np.zeros(2), np.zeros(2), np.zeros(2, dtype=bool)
-    with pytest.raises(ValueError, match="and, or"):
-        filter_mask(a, k, f, threshold=1, rule="xor")
-    with pytest.raises(ValueError, match="foreign, all"):
-        filter_mask(a, k, f, threshold=1, scope="own")
+    assert "loss.filter_rule='xor' is not one of and, or" in _config_error("loss.filter_rule", "xor")
+    assert "loss.filter_scope='own' is not one of foreign, all" in _config_error("loss.filter_scope", "own")
     with pytest.raises(ValueError, match="equal length"):
         filter_mask(a, np.zeros(3), f, threshold=1)
     with pytest.raises(ValueError, match="bool"):
@@ -178,7 +187,6 @@ def test_g_for_round_constant_and_linear():
     assert g_for_round(lin, 50.0, 1, 1) == 1.0
     decreasing = GSchedule(kind="linear", start=100.0, end=0.0)
     assert g_for_round(decreasing, 50.0, 6, 11) == pytest.approx(50.0)
-    with pytest.raises(ValueError, match="constant, linear"):
-        g_for_round(GSchedule(kind="cosine"), 50.0, 1, 10)
-    with pytest.raises(ValueError, match="num_rounds"):
-        g_for_round(lin, 50.0, 1, 0)
+    assert "nodes[a].g.kind='cosine' is not one of constant, linear" in _config_error(
+        "nodes.0.g.kind", "cosine")
+    assert "rounds.num_rounds=0 must be >= 1" in _config_error("rounds.num_rounds", 0)

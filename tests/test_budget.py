@@ -287,7 +287,7 @@ def test_a_real_node_accepts_a_cut_payload(tiny_nodes):
     ({"exchange.max_foreign_groups": -1}, "exchange.max_foreign_groups=-1 must be >= 0"),
     ({"exchange.max_foreign_groups": 2, "exchange.select": "best"}, "exchange.select='best' is not one of"),
     ({"exchange.max_foreign_groups": 2, "exchange.select": "random", "advantage.mode": "horizontal"},
-     "exchange.max_foreign_groups > 0 with advantage.mode=horizontal"),
+     "exchange.max_foreign_groups=2 must be 0 with advantage.mode=horizontal"),
 ])
 def test_inconsistent_budget_settings_are_refused_by_name(sets, message):
     with pytest.raises(ConfigError, match=message):

@@ -277,8 +277,10 @@ def test_node_worker_imports_an_import_path_loss_when_it_builds_the_experiment(l
     script = f"""
 import ftis_flwr.node.node, ftis_flwr.node.worker as w
 from pathlib import Path
-ftis_flwr.node.node.Node = lambda card, experiment, cache_dir: experiment  # no model: just the experiment
-experiment = w._Server(Path({str(tmp_path)!r}))._load()
+ftis_flwr.node.node.Node = lambda card, experiment, cache_dir, ranks: experiment  # no model: the experiment
+server = w._Server(Path({str(tmp_path)!r}))
+server._load()
+experiment = server.node
 from ftis_flwr.maths.loss import get_loss_fn
 print("OK", get_loss_fn(experiment.loss.method).__name__)
 """
@@ -361,3 +363,37 @@ def test_worker_idle_timeout_must_outlast_a_round():
     with pytest.raises(ConfigError, match="at least twice rounds.round_timeout"):
         load_experiment("cpu-pair", {"worker_idle_timeout": 900, "rounds.round_timeout": 600})
     assert load_experiment("cpu-pair", {"worker_idle_timeout": 1200}).idle_timeout() == 1200
+
+
+def test_a_yaml_layers_problems_are_all_named_with_their_lines():
+    """Unknown keys, values of the wrong type and bad bounds of a YAML layer, at once, each with
+    its line; a value a flat key sets afterwards is blamed on the flat key, not on the file."""
+    text = "rounds:\n  num_rounds: -3\n  colour: red\ntrain: {lr: 0, micro_batch_size: many}\n"
+    with pytest.raises(ConfigError) as err:
+        load_experiment(yaml_text=text, overrides={"train.lr": -1}, yaml_name="config-file 'x.yaml'")
+    lines = str(err.value).splitlines()
+    assert "invalid configuration (4 errors):" in lines[0]
+    assert "  - config-file 'x.yaml', line 2, column 3: rounds.num_rounds=-3 must be >= 1" in lines
+    assert any(ln.startswith("  - config-file 'x.yaml', line 3, column 3: unknown key 'rounds.colour'; the keys "
+                             "of rounds: eval_every,") for ln in lines)
+    assert "  - config-file 'x.yaml', line 4, column 16: train.micro_batch_size='many' is not an integer" in lines
+    assert "  - train.lr=-1.0 must be > 0" in lines  # the flat key's value, not the file's line
+
+
+def test_a_yaml_layer_gives_the_same_experiment_as_before():
+    """Every shipped preset reads as OmegaConf reads it, dashes in keys allowed, 1e-4 a float."""
+    cfg = load_experiment(yaml_text="rollout: {group-size: 4}\ntrain: {lr: 1e-4}\n")
+    assert cfg.rollout.group_size == 4 and cfg.train.lr == 1e-4
+    with pytest.raises(ConfigError, match=r"the YAML config: the file must be a mapping"):
+        load_experiment(yaml_text="- 1\n- 2\n")
+
+
+def test_a_missing_preset_or_file_does_not_hide_the_other_problems(tmp_path):
+    from ftis_flwr.config.merge import load_run_config
+
+    with pytest.raises(ConfigError) as err:
+        load_run_config({"preset": "nope", "config-file": str(tmp_path / "missing.yaml"), "train.lr": 0,
+                         "overrides": "nodes.0.lr"})
+    msg = str(err.value)
+    assert "(4 errors)" in msg and "preset 'nope' is neither" in msg and "no such file here" in msg
+    assert "'nodes.0.lr' is not key=value" in msg and "train.lr=0.0 must be > 0" in msg

@@ -417,8 +417,12 @@ def test_validation_of_rows_and_real_tokens():
     ("trunc_c", 0.0, "trunc_c"), ("clip_eps", 1.5, "clip_eps"),
 ])
 def test_config_validation(field, value, message):
-    with pytest.raises(ValueError, match=message):
-        compute_loss(LossInputs(**_valid()), replace(LossConfig(), **{field: value}))
+    """A bad LossConfig is the configuration's to reject, by key (the maths does not check it again)."""
+    from ftis_flwr.config.schema import ConfigError, ExperimentConfig
+    from ftis_flwr.config.validation import validate
+
+    with pytest.raises(ConfigError, match=message):
+        validate(ExperimentConfig(loss=replace(LossConfig(), **{field: value})), import_registries=False)
 
 
 # --- Several updates per round: pi_old fixed at the round start (algorithm §5, PPO num_iterations) --

@@ -235,8 +235,8 @@ def test_token_cap_is_checked_against_the_rollout_settings():
     from ftis_flwr.config.schema import ConfigError
 
     load_experiment("paper-size-base")  # the paper presets fit the default cap
-    with pytest.raises(ConfigError, match=r"prompts_per_node x rollout.group_size x rollout.max_new_tokens"
-                                          r" = 92160 exceeds wire.max_tokens_per_payload=1000"):
+    with pytest.raises(ConfigError, match=r"wire.max_tokens_per_payload=1000 must be >= rounds.prompts_per_node x "
+                                          r"rollout.group_size x rollout.max_new_tokens = 12 x 12 x 640 = 92160"):
         load_experiment(overrides={"wire.max_tokens_per_payload": 1000, "rounds.prompts_per_node": 12,
                                    "rollout.group_size": 12, "rollout.max_new_tokens": 640})
 

@@ -7,9 +7,17 @@ server's exchange, the tasks). Where a kind has a registry (losses, tasks, engin
 rules), ``tests/test_registries.py`` fails when its names and the tuple here differ; the other
 vocabularies are checked in ``tests/test_config.py``. A new value is added here and in its
 implementation, together.
+
+Each closed vocabulary is declared once, as a ``str`` Enum (``AdvantageMode``, ``Schedule``, ...;
+verl's ``AdvantageEstimator`` is the same idea), with its values as a tuple of plain strings
+(``ADVANTAGE_MODES``) for validation messages. Configurations, JSON and the wire keep the plain
+strings; a member equals its string, so the code compares with members
+(``cfg.advantage.mode == AdvantageMode.HORIZONTAL``) and a typo fails at attribute lookup.
 """
 
 from __future__ import annotations
+
+from enum import StrEnum
 
 from ftis_flwr.maths.params import (
     BUILTIN_LOSSES,
@@ -21,24 +29,130 @@ from ftis_flwr.maths.params import (
     KL_ESTIMATORS,
     REDUCTIONS,
     SCALES,
+    CrossTokenizerRatio,
+    FilterAction,
+    FilterRule,
+    FilterScope,
+    GKind,
+    KlEstimator,
+    Reduction,
+    Scale,
+    names,
 )
 
-ADVANTAGE_MODES = ("vertical", "horizontal", "alone")
-"""``advantage.mode``: whole groups per node, G/m of each prompt per node pooled, or no sharing."""
-CROSS_TOKENIZER_MODES = ("auto", "always", "off")
-"""``exchange.cross_tokenizer``: when a foreign sample takes the text (chunk) path."""
-LOGPROB_CODECS = ("fp32", "fp16", "bf16")
-"""``wire.logprob_dtype``: how the log-probs travel."""
-WIRE_FORMATS = ("compact", "arrays")
-"""``wire.format``: format 2 (one byte container) or format 1 (npy arrays)."""
-COMPRESSORS = ("none", "zlib")
-"""``wire.compress``: the compact container's body compressor."""
-NO_SELECTION = "all"
+
+class AdvantageMode(StrEnum):
+    """``advantage.mode``: whole groups per node, G/m of each prompt per node pooled, or no sharing."""
+
+    VERTICAL = "vertical"
+    HORIZONTAL = "horizontal"
+    ALONE = "alone"
+
+
+class CrossTokenizerMode(StrEnum):
+    """``exchange.cross_tokenizer``: when a foreign sample takes the text (chunk) path."""
+
+    AUTO = "auto"
+    ALWAYS = "always"
+    OFF = "off"
+
+
+class LogprobCodec(StrEnum):
+    """``wire.logprob_dtype``: how the log-probs travel."""
+
+    FP32 = "fp32"
+    FP16 = "fp16"
+    BF16 = "bf16"
+
+
+class WireFormat(StrEnum):
+    """``wire.format``: format 2 (one byte container) or format 1 (npy arrays)."""
+
+    COMPACT = "compact"
+    ARRAYS = "arrays"
+
+
+class Compressor(StrEnum):
+    """``wire.compress``: the compact container's body compressor."""
+
+    NONE = "none"
+    ZLIB = "zlib"
+
+
+class SelectRule(StrEnum):
+    """``exchange.select``: ``all`` (no budget, no rule chooses), or a rule registered in
+    :mod:`ftis_flwr.server.budget`."""
+
+    ALL = "all"
+    RANDOM = "random"
+    REWARD_VARIANCE = "reward_variance"
+    LOW_KL = "low_kl"
+
+
+class Schedule(StrEnum):
+    """``exchange.schedule``: rounds in lockstep, or nodes that train on what has arrived."""
+
+    SYNC = "sync"
+    ASYNC = "async"
+
+
+class Engine(StrEnum):
+    """``nodes.N.engine``: the rollout engine (transformers, or vLLM on a GPU), as registered in
+    :mod:`ftis_flwr.node.engines`."""
+
+    HF = "hf"
+    VLLM = "vllm"
+
+
+class TinySize(StrEnum):
+    """``nodes.N.tiny_size``: the offline tiny models' sizes (:data:`ftis_flwr.node.tiny.TINY_SIZES`)."""
+
+    SMALL = "small"
+    LARGE = "large"
+
+
+class TinyTokenizer(StrEnum):
+    """``nodes.N.tiny_tokenizer``: character-level, or the offline byte-level BPE or unigram."""
+
+    CHAR = "char"
+    BPE = "bpe"
+    UNIGRAM = "unigram"
+
+
+class CardDtype(StrEnum):
+    """``nodes.N.dtype`` / ``compute_dtype``; "auto" = bfloat16 only where the device computes it
+    natively."""
+
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+    AUTO = "auto"
+
+
+class Tracker(StrEnum):
+    """``report.to``: where the per-round metrics go besides metrics.jsonl (TRL's ``report_to``;
+    :mod:`ftis_flwr.server.trackers`); "none" = no tracker, alone."""
+
+    TENSORBOARD = "tensorboard"
+    MLFLOW = "mlflow"
+    WANDB = "wandb"
+    NONE = "none"
+
+
+ADVANTAGE_MODES = names(AdvantageMode)
+CROSS_TOKENIZER_MODES = names(CrossTokenizerMode)
+LOGPROB_CODECS = names(LogprobCodec)
+WIRE_FORMATS = names(WireFormat)
+COMPRESSORS = names(Compressor)
+NO_SELECTION = SelectRule.ALL.value
 """``exchange.select`` without a budget (``max_foreign_groups`` 0): every group goes, no rule chooses."""
-SELECT_RULES = (NO_SELECTION, "random", "reward_variance", "low_kl")
-"""``exchange.select``: NO_SELECTION, or a rule registered in :mod:`ftis_flwr.server.budget`."""
-SCHEDULES = ("sync", "async")
-"""``exchange.schedule``: rounds in lockstep, or nodes that train on what has arrived."""
+SELECT_RULES = names(SelectRule)
+SCHEDULES = names(Schedule)
+ENGINES = names(Engine)
+TINY_SIZES = names(TinySize)
+TINY_TOKENIZERS = names(TinyTokenizer)
+CARD_DTYPES = names(CardDtype)
+TRACKERS = names(Tracker)
 TASK_NAMES = ("arithmetic", "arithmetic-heldout", "basic-math", "basic-math-20", "gsm8k", "math500",
               "dataset")
 """``task.name``'s registered names (:func:`ftis_flwr.tasks.make_task`); besides them a name may be
@@ -47,18 +161,6 @@ TASK_PREFIXES = ("reasoning-gym",)
 """``task.name`` prefixes: ``reasoning-gym:<generator>``."""
 GENERATED_TASKS = ("arithmetic", "arithmetic-heldout")
 """The tasks the tiny character-level models know (they were warm-started on arithmetic)."""
-ENGINES = ("hf", "vllm")
-"""``nodes.N.engine``: the rollout engine (transformers, or vLLM on a GPU), as registered in
-:mod:`ftis_flwr.node.engines`."""
-TINY_SIZES = ("small", "large")
-"""``nodes.N.tiny_size``: the offline tiny models' sizes (:data:`ftis_flwr.node.tiny.TINY_SIZES`)."""
-TINY_TOKENIZERS = ("char", "bpe", "unigram")
-"""``nodes.N.tiny_tokenizer``: character-level, or the offline byte-level BPE or unigram."""
-CARD_DTYPES = ("float32", "bfloat16", "float16", "auto")
-"""``nodes.N.dtype`` / ``compute_dtype``; "auto" = bfloat16 only where the device computes it natively."""
-TRACKERS = ("tensorboard", "mlflow", "wandb", "none")
-"""``report.to``: where the per-round metrics go besides metrics.jsonl (TRL's ``report_to``;
-:mod:`ftis_flwr.server.trackers`); "none" = no tracker, alone."""
 
 EXPERIMENT_CHOICES: dict[str, tuple] = {
     "loss.filter_rule": FILTER_RULES,
@@ -86,5 +188,6 @@ CARD_CHOICES: dict[str, tuple] = {
 }
 """Model-card key -> its allowed values (``dtype`` and ``compute_dtype``: CARD_DTYPES, the latter may be "")."""
 
-__all__ = ["BUILTIN_LOSSES", "CARD_CHOICES", "EXPERIMENT_CHOICES"] + [
-    n for n in list(globals()) if n.isupper() and n not in ("CARD_CHOICES", "EXPERIMENT_CHOICES")]
+__all__ = ["names"] + sorted(
+    n for n, v in list(globals().items())
+    if n.isupper() or (isinstance(v, type) and issubclass(v, StrEnum) and v is not StrEnum))

@@ -1,6 +1,7 @@
 """Per-node memory estimates and a placement for an experiment, without downloading anything.
 
-    python -m ftis_flwr.config.plan paper-size-base          # or any preset name / YAML path
+    ftis-flwr plan paper-size-base --device-gib 80          # or any preset name / YAML path
+    python -m ftis_flwr.config.plan paper-size-base          # the same, without --run-config
 
 A lab checks a preset before it asks for GPUs: for each node, the bytes of its weights,
 gradients and AdamW state (trainable parameters only: LoRA trains a few), the KV cache of one
@@ -12,15 +13,21 @@ cached locally, else from :data:`KNOWN` (the Qwen2.5 family of the paper's prese
 are estimates: the framework's own buffers and fragmentation come on top (allow ~20%). The
 activations are those of the packed path (every sample runs its prompt); with
 ``train.share_prompts`` (the default) the learner runs fewer tokens, so the estimate is an upper
-bound there. A node compares its own estimate with what its machine has before it builds
-(:func:`memory_warning`).
+bound there. A node sharded over ``ranks`` processes (FSDP2) holds 1/ranks of its weights,
+gradients and AdamW state on each rank, and whole: a plain copy of the weights that its rollout
+engine samples from (:mod:`ftis_flwr.node.sharding`), the KV cache and the activations of its
+own micro-batch: the figures are per rank. A node compares its own estimate with what its machine
+has before it builds (:func:`memory_warning`).
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+import math
+import sys
+from dataclasses import dataclass, replace
 
+from ftis_flwr.config.choices import CardDtype
 from ftis_flwr.config.dtypes import resolve_dtypes, warn_slow_bf16
 from ftis_flwr.config.merge import load_experiment
 from ftis_flwr.config.schema import ConfigError, ExperimentConfig, ModelCard
@@ -31,6 +38,8 @@ ACTIVATION_ELEMENTS = 26
 """Saved activation elements per token, layer and hidden unit in the learner's backward:
 calibrated on an H200 (benchmarks/gpu_check.py, float32, micro-batch 8 x 896 tokens): measured
 update peaks 69.6 GiB (Qwen2.5-1.5B) and 110.7 GiB (3B) against 69.5 and 116.8 estimated."""
+MAX_RANKS = 8
+"""The most ranks the plan suggests: the GPUs of one host (a node's ranks run on one machine)."""
 PROMPT_TOKENS = 256
 """Assumed prompt length (system prompt + a GSM8K question through the chat template)."""
 
@@ -96,6 +105,10 @@ def architecture(source: str) -> Arch | None:
 
 @dataclass
 class Estimate:
+    """Bytes one rank of a node holds: the FSDP2 shards (weights, gradients, AdamW state: the
+    node's whole figures divided by ``ranks``) and what every rank holds whole (the KV cache of
+    its generation batch, the activations of its micro-batch)."""
+
     node: str
     params: int
     trainable: int
@@ -104,15 +117,48 @@ class Estimate:
     optimizer: float
     kv_cache: float
     activations: float
+    ranks: int = 1
+    engine_copy: float = 0.0
+    """The plain copy of the whole weights a sharded node's rollout engine samples from (every
+    rank holds one; none with one rank, whose engine samples from the learner itself)."""
+
+    @property
+    def sharded(self) -> float:
+        return self.weights + self.gradients + self.optimizer
+
+    @property
+    def whole(self) -> float:
+        # generation and the update do not run at once: KV cache and activations never coexist
+        return self.engine_copy + max(self.kv_cache, self.activations)
 
     @property
     def total(self) -> float:
-        # generation and the update do not run at once: KV cache and activations never coexist
-        return self.weights + self.gradients + self.optimizer + max(self.kv_cache, self.activations)
+        """One rank's bytes (the node's, with one rank)."""
+        return self.sharded + self.whole
+
+    def with_ranks(self, ranks: int) -> "Estimate":
+        """The same node sharded over ``ranks`` processes instead."""
+        scale = self.ranks / ranks
+        full = self.weights * self.ranks
+        return Estimate(self.node, self.params, self.trainable, self.weights * scale, self.gradients * scale,
+                        self.optimizer * scale, self.kv_cache, self.activations, ranks,
+                        full if ranks > 1 else 0.0)
+
+    def ranks_to_fit(self, device_bytes: float, margin: float = 1.2) -> int | None:
+        """The fewest ranks, one device of ``device_bytes`` each, that hold this node with
+        ``margin``; None when none up to :data:`MAX_RANKS` does (what every rank holds whole is
+        too large)."""
+        one = self.with_ranks(1)
+        if one.total * margin <= device_bytes:
+            return 1
+        several = self.with_ranks(2)  # from two ranks on, each also holds the engine's copy
+        room = device_bytes / margin - several.whole
+        ranks = max(2, math.ceil(one.sharded / room)) if room > 0 else MAX_RANKS + 1
+        return ranks if ranks <= MAX_RANKS else None
 
 
 def estimate(card: ModelCard, exp: ExperimentConfig) -> Estimate | None:
-    """Bytes one node needs (see the module docstring); None for an unknown architecture."""
+    """Bytes one rank of a node needs (see the module docstring); None for an unknown architecture."""
     arch = architecture(card.source)
     if arch is None:
         return None
@@ -130,18 +176,19 @@ def estimate(card: ModelCard, exp: ExperimentConfig) -> Estimate | None:
     hidden = mb * seq * arch.hidden * arch.layers * ACTIVATION_ELEMENTS * act_bytes
     # float32 attention runs PyTorch's math kernel, which keeps the probabilities for backward
     scores = mb * arch.heads * seq * seq * arch.layers * 4 if act_bytes == 4 else 0
-    return Estimate(card.name, total, trainable, total * w, trainable * tw, 2 * trainable * tw,
-                    kv, logits + hidden + scores)
+    n = max(1, card.ranks)  # FSDP2 shards the parameters, their gradients and AdamW's state
+    return Estimate(card.name, total, trainable, total * w / n, trainable * tw / n, 2 * trainable * tw / n,
+                    kv, logits + hidden + scores, n, total * w if n > 1 else 0.0)
 
 
 def available_bytes(device: str) -> float | None:
-    """Memory the device has free now: MemAvailable for "cpu", the free GPU memory for "cuda[:i]";
-    None when it cannot be told."""
+    """Memory the device has free now: MemAvailable for "cpu", the free GPU memory for "cuda[:i]"
+    (the first of "cuda:i,j"); None when it cannot be told."""
     if device.startswith("cuda"):
         try:
             import torch
 
-            return float(torch.cuda.mem_get_info(torch.device(device))[0])
+            return float(torch.cuda.mem_get_info(torch.device(device.split(",")[0]))[0])
         except Exception:
             return None
     try:
@@ -158,11 +205,18 @@ def memory_warning(card: ModelCard, exp: ExperimentConfig) -> str | None:
     device has free), said by the node before it builds instead of being killed mid-run; None
     when it fits or cannot be told."""
     est, free = estimate(card, exp), available_bytes(card.device)
-    if est is None or free is None or est.total * 1.2 <= free:
+    need = None if est is None else machine_bytes(est, card) * 1.2
+    if need is None or free is None or need <= free:
         return None
-    return (f"node {card.name}: needs about {est.total * 1.2 / GIB:.1f} GiB (python -m ftis_flwr.config.plan, with 20% "
+    return (f"node {card.name}: needs about {need / GIB:.1f} GiB (ftis-flwr plan, with 20% "
             f"margin; an upper bound with train.share_prompts) and {card.device} has {free / GIB:.1f} GiB free: "
             "it may be killed mid-run; lower train.micro_batch_size or rollout.batch_size, or use dtype: auto")
+
+
+def machine_bytes(est: Estimate, card: ModelCard) -> float:
+    """What one device holds: a rank's bytes on a GPU (one GPU per rank), every rank's on the
+    CPU (the ranks share the machine's memory)."""
+    return est.total * est.ranks if card.device == "cpu" else est.total
 
 
 def build_notes(card: ModelCard, exp: ExperimentConfig) -> list[str]:
@@ -181,58 +235,158 @@ DEVICE_GIB = (22.5, 40, 48, 80, 139)
 def placement(exp: ExperimentConfig, estimates: list[Estimate | None],
               device_gib: float | None = None) -> list[str]:
     """One line per node, in GiB: its estimate with 20% to spare and where it fits: this
-    machine's memory for a CPU card; a ``device_gib`` device, or the smallest common one."""
-    lines = []
-    for card, est in zip(exp.nodes, estimates):
-        if est is None:
-            lines.append(f"{card.name}: architecture unknown offline; cannot estimate")
-            continue
-        need = est.total * 1.2 / GIB
-        if card.device == "cpu":
-            have = available_bytes("cpu") / GIB
-            where = (f"runs on the CPU: {have:.1f} GiB free on this machine now"
-                     + ("" if need <= have else " (not enough: lower train.micro_batch_size)"))
-        else:
-            sizes = (device_gib,) if device_gib else DEVICE_GIB
-            fits = next((gib for gib in sizes if gib >= need), None)
-            where = (f"fits one {fits:g} GiB device" if fits else
-                     f"needs more than one {sizes[-1]:g} GiB device: lower train.micro_batch_size (activations "
-                     "scale with it) or set compute_dtype: bfloat16 on the card")
-        lines.append(f"{card.name}: {need:.1f} GiB with 20% margin -> {where} (card device: {card.device})")
-    return lines
+    machine's memory for a CPU card; a ``device_gib`` device per rank (else what would make it
+    fit: more ranks, bfloat16 compute, a smaller micro-batch), or the smallest common device."""
+    return [_place(card, est, exp, device_gib) for card, est in zip(exp.nodes, estimates)]
+
+
+def _place(card: ModelCard, est: Estimate | None, exp: ExperimentConfig, device_gib: float | None) -> str:
+    """One node's line: a CPU card on this machine (never a GPU's advice), a GPU card on a device."""
+    if est is None:
+        return f"{card.name}: architecture unknown offline; cannot estimate"
+    per_rank = est.total * 1.2 / GIB
+    head = f"{card.name}: {per_rank:.1f} GiB with 20% margin" + (f" per rank, {est.ranks} ranks" if est.ranks > 1 else "")
+    if card.device == "cpu":
+        need, have = machine_bytes(est, card) * 1.2 / GIB, (available_bytes("cpu") or 0) / GIB
+        together = f" ({need:.1f} GiB for its {est.ranks} ranks together)" if est.ranks > 1 else ""
+        short = "" if need <= have else " (not enough: lower train.micro_batch_size)"
+        return f"{head} -> runs on the CPU{together}: {have:.1f} GiB free on this machine now{short} (card device: cpu)"
+    sizes = (device_gib,) if device_gib else DEVICE_GIB
+    fits = next((gib for gib in sizes if gib >= per_rank), None)
+    each = " per rank" if est.ranks > 1 else ""
+    if fits:
+        return f"{head} -> fits one {fits:g} GiB device{each} (card device: {card.device})"
+    advice = _advice(card, est, exp, device_gib) if device_gib else \
+        f"{SHRINK}; --device-gib N names the ranks (FSDP2) it needs on devices of N GiB"
+    return f"{head} -> needs more than one {sizes[-1]:g} GiB device{each}: {advice} (card device: {card.device})"
+
+
+SHRINK = "lower train.micro_batch_size (activations scale with it) or set compute_dtype: bfloat16 on the card"
+
+
+def _advice(card: ModelCard, est: Estimate, exp: ExperimentConfig, device_gib: float) -> str:
+    """What makes a GPU node fit devices of ``device_gib``, one per rank: the fewest ranks; where
+    sharding alone cannot (what every rank holds whole is too large), bfloat16 compute with the
+    ranks it then needs, or the largest micro-batch that fits on the card's ranks."""
+    budget = device_gib * GIB
+    ranks = est.ranks_to_fit(budget)
+    if ranks is not None:
+        return f"set {_ranks(card, ranks)} ({_per_rank(est.with_ranks(ranks), device_gib)}), or {SHRINK}"
+    options = []
+    if card.compute_dtype != CardDtype.BFLOAT16:
+        bf16 = estimate(replace(card, compute_dtype="bfloat16"), exp)
+        n = bf16.ranks_to_fit(budget) if bf16 else None
+        if n is not None:
+            options.append(f"set nodes.{card.name}.compute_dtype=bfloat16" + (f" {_ranks(card, n)}" if n > 1 else "")
+                           + f" ({_per_rank(bf16.with_ranks(n), device_gib)})")
+    smaller = _smaller_micro_batch(card, exp, budget)
+    if smaller is not None:
+        mb, n, e = smaller
+        options.append(f"set train.micro_batch_size={mb}" + (f" {_ranks(card, n)}" if n != est.ranks else "")
+                       + f" ({_per_rank(e, device_gib)})")
+    whole = (f"sharding alone cannot fit it: with 2 ranks or more every rank holds "
+             f"{est.with_ranks(2).whole * 1.2 / GIB:.1f} GiB whole (the engine's copy of the weights, "
+             "activations; with the margin)")
+    return f"{whole}; {' or '.join(options) if options else SHRINK}"
+
+
+def _smaller_micro_batch(card: ModelCard, exp: ExperimentConfig, budget: float) -> tuple[int, int, Estimate] | None:
+    """(micro-batch, ranks, estimate): the largest micro-batch that fits on the card's own ranks,
+    else the largest that fits on the fewest ranks; None when none does."""
+    sizes = range(exp.train.micro_batch_size - 1, 0, -1)
+    ests = [(mb, estimate(card, replace(exp, train=replace(exp.train, micro_batch_size=mb)))) for mb in sizes]
+    own = next(((mb, e.ranks, e) for mb, e in ests if e.total * 1.2 <= budget), None)
+    sharded = next(((mb, n, e.with_ranks(n)) for mb, e in ests if (n := e.ranks_to_fit(budget))), None)
+    return own or sharded
+
+
+def _ranks(card: ModelCard, ranks: int) -> str:
+    """The keys that shard ``card`` over ``ranks`` GPUs, one per rank, the card's own GPU first
+    (``cuda:1`` -> ``cuda:1,2``): a single ``cuda:i`` holds one rank only."""
+    first = card.device.removeprefix("cuda:")
+    if card.device == "cuda" or card.device.count(",") + 1 == ranks:
+        device = ""
+    elif first.isdigit():
+        device = f" nodes.{card.name}.device=cuda:{','.join(str(int(first) + i) for i in range(ranks))}"
+    else:
+        device = f" nodes.{card.name}.device=cuda"
+    return f"nodes.{card.name}.ranks={ranks}{device}"
+
+
+def _per_rank(est: Estimate, device_gib: float) -> str:
+    """What a suggestion leads to, so the reader can see it fits."""
+    where = f"on {est.ranks} devices of {device_gib:g} GiB" if est.ranks > 1 else f"on one {device_gib:g} GiB device"
+    return f"{est.total * 1.2 / GIB:.1f} GiB per rank with the margin {where}"
 
 
 def report(exp: ExperimentConfig, device_gib: float | None = None) -> str:
+    """The per-rank table and the placement, every figure in GiB."""
     ests = [estimate(c, exp) for c in exp.nodes]
-    rows = ["| node | source | params | trainable | weights | grads | AdamW | KV cache | activations | total |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    rows = ["| node | source | params | trainable | ranks | weights | grads | AdamW | engine copy | KV cache "
+            "| activations | per rank |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for card, e in zip(exp.nodes, ests):
         if e is None:
-            rows.append(f"| {card.name} | {card.source} | ? | ? | ? | ? | ? | ? | ? | ? |")
+            rows.append(f"| {card.name} | {card.source} | ? | ? | {card.ranks} | ? | ? | ? | ? | ? | ? | ? |")
             continue
         g = lambda b: f"{b / GIB:.1f} GiB"  # noqa: E731
         rows.append(f"| {card.name} | {card.source}{' (LoRA)' if card.lora else ''} | {e.params / 1e9:.2f} B | "
-                    f"{e.trainable / 1e6:.1f} M | {g(e.weights)} | {g(e.gradients)} | {g(e.optimizer)} | "
-                    f"{g(e.kv_cache)} | {g(e.activations)} | {g(e.total)} |")
-    return "\n".join(rows + ["", "Placement:"] + ["  " + line for line in placement(exp, ests, device_gib)])
+                    f"{e.trainable / 1e6:.1f} M | {e.ranks} | {g(e.weights)} | {g(e.gradients)} | {g(e.optimizer)} | "
+                    f"{g(e.engine_copy)} | {g(e.kv_cache)} | {g(e.activations)} | {g(e.total)} |")
+    note = ("Each rank holds 1/ranks of the weights, grads and AdamW state (FSDP2 shards them) and whole: "
+            "with 2 ranks or more a copy of the weights its rollout engine samples from, and its own KV cache "
+            "and activations; generation and the update do not overlap: per rank = weights + grads + AdamW + "
+            "engine copy + the larger of KV cache and activations.")
+    return "\n".join(rows + ["", note, "", "Placement:"] + ["  " + line for line in placement(exp, ests, device_gib)])
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m ftis_flwr.config.plan",
-                                     description="Validate an experiment and estimate each node's memory.")
+def headline(name: str, exp: ExperimentConfig) -> str:
+    """What the plan was made for: the experiment's shape that the figures scale with."""
+    return (f"{name}: valid; {len(exp.nodes)} nodes, G={exp.rollout.group_size}, "
+            f"{exp.rollout.max_new_tokens} new tokens, generation batch {exp.rollout.batch_size}, "
+            f"micro-batch {exp.train.micro_batch_size}")
+
+
+def device_gib(text: str) -> float:
+    """``--device-gib``: a positive number of GiB (argparse's type: a bad one is a usage error)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"--device-gib={text!r}: give one GPU's memory in GiB, a number > 0 "
+                                         "(e.g. 80)")
+    return value
+
+
+EXIT_USAGE = 64
+"""A command line it cannot parse (EX_USAGE), as ``ftis-flwr``; 2 is an invalid configuration."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m ftis_flwr.config.plan PRESET [--device-gib N]`` (``ftis-flwr plan`` also takes
+    ``--run-config``): 0 with the plan, 2 for an invalid configuration, 64 for a bad command line."""
+    parser = _Parser(prog="python -m ftis_flwr.config.plan",
+                     description="Validate an experiment and estimate each node's memory per rank, in GiB.")
     parser.add_argument("preset", help="preset name (ftis_flwr/config/presets) or YAML path")
-    parser.add_argument("--device-gib", type=float, default=None, metavar="N",
+    parser.add_argument("--device-gib", type=device_gib, default=None, metavar="N",
                         help="the memory of one of your GPUs in GiB (default: the smallest common one that fits)")
     args = parser.parse_args(argv)
     try:
         exp = load_experiment(args.preset)
     except ConfigError as exc:  # a bad preset name or value: named, never a traceback
-        parser.exit(2, f"{parser.prog}: {exc}\n")
-    print(f"{args.preset}: valid; {len(exp.nodes)} nodes, G={exp.rollout.group_size}, "
-          f"{exp.rollout.max_new_tokens} new tokens, generation batch {exp.rollout.batch_size}, "
-          f"micro-batch {exp.train.micro_batch_size}")
+        print(f"{parser.prog}: {exc}", file=sys.stderr)
+        return 2
+    print(headline(args.preset, exp))
     print(report(exp, args.device_gib))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

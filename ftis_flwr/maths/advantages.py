@@ -24,14 +24,19 @@ from typing import Sequence, TypeVar
 import numpy as np
 import torch
 
-from ftis_flwr.maths.params import FILTER_RULES, FILTER_SCOPES, G_KINDS, SCALES, GSchedule  # noqa: F401 (their owner)
+from ftis_flwr.maths.params import (
+    FILTER_RULES,
+    FILTER_SCOPES,
+    G_KINDS,
+    SCALES,
+    FilterRule,
+    FilterScope,
+    GKind,
+    GSchedule,
+    Scale,
+)
 
 ArrayLike = TypeVar("ArrayLike", np.ndarray, torch.Tensor)
-
-
-def _check_scale(scale: str) -> None:
-    if scale not in SCALES:
-        raise ValueError(f"scale_rewards={scale!r} is not one of {', '.join(SCALES)}")
 
 
 def group_advantages(rewards: ArrayLike, scale: str = "group", eps: float = 1e-6) -> ArrayLike:
@@ -41,9 +46,7 @@ def group_advantages(rewards: ArrayLike, scale: str = "group", eps: float = 1e-6
     ``scale="none"``: ``r - mean``. Rows whose rewards are all equal are exactly 0.
     Integer or bool rewards give float64 (numpy) or the default float dtype (torch).
     """
-    _check_scale(scale)
-    if eps < 0:
-        raise ValueError(f"eps={eps} must be >= 0")
+    assert scale in SCALES and eps >= 0, f"scale={scale!r}, eps={eps}: validate advantage.* first"
     if not isinstance(rewards, (torch.Tensor, np.ndarray)):
         raise TypeError(f"rewards must be a torch.Tensor or np.ndarray, got {type(rewards).__name__}")
     if rewards.ndim != 2:
@@ -54,7 +57,7 @@ def group_advantages(rewards: ArrayLike, scale: str = "group", eps: float = 1e-6
             raise ValueError("rewards contain NaN or inf")
         centred = r - r.mean(dim=1, keepdim=True)
         equal = (r == r[:, :1]).all(dim=1, keepdim=True)
-        if scale == "group":
+        if scale == Scale.GROUP:
             centred = centred / (r.std(dim=1, unbiased=False, keepdim=True) + eps)
         return torch.where(equal, torch.zeros_like(centred), centred)
     r = rewards if np.issubdtype(rewards.dtype, np.floating) else rewards.astype(np.float64)
@@ -62,7 +65,7 @@ def group_advantages(rewards: ArrayLike, scale: str = "group", eps: float = 1e-6
         raise ValueError("rewards contain NaN or inf")
     centred = r - r.mean(axis=1, keepdims=True)
     equal = (r == r[:, :1]).all(axis=1, keepdims=True)
-    if scale == "group":
+    if scale == Scale.GROUP:
         centred = centred / (r.std(axis=1, ddof=0, keepdims=True) + eps)
     return np.where(equal, np.zeros_like(centred), centred)
 
@@ -145,10 +148,7 @@ def filter_mask(advantages: ArrayLike, kl: ArrayLike, foreign: ArrayLike, *, thr
     with ``filtered & (advantages == 0)`` (loss metrics report it as
     ``filtered_zero_advantage``).
     """
-    if rule not in FILTER_RULES:
-        raise ValueError(f"filter_rule={rule!r} is not one of {', '.join(FILTER_RULES)}")
-    if scope not in FILTER_SCOPES:
-        raise ValueError(f"filter_scope={scope!r} is not one of {', '.join(FILTER_SCOPES)}")
+    assert rule in FILTER_RULES and scope in FILTER_SCOPES, f"rule={rule!r}, scope={scope!r}: validate first"
     shapes = {name: tuple(x.shape) for name, x in
               (("advantages", advantages), ("kl", kl), ("foreign", foreign))}
     if len(set(shapes.values())) != 1 or len(shapes["advantages"]) != 1:
@@ -157,8 +157,8 @@ def filter_mask(advantages: ArrayLike, kl: ArrayLike, foreign: ArrayLike, *, thr
         raise ValueError(f"foreign must be a bool mask, got dtype {foreign.dtype}")
     neg = advantages <= 0
     far = ~(kl <= threshold)
-    eligible = foreign if scope == "foreign" else (foreign | ~foreign)
-    filtered = eligible & ((neg & far) if rule == "and" else (neg | far))
+    eligible = foreign if scope == FilterScope.FOREIGN else (foreign | ~foreign)
+    filtered = eligible & ((neg & far) if rule == FilterRule.AND else (neg | far))
     return filtered, filtered & neg, filtered & far
 
 
@@ -169,11 +169,8 @@ def g_for_round(schedule: GSchedule, default_g: float, round_idx: int, num_round
     round 1, ``end`` at round ``num_rounds``, linear in between and clamped outside; with a
     single round, ``start``.
     """
-    if schedule.kind not in G_KINDS:
-        raise ValueError(f"g schedule kind={schedule.kind!r} is not one of {', '.join(G_KINDS)}")
-    if num_rounds < 1:
-        raise ValueError(f"num_rounds={num_rounds} must be >= 1")
-    if schedule.kind == "constant":
+    assert schedule.kind in G_KINDS and num_rounds >= 1, f"{schedule}, num_rounds={num_rounds}: validate first"
+    if schedule.kind == GKind.CONSTANT:
         return float(default_g)
     if num_rounds == 1:
         return float(schedule.start)

@@ -61,10 +61,18 @@ from typing import Callable, Sequence
 
 import torch
 
-from ftis_flwr.maths.advantages import FILTER_RULES, FILTER_SCOPES, filter_mask
+from ftis_flwr.maths.advantages import filter_mask
 from ftis_flwr.maths.loss_chunks import Chunked, validate_chunks
 from ftis_flwr.maths.loss_metrics import LossStats, loss_metrics
-from ftis_flwr.maths.params import FILTER_ACTIONS, KL_ESTIMATORS, REDUCTIONS, LossConfig
+from ftis_flwr.maths.params import (
+    FILTER_ACTIONS,
+    KL_ESTIMATORS,
+    REDUCTIONS,
+    FilterAction,
+    KlEstimator,
+    LossConfig,
+    Reduction,
+)
 
 KL_MAX_LOG_RATIO = 600.0
 """k3 uses ``exp(min(d, 600))`` in float64: finite for any finite input (e^600 ~ 3.8e260)."""
@@ -256,29 +264,15 @@ class LossOutputs:
     """:func:`ftis_flwr.maths.loss_metrics.loss_metrics` of ``stats`` ({} when not asked for)."""
 
 
-def _check_config(cfg: LossConfig) -> None:
-    for key, value, choices in (("filter_rule", cfg.filter_rule, FILTER_RULES),
-                                ("filter_scope", cfg.filter_scope, FILTER_SCOPES),
-                                ("filter_action", cfg.filter_action, FILTER_ACTIONS),
-                                ("kl_estimator", cfg.kl_estimator, KL_ESTIMATORS),
-                                ("reduction", cfg.reduction, REDUCTIONS)):
-        if value not in choices:
-            raise ValueError(f"loss.{key}={value!r} is not one of {', '.join(choices)}")
-    if not cfg.trunc_c > 0:
-        raise ValueError(f"loss.trunc_c={cfg.trunc_c} must be > 0")
-    if not 0 < cfg.clip_eps < 1:
-        raise ValueError(f"loss.clip_eps={cfg.clip_eps} must be in (0, 1)")
-    if math.isnan(cfg.kl_threshold):
-        raise ValueError("loss.kl_threshold must not be NaN")
-
-
 def compute_loss(inputs: LossInputs, config: LossConfig, *, metrics: bool = True) -> LossOutputs:
     """The loss of ``config.method`` on one (micro-)batch, with filter decisions and stats.
 
     ``metrics=False`` skips building the metrics dict: a Node concatenates its micro-batches'
     ``stats`` and calls :func:`ftis_flwr.maths.loss_metrics.loss_metrics` once per update.
     """
-    _check_config(config)
+    # ftis_flwr.config.validation checks the settings; the maths asserts only what its branches need
+    assert config.trunc_c > 0 and config.kl_estimator in KL_ESTIMATORS and config.reduction in REDUCTIONS \
+        and config.filter_action in FILTER_ACTIONS, f"validate this LossConfig first: {config}"
     token_fn = get_loss_fn(config.method)
     dev = inputs.logprobs.device
     work = torch.promote_types(inputs.logprobs.dtype, torch.float32)
@@ -295,7 +289,7 @@ def compute_loss(inputs: LossInputs, config: LossConfig, *, metrics: bool = True
     # log pi_old - log pi_gen per chunk, on each of its tokens (a token is its own chunk by default)
     log_ratio = chunked.spread(torch.where(m_c, old_c - gen_c, 0.0))
     d = -log_ratio  # read once per chunk, at its first token
-    tok_kl = (torch.expm1(d.clamp(max=KL_MAX_LOG_RATIO)) - d) if config.kl_estimator == "k3" else d
+    tok_kl = (torch.expm1(d.clamp(max=KL_MAX_LOG_RATIO)) - d) if config.kl_estimator == KlEstimator.K3 else d
     sample_kl = torch.where(chunked.first, tok_kl, 0.0).sum(dim=1) / chunked.count  # mean over chunks
     adv = inputs.advantages.detach().cpu().double()
     foreign = inputs.foreign.cpu()
@@ -304,7 +298,7 @@ def compute_loss(inputs: LossInputs, config: LossConfig, *, metrics: bool = True
     no = torch.zeros_like(foreign)
     filtered, f_neg, f_kl = candidates if is_filtered(config.method) else (no, no, no)
     kept = ~filtered
-    counted = kept if config.filter_action == "drop" else torch.ones_like(kept)
+    counted = kept if config.filter_action == FilterAction.DROP else torch.ones_like(kept)
     adv_used = torch.where(filtered, 0.0, adv)
 
     # The differentiable part, on the input's device.
@@ -323,7 +317,7 @@ def compute_loss(inputs: LossInputs, config: LossConfig, *, metrics: bool = True
         raise ValueError(f"loss method {config.method!r} returned shape {tuple(tok_loss.shape)}, "
                          f"expected {tuple(lp.shape)}")
     tok_loss = torch.where(m, tok_loss, 0.0)
-    if config.reduction == "sequence":
+    if config.reduction == Reduction.SEQUENCE:
         per_seq = tok_loss.sum(dim=1) / n_tok.to(dev, work)
         denominator = float(counted.sum())
     else:

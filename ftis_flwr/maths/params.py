@@ -1,34 +1,96 @@
-"""The maths' own settings and their allowed values: plain dataclasses and tuples, no torch.
+"""The maths' own settings and their allowed values: plain dataclasses, ``str`` Enums and tuples, no torch.
 
 :class:`LossConfig` and :class:`GSchedule` are what the loss family and the g schedule read; the
 experiment's configuration (:mod:`ftis_flwr.config.schema`) composes them, so the maths never
-imports the configuration. The tuples are the vocabularies the maths implements; the configuration
-validates against them without importing torch.
+imports the configuration. The vocabularies the maths implements are ``str`` Enums (a member equals
+its plain string, so configurations and JSON keep strings while the code compares with members and
+a typo fails at attribute lookup), with their values as tuples; each number's bounds are declared
+on its field (``metadata`` ``gt``/``ge``/``lt``/``le``). The configuration validates against both
+without importing torch (:mod:`ftis_flwr.config.validation`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+def names(choice: type[StrEnum]) -> tuple[str, ...]:
+    """A choice's values as plain strings, in declaration order: what configurations, JSON and the
+    wire carry (a member equals its string, so code compares the values with the members)."""
+    return tuple(str(member.value) for member in choice)
+
 
 BUILTIN_LOSSES = ("nois", "vis", "tis", "f-nois", "f-vis", "f-tis")
 """``loss.method`` names :mod:`ftis_flwr.maths.loss` registers itself (more with ``register_loss``)."""
-SCALES = ("group", "none")
-"""``advantage.scale_rewards``: divide by the group std, or mean-centre only."""
-FILTER_RULES = ("and", "or")
-"""``loss.filter_rule``: filter when A<=0 and/or KL>g."""
-FILTER_SCOPES = ("foreign", "all")
-"""``loss.filter_scope``: which samples the filter may drop."""
-FILTER_ACTIONS = ("zero", "drop")
-"""``loss.filter_action``: zero a filtered sample's advantage, or drop it from the loss."""
-KL_ESTIMATORS = ("k3", "k1")
-"""``loss.kl_estimator``: the per-token KL estimate the filter sums."""
-REDUCTIONS = ("sequence", "token")
-"""``loss.reduction``: mean per sequence then over sequences, or over all tokens."""
-CROSS_TOKENIZER_RATIOS = ("chunk", "word", "sequence")
-"""``loss.cross_tokenizer_ratio``: per aligned chunk, per chunk merged to word boundaries, or one
-per completion from mean log-probs."""
-G_KINDS = ("constant", "linear")
-"""``nodes.N.g.kind``: a constant g, or linear from ``start`` to ``end`` over the rounds."""
+
+
+class Scale(StrEnum):
+    """``advantage.scale_rewards``: divide by the group std, or mean-centre only."""
+
+    GROUP = "group"
+    NONE = "none"
+
+
+class FilterRule(StrEnum):
+    """``loss.filter_rule``: filter when A<=0 and/or KL>g."""
+
+    AND = "and"
+    OR = "or"
+
+
+class FilterScope(StrEnum):
+    """``loss.filter_scope``: which samples the filter may drop."""
+
+    FOREIGN = "foreign"
+    ALL = "all"
+
+
+class FilterAction(StrEnum):
+    """``loss.filter_action``: zero a filtered sample's advantage, or drop it from the loss."""
+
+    ZERO = "zero"
+    DROP = "drop"
+
+
+class KlEstimator(StrEnum):
+    """``loss.kl_estimator``: the per-token KL estimate the filter sums."""
+
+    K3 = "k3"
+    K1 = "k1"
+
+
+class Reduction(StrEnum):
+    """``loss.reduction``: mean per sequence then over sequences, or over all tokens."""
+
+    SEQUENCE = "sequence"
+    TOKEN = "token"
+
+
+class CrossTokenizerRatio(StrEnum):
+    """``loss.cross_tokenizer_ratio``: per aligned chunk, per chunk merged to word boundaries, or
+    one per completion from mean log-probs."""
+
+    CHUNK = "chunk"
+    WORD = "word"
+    SEQUENCE = "sequence"
+
+
+class GKind(StrEnum):
+    """``nodes.N.g.kind``: a constant g, or linear from ``start`` to ``end`` over the rounds."""
+
+    CONSTANT = "constant"
+    LINEAR = "linear"
+
+
+SCALES = names(Scale)
+FILTER_RULES = names(FilterRule)
+FILTER_SCOPES = names(FilterScope)
+FILTER_ACTIONS = names(FilterAction)
+KL_ESTIMATORS = names(KlEstimator)
+REDUCTIONS = names(Reduction)
+CROSS_TOKENIZER_RATIOS = names(CrossTokenizerRatio)
+G_KINDS = names(GKind)
 
 
 @dataclass
@@ -39,11 +101,11 @@ class LossConfig:
     """Loss method: a name in ``ftis_flwr.maths.loss.LOSS_REGISTRY`` (built in: nois, vis, tis, f-nois,
     f-vis, f-tis; add one with ``register_loss``) or an import path "package.module:function"
     ("f-package.module:function" = filtered), imported on first use. Default f-tis (paper)."""
-    trunc_c: float = 2.0
+    trunc_c: float = field(default=2.0, metadata={"gt": 0})
     """C: the truncated importance weight is min(pi_theta/pi_gen, C). Default 2 (paper)."""
-    clip_eps: float = 0.2
+    clip_eps: float = field(default=0.2, metadata={"gt": 0, "lt": 1})
     """eps of the PPO-style clip used by vis and tis. Default 0.2 (paper)."""
-    kl_threshold: float = 50.0
+    kl_threshold: float = field(default=50.0, metadata={"ge": 0})
     """g: a sample whose per-sequence KL estimate exceeds g may be filtered. Default 50 (paper).
     Overridden each round by the node's g schedule when one is set on its model card."""
     filter_rule: str = "and"
@@ -74,7 +136,7 @@ class GSchedule:
 
     kind: str = "constant"
     """"constant" (default: LossConfig.kl_threshold) or "linear" from start to end."""
-    start: float = 50.0
+    start: float = field(default=50.0, metadata={"ge": 0})
     """g at the first round (linear)."""
-    end: float = 50.0
+    end: float = field(default=50.0, metadata={"ge": 0})
     """g at the last round (linear)."""

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ftis_flwr.config.choices import CrossTokenizerMode, CrossTokenizerRatio
 from ftis_flwr.wire import protocol
 from ftis_flwr.wire.groups import Group
 from ftis_flwr.xtok.represent import REASONS
@@ -81,7 +82,7 @@ def usable(node, received: list[Received], metrics: dict[str, float], reasons: l
             metrics[f"{src}/xtok_tokens"] = float(stats.receiver_tokens)
             metrics[f"{src}/xtok_chunks_per_token"] = stats.chunks / stats.receiver_tokens
             metrics[f"{src}/xtok_multi_token_share"] = stats.multi_tokens / stats.receiver_tokens
-            if node.cfg.loss.cross_tokenizer_ratio == "word" and stats.unmerged_chunks:
+            if node.cfg.loss.cross_tokenizer_ratio == CrossTokenizerRatio.WORD and stats.unmerged_chunks:
                 metrics[f"{src}/xtok_word_merged_share"] = 1.0 - stats.chunks / stats.unmerged_chunks
             metrics[f"{src}/xtok_align_seconds"] = time.perf_counter() - t0
     for (src, reason), (n, samples, first) in rejected.items():
@@ -134,4 +135,4 @@ def text_path(node, g: Group) -> bool:
     """A foreign group this node trains on through its text (``exchange.cross_tokenizer``)."""
     if g.node == node.card.name:
         return False
-    return g.tokenizer_fp != node.fingerprint or node.cfg.exchange.cross_tokenizer == "always"
+    return g.tokenizer_fp != node.fingerprint or node.cfg.exchange.cross_tokenizer == CrossTokenizerMode.ALWAYS

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ftis_flwr.config.dtypes import resolve_dtypes
+from ftis_flwr.config.choices import AdvantageMode, CardDtype, CrossTokenizerRatio
 from ftis_flwr.config.plan import memory_warning
 from ftis_flwr.config.schema import ExperimentConfig, ModelCard
 from ftis_flwr.maths.advantages import frac_zero_std_groups, g_for_round, pooled_advantages, pooled_rewards
@@ -32,7 +33,9 @@ from ftis_flwr.node.engines import make_engine
 from ftis_flwr.node.intake import Received, usable  # noqa: F401 (Received: the node's input type)
 from ftis_flwr.node.logprobs import completion_logprobs, pack_batch
 from ftis_flwr.node.logprobs_shared import shared_prompt_logprobs
+from ftis_flwr.node.sharding import norm_value, sync_copy
 from ftis_flwr.node.models import compute_context, load_policy, save_policy, stop_token_ids
+from ftis_flwr.node.ranks import SINGLE, Ranks, micro_batches
 from ftis_flwr.tasks import make_task
 from ftis_flwr.tasks.fingerprint import task_parts
 from ftis_flwr.wire import protocol
@@ -85,7 +88,11 @@ def sampling_seed(card_seed: int, run_seed: int, round_idx: int) -> int:
 class Node:
     """A node's whole training state, driven one round at a time."""
 
-    def __init__(self, card: ModelCard, experiment: ExperimentConfig, *, cache_dir: Path | None = None):
+    def __init__(self, card: ModelCard, experiment: ExperimentConfig, *, cache_dir: Path | None = None,
+                 ranks: Ranks = SINGLE):
+        """``ranks``: this process's place among the node's ranks (``card.ranks`` > 1: the learner
+        is sharded over them, :mod:`ftis_flwr.node.sharding`); the default is one rank."""
+        self.ranks = ranks
         card, self.dtype_note = resolve_dtypes(card)  # "auto": bfloat16 only where it is native
         if self.dtype_note:
             log.warning(self.dtype_note)
@@ -99,14 +106,26 @@ class Node:
         self.memory_note = memory_warning(card, experiment)  # before building, not killed mid-run
         if self.memory_note:
             log.warning(self.memory_note)
-        self.policy = load_policy(card, task=self.task, cache_dir=cache_dir)
+        with ranks.leader_first():  # one rank warm-starts or converts into the shared cache
+            self.policy = load_policy(card, task=self.task, cache_dir=cache_dir)
         self.model = self.policy.model
+        """The learner (sharded over the ranks when there are several)."""
+        self.engine_model = self.model
+        """What the rollout engine samples from and the checkpoint is saved from: the learner
+        itself on one rank, a plain copy refreshed after every update on several."""
+        if ranks.sharded:
+            from ftis_flwr.node.sharding import plain_copy, shard
+
+            self.engine_model = plain_copy(self.model)
+            groups = shard(self.model, card.device)
+            log.info("node %s rank %d of %d: learner sharded in %d FSDP2 groups", card.name,
+                     ranks.rank, ranks.world, groups)
         self.tokenizer = self.policy.tokenizer
         self.vocab_size = len(self.tokenizer)
         """The sampling vocabulary: the tokenizer's tokens, never the model's spare output rows."""
         self.stop_ids = stop_token_ids(self.tokenizer, self.model, card.stop_tokens)
         """Ids that end a completion; the first is this node's end-of-turn token in aligned text."""
-        self.engine = make_engine(card.engine, self.model, self.tokenizer, vocab_size=self.vocab_size,
+        self.engine = make_engine(card.engine, self.engine_model, self.tokenizer, vocab_size=self.vocab_size,
                                   eos_token_ids=self.stop_ids, card=card,
                                   share_prompts=experiment.rollout.share_prompts)
         self.compute = compute_context(card)
@@ -135,8 +154,9 @@ class Node:
     def step(self, req: StepRequest) -> StepResult:
         metrics: dict[str, float] = {"round": float(req.round)}
         if not self.steps_run:  # the first round this process runs: what "auto" chose, once
-            metrics["weights_bfloat16"] = float(self.card.dtype == "bfloat16")
-            metrics["compute_bfloat16"] = float((self.card.compute_dtype or self.card.dtype) == "bfloat16")
+            metrics["ranks"] = float(self.ranks.world)
+            metrics["weights_bfloat16"] = float(self.card.dtype == CardDtype.BFLOAT16)
+            metrics["compute_bfloat16"] = float((self.card.compute_dtype or self.card.dtype) == CardDtype.BFLOAT16)
         for src, (n_groups, n_samples) in req.rejected.items():
             metrics[f"{src}/payloads_rejected"] = 1.0
             metrics[f"{src}/groups_rejected"] = float(n_groups)
@@ -144,7 +164,7 @@ class Node:
         rejections: list[str] = []
         batch = list(self.pending)
         last_own = batch  # the last round's own groups: the samples table of a round that makes none
-        if self.cfg.advantage.mode != "alone":
+        if self.cfg.advantage.mode != AdvantageMode.ALONE:
             batch += self._usable(req.foreign, metrics, rejections)
         elif req.foreign:
             metrics["foreign_ignored_alone"] = float(sum(g.size for r in req.foreign for g in r.groups))
@@ -231,27 +251,38 @@ class Node:
             pg["lr"] = self.base_lr * self._lr_scale()
 
         self.model.train()
-        mb = cfg.train.micro_batch_size
         n_updates = cfg.train.updates_per_round
-        old: list[torch.Tensor] = []  # per micro-batch pi_old log-probs (CPU), for updates >= 1
+        batches = micro_batches(samples, cfg.train.micro_batch_size, self.ranks)
+        old: list[torch.Tensor | None] = []  # per micro-batch pi_old log-probs (CPU), for updates >= 1
         for update in range(n_updates):
             self.optimizer.zero_grad(set_to_none=True)
             denominator = 0.0
             stats: list[LossStats] = []
-            for k, start in enumerate(range(0, len(samples), mb)):
-                inputs = self._loss_inputs(samples[start:start + mb], old[k] if update else None)
+            for k, part in enumerate(batches):
+                if not part:  # a rank with fewer samples still runs every forward and backward
+                    out = compute_loss(self._loss_inputs(samples[:1]), loss_cfg, metrics=False)
+                    (out.loss_sum * 0.0).backward()  # (FSDP2 gathers and reduces in lockstep)
+                    if update == 0 and n_updates > 1:
+                        old.append(None)
+                    continue
+                inputs = self._loss_inputs(part, old[k] if update else None)
                 out = compute_loss(inputs, loss_cfg, metrics=False)
-                if out.denominator > 0:
+                if out.denominator > 0 or self.ranks.sharded:
                     out.loss_sum.backward()
                 denominator += out.denominator
                 stats.append(out.stats)
                 if update == 0 and n_updates > 1:  # the forward the first update trains on
                     old.append(inputs.logprobs.detach().to("cpu", copy=True))
+            denominator = self.ranks.all_sum(denominator)
             if denominator > 0:
+                # FSDP2 averages gradients over the ranks: the sum over every sample is world x that
+                scale = denominator / self.ranks.world if self.ranks.sharded else denominator
                 for p in self.params:
                     if p.grad is not None:
-                        p.grad.div_(denominator)
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, cfg.train.grad_clip))
+                        p.grad.div_(scale)
+            grad_norm = norm_value(torch.nn.utils.clip_grad_norm_(self.params, cfg.train.grad_clip))
+            if update in (0, n_updates - 1):  # the stats the metrics describe: every rank's
+                stats = self.ranks.gather(stats)
             if denominator > 0 and math.isfinite(grad_norm):
                 self.optimizer.step()
             elif not math.isfinite(grad_norm):
@@ -271,9 +302,13 @@ class Node:
                     metrics["clip_frac_last"] = frac
         self.optimizer.zero_grad(set_to_none=True)
         self.updates += 1
+        if self.ranks.sharded:  # the engine's plain copy takes the update
+            t0 = time.perf_counter()
+            sync_copy(self.engine_model, self.model)
+            metrics["seconds_copy_sync"] = time.perf_counter() - t0
         sync = getattr(self.engine, "sync_weights", None)  # an engine with its own copy (vLLM)
         if sync is not None:
-            metrics["seconds_engine_sync"] = float(sync(self.model))
+            metrics["seconds_engine_sync"] = float(sync(self.engine_model))
         own = [r for g, r in zip(groups, rewards) if g.node == self.card.name]
         foreign = [r for g, r in zip(groups, rewards) if g.node != self.card.name]
         metrics.update({
@@ -288,7 +323,7 @@ class Node:
 
     def _group_keys(self, groups: list[Group]) -> list[str]:
         """Groups sharing a key share advantage statistics (only horizontal mode pools)."""
-        horizontal = self.cfg.advantage.mode == "horizontal"
+        horizontal = self.cfg.advantage.mode == AdvantageMode.HORIZONTAL
         return [g.prompt_id if horizontal else f"{g.node}|{g.prompt_id}|{i}" for i, g in enumerate(groups)]
 
     def _samples(self, groups: list[Group], rewards: list[np.ndarray]) -> list[tuple]:
@@ -329,7 +364,7 @@ class Node:
             chunk_ids = torch.zeros(lp.shape, dtype=torch.long)
             for i, (c, comp) in enumerate(zip(chunks, comps)):
                 chunk_ids[i, : len(comp)] = torch.arange(len(comp)) if c is None else torch.from_numpy(c)
-            if self.cfg.loss.cross_tokenizer_ratio == "sequence":
+            if self.cfg.loss.cross_tokenizer_ratio == CrossTokenizerRatio.SEQUENCE:
                 gen = sequence_gen(gen, old if old is not None else lp.detach(), chunks, comps)
             chunk_ids = chunk_ids.to(device)
         return LossInputs(
@@ -350,13 +385,13 @@ class Node:
         if not indices:
             return []
         r = self.cfg.rollout
-        problems = [self.task.train_problem(i) for i in indices]
+        problems = [self.task.train_problem(i) for i in self.ranks.share(indices)]  # this rank's prompts
         prompts = [self._prompt_tokens(p) for p in problems]
         with self.compute():
             samples = self.engine.sample(
                 [p.tolist() for p in prompts], n, temperature=r.temperature, top_k=r.top_k,
                 top_p=r.top_p, max_new_tokens=r.max_new_tokens, batch_size=r.batch_size,
-                generator_seed=sampling_seed(self.card.seed, self.cfg.rounds.seed, round_idx))
+                generator_seed=sampling_seed(self.card.seed, self.cfg.rounds.seed, round_idx) + self.ranks.rank)
         groups, dropped = [], 0
         for problem, prompt, group in zip(problems, prompts, samples):
             g = Group(
@@ -374,8 +409,8 @@ class Node:
             if send_text:
                 self._attach_texts(g)
             groups.append(g)
-        self.generate_metrics = {"groups_dropped_unencodable": float(dropped)}
-        return groups
+        self.generate_metrics = {"groups_dropped_unencodable": self.ranks.all_sum(float(dropped))}
+        return self.ranks.gather(groups)
 
     def _attach_texts(self, g: Group) -> None:
         """Texts and byte lengths of ``g``'s completions (``Group.texts``), or none with a warning
@@ -404,16 +439,19 @@ class Node:
         size = self.cfg.rounds.eval_size
         for split in self.task.eval_splits:
             problems = self.task.problems(split)
-            problems = problems[:size] if size else problems
+            problems = self.ranks.share(problems[:size] if size else problems)  # this rank's problems
             prompts = [self._prompt_tokens(p).tolist() for p in problems]
             with self.compute():
                 completions = self.engine.greedy(prompts, max_new_tokens=self.cfg.rollout.max_new_tokens,
                                                  batch_size=self.cfg.rollout.batch_size)
             texts = self.tokenizer.batch_decode([c.tolist() for c in completions], skip_special_tokens=True)
-            scores = self.task.rewards(list(texts), problems)
+            scores = self.ranks.gather(list(self.task.rewards(list(texts), problems)))
             out[f"eval/{split}/accuracy"] = float(np.mean(scores)) if scores else float("nan")
         return out
 
     def save(self, out_dir: Path) -> Path:
-        return save_policy(self.policy, Path(out_dir))
+        """The final model, whole (rank 0 writes it; the others return the same path)."""
+        if not self.ranks.leader:
+            return Path(out_dir)
+        return save_policy(dataclasses.replace(self.policy, model=self.engine_model), Path(out_dir))
 

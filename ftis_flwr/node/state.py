@@ -5,7 +5,9 @@ and the groups it generated last round (the next round trains on them). Losing t
 not silently put the base model back in the federation (issue 7). After a round the worker
 saves, every ``rounds.state_every`` rounds, into ``<worker dir>/state/round-NNNNNN/``:
 
-- ``trainable.safetensors``: the trainable parameters only (all weights, or the LoRA adapter);
+- ``trainable.safetensors``: the trainable parameters only (all weights, or the LoRA adapter),
+  whole whatever the node's rank count (a sharded node's rank 0 writes it, and every rank reads
+  it: a run may resume with another ``ranks``);
 - ``state.pt``: the optimiser's state dict and torch's RNG state (loaded with weights_only);
 - ``pending.npz`` + ``state.json``: last round's own groups (exact float32 log-probs, no
   pickle), the round, the update counter and what the state belongs to (card, model, tokenizer).
@@ -28,6 +30,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ftis_flwr.node.ranks import SINGLE
+from ftis_flwr.node.sharding import full_optimizer_state, load_optimizer_state, load_trainable, trainable_names
 from ftis_flwr.wire.groups import Group
 
 log = logging.getLogger(__name__)
@@ -66,6 +70,10 @@ def _identity(node) -> dict:
 def save_state(node, root: Path, round_idx: int) -> SaveInfo:
     """Write ``node``'s state after ``round_idx`` under ``root`` (atomically) and prune old ones."""
     t0 = time.perf_counter()
+    ranks = getattr(node, "ranks", SINGLE)
+    optimizer = full_optimizer_state(node.model, node.optimizer) if ranks.sharded else node.optimizer.state_dict()
+    if not ranks.leader:  # the state is whole on rank 0, which writes it
+        return SaveInfo(int(round_idx), Path(root) / f"round-{int(round_idx):06d}", time.perf_counter() - t0, 0)
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".tmp-{os.getpid()}"
@@ -73,10 +81,10 @@ def save_state(node, root: Path, round_idx: int) -> SaveInfo:
     tmp.mkdir()
     from safetensors.torch import save_file
 
-    trainable = {n: p.detach().to("cpu").contiguous() for n, p in node.model.named_parameters()
-                 if p.requires_grad}
+    whole = dict(getattr(node, "engine_model", node.model).named_parameters())  # full on any rank count
+    trainable = {n: whole[n].detach().to("cpu").contiguous() for n in trainable_names(node.model)}
     save_file(trainable, str(tmp / "trainable.safetensors"))
-    torch.save({"optimizer": node.optimizer.state_dict(), "torch_rng": torch.get_rng_state()},
+    torch.save({"optimizer": optimizer, "torch_rng": torch.get_rng_state()},
                tmp / "state.pt")
     arrays, groups = {}, []
     for i, g in enumerate(node.pending):
@@ -122,16 +130,22 @@ def load_state(node, root: Path, at_most: int | None = None) -> int | None:
     from safetensors.torch import load_file
 
     tensors = load_file(str(folder / "trainable.safetensors"))
-    expected = {n for n, p in node.model.named_parameters() if p.requires_grad}
+    expected = set(trainable_names(node.model))
     if set(tensors) != expected:
         raise StateError(f"{folder}: saved parameters {sorted(set(tensors) ^ expected)[:5]} do not "
                          "match this node's trainable parameters")
-    params = dict(node.model.named_parameters())
+    ranks = getattr(node, "ranks", SINGLE)
+    if ranks.sharded:
+        load_trainable(node.model, tensors)
+    params = dict(getattr(node, "engine_model", node.model).named_parameters())
     with torch.no_grad():
         for name, value in tensors.items():
             params[name].copy_(value.to(params[name].device, params[name].dtype))
     extra = torch.load(folder / "state.pt", weights_only=True, map_location="cpu")
-    node.optimizer.load_state_dict(extra["optimizer"])
+    if ranks.sharded:  # saved in the one-rank layout, whatever the rank count that saved it
+        load_optimizer_state(node.model, node.optimizer, extra["optimizer"])
+    else:
+        node.optimizer.load_state_dict(extra["optimizer"])
     torch.set_rng_state(extra["torch_rng"])
     with np.load(folder / "pending.npz", allow_pickle=False) as z:
         node.pending = [Group(
@@ -144,5 +158,5 @@ def load_state(node, root: Path, at_most: int | None = None) -> int | None:
     node.round = int(info["round"])
     sync = getattr(getattr(node, "engine", None), "sync_weights", None)
     if sync is not None:  # an engine with its own copy of the weights (vLLM) must see these
-        sync(node.model)
+        sync(getattr(node, "engine_model", node.model))
     return node.round

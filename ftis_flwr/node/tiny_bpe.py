@@ -25,6 +25,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
+from ftis_flwr.config.choices import TinyTokenizer
 from ftis_flwr.node.tiny import (
     CHARS,
     SPECIAL_TOKENS,
@@ -172,7 +173,7 @@ def build_bpe_tokenizer() -> PreTrainedTokenizerFast:
 
 def build_tiny_tokenizer(kind: str = "char") -> PreTrainedTokenizerFast:
     """The tokenizer of a tiny card (``ModelCard.tiny_tokenizer``): "char", "bpe" or "unigram"."""
-    if kind == "char":
+    if kind == TinyTokenizer.CHAR:
         return build_char_tokenizer()
     if kind in ASSETS:
         return build_shipped_tokenizer(kind)
@@ -182,7 +183,7 @@ def build_tiny_tokenizer(kind: str = "char") -> PreTrainedTokenizerFast:
 def tokenizer_key(kind: str = "char") -> dict[str, str]:
     """A warm-start key's tokenizer entry: none for "char" (the shipped char models' keys stay
     as they were), ``{"tokenizer": "<kind>-<asset hash>"}`` for "bpe" and "unigram"."""
-    if kind == "char":
+    if kind == TinyTokenizer.CHAR:
         return {}
     if kind in ASSETS:
         return {"tokenizer": asset_id(kind)}

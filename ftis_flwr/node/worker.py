@@ -12,6 +12,7 @@ without a request.
 Layout of a worker's directory ``<cache>/workers/<run>/<node>/``:
 ``spec.json`` (card + experiment), ``address.json`` (host, port, pid, authkey; 0600),
 ``starts.log`` (one line per process start), ``worker.log`` (its stdout/stderr), ``lock``,
+a sharded node's ``ranks.json`` (the pids of its ranks > 0) and ``rank-N.log`` (their output),
 ``state/round-NNNNNN/`` (the node's training state, :mod:`ftis_flwr.node.state`): a worker that
 is started again for the same run (after a crash, a kill or its idle timeout) resumes from it.
 """
@@ -35,6 +36,8 @@ from typing import Any
 
 from ftis_flwr.node.handle import HANDSHAKE_TIMEOUT, WorkerError, WorkerHandle
 from ftis_flwr.node.processes import _kill_own_group_but_me
+from ftis_flwr.node.rank_group import RankGroup, run
+from ftis_flwr.node.ranks import Ranks
 
 log = logging.getLogger(__name__)
 
@@ -66,18 +69,21 @@ class _Server:
         self._build_guard = threading.Lock()
         self.build_started: float | None = None
         self.build_seconds: float | None = None
+        self.ranks = Ranks(0, int(self.spec["card"].get("ranks", 1) or 1))
+        """This worker is rank 0 of the node's ranks (one, unless the card shards the learner)."""
+        self.group: RankGroup | None = None
+        """Ranks 1..N-1 of a sharded node, started with the first build (:mod:`ftis_flwr.node.rank_group`)."""
 
-    def _load(self):
-        from ftis_flwr.config.merge import card_from_dict, from_dict
-        from ftis_flwr.node.node import Node
+    def _run(self, name: str, *args: Any) -> Any:
+        """Run a node command here and on every other rank (:data:`ftis_flwr.node.rank_group.COMMANDS`)."""
+        return run(self, name, *args, group=self.group)
 
-        # import_registries: a loss.method given as "package.module:function" is imported and
-        # registered here, in the worker process, before the Node looks it up.
-        experiment = from_dict(self.spec["experiment"], import_registries=True)
-        card = card_from_dict(self.spec["card"])
-        if card.device.startswith("cuda:"):
-            card.device = "cuda"  # CUDA_VISIBLE_DEVICES already pins the chosen GPU
-        return Node(card, experiment, cache_dir=Path(self.spec["cache_dir"]))
+    def _load(self) -> None:
+        """Build the node (again, for a replayed round 0) on every rank."""
+        if self.ranks.sharded and self.group is None:
+            self.group = RankGroup.start(self.directory, self.ranks.world,
+                                         str(self.spec["card"].get("device", "cpu")))
+        self._run("build")
 
     def _watchdog(self):
         while True:
@@ -123,7 +129,7 @@ class _Server:
             return
         t0 = time.monotonic()
         try:
-            self.node = self._load()
+            self._load()
             self.load_error = None
         except Exception:
             self.load_error = traceback.format_exc()
@@ -150,6 +156,9 @@ class _Server:
                 self._ensure_node()
             except WorkerError:
                 log.error("building the node failed (the first round tries again):\n%s", self.load_error)
+                if self.group is not None:  # ranks out of step: a fresh worker builds them all again
+                    self._cleanup()
+                    os._exit(1)
             finally:
                 self.busy = False
                 self.last_request = time.monotonic()
@@ -176,7 +185,7 @@ class _Server:
         if op == "step":
             return self._step(payload), False
         if op == "finish":
-            path = self.node.save(Path(payload["out_dir"]))
+            path = self._run("save", str(payload["out_dir"]))
             shutil.rmtree(self.state_root, ignore_errors=True)  # the final model is saved
             return {"checkpoint": str(path), "updates": self.node.updates}, True
         raise WorkerError(f"unknown request {op!r}")
@@ -187,10 +196,8 @@ class _Server:
 
     def _resume(self, at_most: int | None) -> None:
         """Load the newest saved state (at most round ``at_most``) into the node, if there is one."""
-        from ftis_flwr.node.state import load_state
-
         before = (self.node.round, self.node.updates)
-        found = load_state(self.node, self.state_root, at_most=at_most)
+        found = self._run("resume", at_most)
         if found is not None:
             self.resumed_from = found
             log.info("node %s resumed from its state of round %d (updates %d; it was at round %d, "
@@ -199,8 +206,6 @@ class _Server:
     def _step(self, payload: dict[str, Any]) -> dict[str, Any]:
         """One round; a round this node already ran (a resumed server) is replayed from the state
         saved before it, never applied on top of it. Saves the state before replying."""
-        from ftis_flwr.node.state import save_state
-
         t0 = time.perf_counter()
         payload = dict(payload)
         within = float(payload.pop("next_within", 0.0) or 0.0)
@@ -210,7 +215,7 @@ class _Server:
             log.info("node %s is at round %d and is asked for round %d again: rewinding",
                      self.node.card.name, self.node.round, rnd)
             if rnd == 0:
-                self.node = self._load()
+                self._load()
                 self.resumed_from = -1
             else:
                 self._resume(rnd - 1)
@@ -219,13 +224,13 @@ class _Server:
                         f"round {rnd} was already run by this node (it is at round {self.node.round}) "
                         f"and no state saved at or before round {rnd - 1} is left to replay it from "
                         f"(rounds.state_every={self.node.cfg.rounds.state_every})")
-        reply = step_from_payloads(self.node, payload)
+        reply = self._run("step", payload)
         if self.resumed_from is not None:
             reply["metrics"]["resumed_from_round"] = float(self.resumed_from)
             self.resumed_from = None
         every = self.node.cfg.rounds.state_every
         if every and (rnd % every == 0 or rnd == int(payload["num_rounds"])):
-            info = save_state(self.node, self.state_root, rnd)
+            info = self._run("save_state", rnd)
             reply["metrics"].update(state_save_seconds=info.seconds, state_bytes=float(info.nbytes))
         # the whole request: compute plus decoding, checks and encoding (benchmarks/round_breakdown.py)
         reply["metrics"]["worker_seconds"] = time.perf_counter() - t0
@@ -303,6 +308,10 @@ class _Server:
                     conn.send(("ok", value))
                 except Exception as exc:
                     log.error("request %r failed:\n%s", op, traceback.format_exc())
+                    if self.group is not None:  # the ranks may be out of step: end them all; the
+                        stop = True             # next round starts a fresh worker from the saved state
+                        exc = WorkerError(f"{type(exc).__name__}: {exc} (this node's {self.ranks.world} "
+                                          "ranks are stopped; the next round rebuilds them from the saved state)")
                     conn.send(("error", f"{type(exc).__name__}: {exc}"))
             except (EOFError, OSError) as exc:
                 log.warning("connection lost: %s", exc)

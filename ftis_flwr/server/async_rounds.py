@@ -40,6 +40,7 @@ from dataclasses import replace
 from flwr.app import MetricRecord
 from flwr.serverapp import Grid
 
+from ftis_flwr.config.choices import AdvantageMode
 from ftis_flwr.server.async_store import Sent, Store, join, restore_store, store_state
 from ftis_flwr.server.budget import add_idle
 from ftis_flwr.server.grid_io import POLL_INTERVAL, PROGRESS_EVERY
@@ -115,7 +116,7 @@ class AsyncRounds:
             self.final_sent.add(nid)
         given_before = {src: v for (r, src), v in self.store.given.items() if r == name}
         dropped_before = self.store.dropped.get(name, 0)
-        fresh, dropped = ({}, 0) if s.cfg.advantage.mode == "alone" else self.store.take(
+        fresh, dropped = ({}, 0) if s.cfg.advantage.mode == AdvantageMode.ALONE else self.store.take(
             name, {s.roster.names.get(nid), s.roster.claimed.get(nid)})
         try:
             others, staleness = {}, []

@@ -3,22 +3,27 @@ who serves which model card (HELLO, at the start and for nodes that join later),
 model built before the first round with its progress in the server's log (BUILD), stopping the
 workers when a run ends early (STOP), and collecting every node's final checkpoint (FINISH).
 
-A mixin: it uses the strategy's roster, its ``_send`` / ``_reply_node`` and ``on_event``, so the
-strategy module keeps the rounds and this one the membership and the end of a run.
+A mixin, so the strategy module keeps the rounds and this one the membership and the end of a
+run. What it needs from the strategy it is mixed into is declared as :class:`LifecycleHost`: the
+experiment, the roster, the run's names and directories, the event callback, and the strategy's
+message exchange (``_send``, which records the nodes it lost in ``_lost``, and ``_reply_node``).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from ftis_flwr.config.node_keys import node_keys
+from ftis_flwr.config.schema import ExperimentConfig
 from ftis_flwr.server.grid_io import HELLO_TIMEOUT, wait_for_nodes
 from ftis_flwr.server.replies import BadReply, record
-from ftis_flwr.server.roster import FederationError, hello_notes, read_hello
+from ftis_flwr.server.roster import FederationError, Roster, hello_notes, read_hello
 from ftis_flwr.wire import protocol
 
 log = logging.getLogger("ftis_flwr.server.strategy")
@@ -39,8 +44,50 @@ def query_type(key: str) -> str:
     return f"{MessageType.QUERY}.{key.rpartition('.')[2]}"
 
 
-class Lifecycle:
-    """HELLO, BUILD, STOP and FINISH for the strategy (see the module docstring)."""
+@runtime_checkable
+class LifecycleHost(Protocol):
+    """What :class:`Lifecycle` reads and calls on the strategy it is mixed into
+    (:class:`~ftis_flwr.server.strategy.FTISStrategy` sets or defines each of these). The mixin
+    writes only ``_lost`` (it takes the lost nodes of its own exchanges) and ``checkpoints``."""
+
+    cfg: ExperimentConfig
+    """The run's experiment: its model cards (``nodes``) and ``rounds.min_nodes``."""
+    connect_timeout: float
+    """Seconds to wait for the SuperNodes to connect before the first HELLO."""
+    roster: Roster
+    """Node id <-> model card, bound by HELLO (and by each round's replies)."""
+    run_name: str
+    """Sent with every query: the node's worker folder is keyed by it."""
+    out_dir: str
+    """Where the nodes save their final models (sent with FINISH)."""
+    checkpoints: dict[str, str]
+    """Card -> path of its saved final model, filled by :meth:`Lifecycle.finish`."""
+    on_event: Callable[..., None]
+    """``on_event(kind, **fields)``: a run event (``node_left_out``, ``checkpoint``...) for the report."""
+    _experiment_json: str
+    """The experiment as JSON, sent with every query."""
+    _lost: dict[int, str]
+    """Node id -> why the last :meth:`_send` got no reply from it."""
+
+    def _send(self, grid: Grid, messages: list[Message], timeout: float, what: str = "") -> list[Message]:
+        """Send ``messages`` and return the replies within ``timeout``; the rest go to ``_lost``."""
+        ...
+
+    def _reply_node(self, reply: Message, rnd: int | str, done: set[int]) -> int | None:
+        """The node id ``reply`` answers for, or None to discard it (unknown, or in ``done``)."""
+        ...
+
+
+# A type checker reads the mixin as its host: every member above is known on ``self``. At run time
+# the mixin is a plain class, so nothing of the protocol shadows the strategy's own members.
+if TYPE_CHECKING:
+    _Host = LifecycleHost
+else:
+    _Host = object
+
+
+class Lifecycle(_Host):
+    """HELLO, BUILD, STOP and FINISH for a :class:`LifecycleHost` (see the module docstring)."""
 
     def _wait_for_nodes(self, grid: Grid) -> list[int]:
         ids = wait_for_nodes(grid, len(self.cfg.nodes), self.connect_timeout)
@@ -57,6 +104,15 @@ class Lifecycle:
         first round of a fresh run): a node naming an unknown card or a card without a node
         refuses the run (FederationError listing each, with the fix); later, and when a run
         resumes, such a node is only left out and a card without a node waits for one.
+
+        Args:
+            grid: Flower's grid, for the node ids connected now.
+            timeout: Seconds to wait for the HELLO answers; a node that does not answer is
+                asked again before the next round.
+            first: Whether this is the first HELLO of a fresh run (every card must be served).
+
+        Raises:
+            FederationError: ``first``, and a node named an unknown card or a card has no node.
         """
         roster = self.roster
         live = set(grid.get_node_ids())  # a card whose node id is gone may move to a new one
@@ -100,7 +156,12 @@ class Lifecycle:
         """Before the first round: have every bound node build its model now (protocol.BUILD) and
         log how far each is, every few seconds, until all are ready or failed, or ``limit``
         seconds have passed. The first round then finds them built; a node that failed, or did not
-        answer, is left to the first round, which builds (or fails) it as before."""
+        answer, is left to the first round, which builds (or fails) it as before.
+
+        Args:
+            grid: Flower's grid.
+            limit: Seconds to wait for every build in all (``rounds.startup_timeout`` at least).
+        """
         pending = set(self.roster.names)
         said: dict[int, str] = {}
         deadline = time.monotonic() + limit
@@ -164,9 +225,16 @@ class Lifecycle:
             log.warning("could not tell the nodes to stop their workers: %s", exc)
 
     def finish(self, grid: Grid, timeout: float) -> dict[str, str]:
-        """Ask each node to save its final model (and stop its worker); returns name -> path.
+        """Ask each node to save its final model (and stop its worker).
 
         A node that fails to (error, malformed or missing reply) is logged as ``checkpoint_failed``.
+
+        Args:
+            grid: Flower's grid.
+            timeout: Seconds to wait for the nodes to save their models.
+
+        Returns:
+            Card name -> path of its saved model (``checkpoints``), for the nodes that saved one.
         """
         messages = [self._query(protocol.FINISH, nid, out_dir=self.out_dir)
                     for nid in sorted(grid.get_node_ids()) if nid in self.roster.names]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from ftis_flwr.config.choices import AdvantageMode, CrossTokenizerMode
 from ftis_flwr.config.schema import ExperimentConfig
 from ftis_flwr.server.roster import FederationError
 
@@ -42,7 +43,8 @@ class PeerTokenizers:
     def name_limits(self) -> None:
         """Log, once per pairing, each receiver whose tokens cannot stand for every text a sender
         of another tokenizer may send, and what it will refuse (before any node trains on them)."""
-        if self.cfg.advantage.mode == "alone" or self.cfg.exchange.cross_tokenizer == "off":
+        if (self.cfg.advantage.mode == AdvantageMode.ALONE
+                or self.cfg.exchange.cross_tokenizer == CrossTokenizerMode.OFF):
             return
         for receiver, limits in sorted(self.text_limits.items()):
             mine = self.fingerprints.get(receiver)
@@ -50,7 +52,8 @@ class PeerTokenizers:
                 pair = (sender, receiver)
                 if not limits or sender == receiver or pair in self.named or mine is None:
                     continue
-                if self.fingerprints[sender] == mine and self.cfg.exchange.cross_tokenizer != "always":
+                if (self.fingerprints[sender] == mine
+                        and self.cfg.exchange.cross_tokenizer != CrossTokenizerMode.ALWAYS):
                     continue  # the token path: no text to represent
                 self.named.add(pair)
                 log.warning("pairing %s -> %s: %s's tokens cannot stand for every text %s may send, and "
@@ -63,8 +66,8 @@ class PeerTokenizers:
         "always"; never "off" or training alone; "auto" while some other card's tokenizer differs
         from its own or is not known yet (a first round, a card not seen yet)."""
         mode = self.cfg.exchange.cross_tokenizer
-        if mode != "auto" or self.cfg.advantage.mode == "alone":
-            return mode == "always" and self.cfg.advantage.mode != "alone"
+        if mode != CrossTokenizerMode.AUTO or self.cfg.advantage.mode == AdvantageMode.ALONE:
+            return mode == CrossTokenizerMode.ALWAYS and self.cfg.advantage.mode != AdvantageMode.ALONE
         mine = self.fingerprints.get(name)
         return mine is None or any(self.fingerprints.get(c.name) != mine for c in self.cfg.nodes if c.name != name)
 
@@ -73,13 +76,13 @@ class PeerTokenizers:
         before any node trains on another's samples) where they cannot train together:
         ``exchange.cross_tokenizer=off``, or a card whose tokenizer cannot be aligned (no offsets,
         tokens whose bytes cannot be read), named with the reason."""
-        if self.cfg.advantage.mode == "alone":
+        if self.cfg.advantage.mode == AdvantageMode.ALONE:
             return
         self.name_limits()
         by_fp: dict[str, list[str]] = {}
         for name, fp in sorted(self.fingerprints.items()):
             by_fp.setdefault(fp, []).append(name)
-        if len(by_fp) > 1 and self.cfg.exchange.cross_tokenizer != "off":
+        if len(by_fp) > 1 and self.cfg.exchange.cross_tokenizer != CrossTokenizerMode.OFF:
             faults = {n: f for n, f in sorted(self.align_faults.items()) if f}
             if faults:
                 raise FederationError("the nodes' tokenizers differ, and " + "; ".join(

@@ -20,6 +20,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from ftis_flwr.config.choices import Schedule, Tracker
 from ftis_flwr.server.eta import format_left, seconds_left
 from ftis_flwr.server.incidents import incidents
 from ftis_flwr.server.plots import ACC_PREFIX, ACC_SUFFIX, plot_run
@@ -97,9 +98,9 @@ class RunReporter:
             raise ValueError(f"num_rounds must be a non-negative int or None, got {num_rounds!r}")
         if not isinstance(config, Mapping) and not dataclasses.is_dataclass(config):
             raise TypeError(f"config must be a dict (or dataclass), got {type(config).__name__}")
-        names = check_names(["tensorboard"] if report_to is None else list(report_to))
+        names = check_names([Tracker.TENSORBOARD.value] if report_to is None else list(report_to))
         if not tensorboard:
-            names = [n for n in names if n != "tensorboard"]
+            names = [n for n in names if n != Tracker.TENSORBOARD]
         self.run_dir = Path(run_dir)
         self.node_names = list(node_names)
         self.num_rounds = num_rounds
@@ -131,7 +132,7 @@ class RunReporter:
         self.trackers = Trackers(names, self.run_dir, self.run_dir.name, self._config,
                                  on_unavailable=_unavailable, on_failure=self._tracker_failed)
         self.trackers.log_params(self._config)
-        self.steps = (self._config.get("exchange") or {}).get("schedule") == "async"
+        self.steps = (self._config.get("exchange") or {}).get("schedule") == Schedule.ASYNC
         """Asynchronous schedule: a row is a step (the nodes that replied in it), not a round; a
         node absent from a row is busy, not failed (failures are in events.jsonl)."""
 
@@ -317,7 +318,7 @@ class RunReporter:
 def _unavailable(name: str, reason: str) -> None:
     """A tracker whose package is missing: warned about (TensorBoard once per process)."""
     global _TB_WARNED
-    if name == "tensorboard":
+    if name == Tracker.TENSORBOARD:
         if not _TB_WARNED:
             warnings.warn(f"TensorBoard unavailable ({reason}); continuing without it")
             _TB_WARNED = True

@@ -46,6 +46,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 from flwr.serverapp.strategy.result import Result
 
+from ftis_flwr.config.choices import AdvantageMode, Schedule
 from ftis_flwr.config.node_keys import pinned_der
 from ftis_flwr.config.schema import ExperimentConfig, to_dict
 from ftis_flwr.server.budget import ForeignBudget, add_idle
@@ -89,7 +90,26 @@ def next_within(limit: float) -> float:
 
 
 class FTISStrategy(Lifecycle, Strategy):
-    """Collaborative GRPO rounds: vertical (default), horizontal or alone (algorithm §2)."""
+    """Collaborative GRPO rounds: vertical (default), horizontal or alone (algorithm §2).
+
+    Args:
+        experiment: The run's configuration; the strategy keeps its own copy (:meth:`start` may
+            change its number of rounds) and sends it, as JSON, to every node.
+        run_name: The run's name, which keys each node's worker and saved state; default: one
+            made from the experiment (:func:`ftis_flwr.server.reporting.run_name`).
+        out_dir: Where the nodes save their final models (``<out_dir>/<node>``); default:
+            ``<run_dir>/<run name>/checkpoints``, made absolute here on the server.
+        on_round: ``on_round(round, node_metrics, server_metrics)`` after each round's replies:
+            ``node_metrics`` maps each node that replied to its metrics, ``server_metrics`` holds
+            the server's own (``nodes_replied``, ``round_seconds``...).
+        on_event: ``on_event(kind, **fields)`` for each run event (``node_failed``,
+            ``payload_rejected``, ``checkpoint``...), as the reporter writes them to events.jsonl.
+        connect_timeout: Seconds to wait for the SuperNodes to connect before the first HELLO.
+        state_dir: Where the strategy saves its state after every round so that a stopped run
+            can be resumed (:meth:`restore`); empty: not saved.
+        on_samples: ``on_samples(round, node, rows)`` with a few of a node's new completions at
+            evaluated rounds (``report.samples_per_node``), for a tracker's table.
+    """
 
     def __init__(self, experiment: ExperimentConfig, *, run_name: str = "", out_dir: str = "",
                  on_round: RoundCallback | None = None, on_event: Callable[..., None] | None = None,
@@ -144,10 +164,19 @@ class FTISStrategy(Lifecycle, Strategy):
     # ------------------------------------------------------------ resume
     def restore(self, state: ServerState) -> None:
         """Continue after ``state.round``: :meth:`start` runs the rounds after it, forwarding the
-        groups saved with it. The nodes (same ``run_name``) resume or rewind their own state."""
+        groups saved with it. The nodes (same ``run_name``) resume or rewind their own state.
+
+        Args:
+            state: The server state saved in the run's ``state_dir``
+                (:func:`ftis_flwr.server.state.load_server_state`).
+
+        Raises:
+            ServerStateError: The state is of the other schedule (synchronous against
+                asynchronous rounds) than the experiment's ``exchange.schedule``.
+        """
         self._next_prompt = state.next_prompt
         self.rejections.streaks = dict(state.streaks)
-        if (state.schedule is not None) != (self.cfg.exchange.schedule == "async"):
+        if (state.schedule is not None) != (self.cfg.exchange.schedule == Schedule.ASYNC):
             kind = "asynchronous" if state.schedule else "synchronous"
             raise ServerStateError(f"the saved server state is of {kind} rounds, the run's configuration "
                                    f"says exchange.schedule={self.cfg.exchange.schedule}")
@@ -166,27 +195,43 @@ class FTISStrategy(Lifecycle, Strategy):
     def _prompts(self, node_ids: list[int], rnd: int) -> dict[int, list[int]]:
         if rnd == self.cfg.rounds.num_rounds:
             return {nid: [] for nid in node_ids}
-        if self.cfg.advantage.mode == "horizontal":
+        if self.cfg.advantage.mode == AdvantageMode.HORIZONTAL:
             shared = self.next_prompts()
             return {nid: shared for nid in node_ids}
         return {nid: self.next_prompts() for nid in node_ids}
 
     def next_prompts(self) -> list[int]:
-        """The next ``rounds.prompts_per_node`` train indices of the schedule (vertical)."""
+        """The next ``rounds.prompts_per_node`` train indices of the schedule (vertical).
+
+        Returns:
+            Consecutive train indices (a node wraps them modulo its train split); each call
+                advances the schedule.
+        """
         b = self.cfg.rounds.prompts_per_node
         self._next_prompt += b
         return list(range(self._next_prompt - b, self._next_prompt))
 
     def _group_size(self) -> int:
         g = self.cfg.rollout.group_size
-        return g // len(self.cfg.nodes) if self.cfg.advantage.mode == "horizontal" else g
+        return g // len(self.cfg.nodes) if self.cfg.advantage.mode == AdvantageMode.HORIZONTAL else g
 
     # ------------------------------------------------- Strategy interface
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         """One message per node: prompt indices + the other nodes' groups of last round, stamped.
 
-        Only node ids bound to a card (see :meth:`introduce`) take part."""
+        Only node ids bound to a card (see :meth:`introduce`) take part. A node whose message
+        cannot be built fails this round alone (:meth:`unsent`).
+
+        Args:
+            server_round: The round (0: generate and evaluate only).
+            arrays: Unused: F-TIS ships no weights (Flower's signature).
+            config: Unused (Flower's signature); the round's settings come from the experiment.
+            grid: Flower's grid, for the node ids connected now.
+
+        Returns:
+            One ``train`` message per bound node (see :meth:`message`).
+        """
         node_ids = self.bound_nodes(grid)
         prompts = self._prompts(node_ids, server_round)
         self._assigned, self._forwarded, self._received, self._unsent = {}, {}, {}, {}
@@ -202,7 +247,16 @@ class FTISStrategy(Lifecycle, Strategy):
 
     def unsent(self, nid: int, rnd: int, exc: Exception) -> str:
         """Why node ``nid``'s round ``rnd`` message could not be built (logged with its traceback):
-        a failure of that node for the round, whatever raised."""
+        a failure of that node for the round, whatever raised.
+
+        Args:
+            nid: The Flower node id.
+            rnd: The round (the step, under the asynchronous schedule).
+            exc: What raised while the message was built.
+
+        Returns:
+            The failure's reason, as the round's report names it.
+        """
         log.exception("%s %d: the message for node %s could not be built", self.step_word, rnd,
                       self.roster.name(nid))
         return f"the server could not build its message: {type(exc).__name__}: {exc}"
@@ -210,19 +264,44 @@ class FTISStrategy(Lifecycle, Strategy):
     def bound_nodes(self, grid: Grid) -> list[int]:
         """The node ids bound to a card, in the experiment's card order, not by Flower node id
         (random per run): each card gets the same prompts whatever ids the SuperNodes have, so a
-        seed reproduces a run."""
+        seed reproduces a run.
+
+        Args:
+            grid: Flower's grid, for the node ids connected now.
+
+        Returns:
+            The connected node ids that serve a card of the experiment.
+        """
         order = {c.name: i for i, c in enumerate(self.cfg.nodes)}
         return sorted((nid for nid in grid.get_node_ids() if nid in self.roster.names),
                       key=lambda nid: order.get(self.roster.names[nid], len(order)))
 
     def message(self, nid: int, rnd: int, prompts: list[int], others: dict, evaluate: bool | None = None,
                 limit: float | None = None, **received: float) -> Message:
-        """Node ``nid``'s message of its round ``rnd``: its prompt indices and ``others`` (source
-        -> payload), cut to the budget; records what was forwarded (``_forwarded``, ``_received``
-        plus ``received``'s extra per-node figures). ``evaluate``: default, the schedule's;
-        ``limit``: how long the server waits for this round's reply (default: the round's)."""
+        """Node ``nid``'s message of its round ``rnd``: its prompt indices and the other nodes'
+        groups, cut to the foreign-group budget (none when training alone). Records what was
+        forwarded, for the reply's checks and the round's metrics.
+
+        Args:
+            nid: The Flower node id the message goes to.
+            rnd: The node's round (the asynchronous schedule's rounds are per node).
+            prompts: The train indices the node generates groups for (empty: the last round,
+                which only trains and evaluates).
+            others: Source card -> ``(arrays, meta, train indices it was given)``: the groups
+                the other nodes sent, as they travel.
+            evaluate: Whether the node evaluates this round; None: the schedule's
+                (``rounds.eval_every`` and the last round).
+            limit: Seconds the server waits for this reply; None: the round's wait.
+            **received: Extra per-node figures recorded with ``foreign_groups_received`` and
+                ``foreign_bytes_received`` in the round's metrics (the asynchronous schedule's
+                staleness and server time).
+
+        Returns:
+            The ``train`` message: the foreign groups under their stamped keys and the round's
+                settings (``protocol.ROUND``).
+        """
         content, foreign, groups, nbytes = RecordDict(), {}, 0, 0
-        if self.cfg.advantage.mode != "alone":
+        if self.cfg.advantage.mode != AdvantageMode.ALONE:
             for src, (arr, meta, indices) in self.budget.select(self.roster.name(nid), rnd, others).items():
                 arrays_key, meta_key = protocol.foreign_keys(src)
                 content[arrays_key], content[meta_key] = arr, meta
@@ -248,7 +327,16 @@ class FTISStrategy(Lifecycle, Strategy):
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Keep each node's new groups for the next round; collect metrics; log failures.
 
-        Never raises because of what a node sent: a bad reply becomes that node's failure.
+        Never raises because of what a node sent: a bad reply becomes that node's failure. The
+        round's outcome (per-node metrics, failures, server metrics) is appended to ``history``.
+
+        Args:
+            server_round: The round the replies answer.
+            replies: The nodes' replies to :meth:`configure_train`'s messages.
+
+        Returns:
+            ``(None, server metrics)``: no weights, and the server's finite metrics
+                (``nodes_replied``, ``nodes_failed``, ``bytes_per_token``).
         """
         outcome = RoundOutcome(failures=dict(self._lost))
         self._lost = {}
@@ -320,18 +408,29 @@ class FTISStrategy(Lifecycle, Strategy):
         return nid
 
     def configure_evaluate(self, server_round, arrays, config, grid) -> Iterable[Message]:
+        """No evaluation messages: a node evaluates in its round message (its ``evaluate`` flag).
+
+        Returns:
+            An empty list.
+        """
         return []  # evaluation rides on the round message (``evaluate`` flag)
 
     def aggregate_evaluate(self, server_round, replies) -> MetricRecord | None:
+        """Nothing to aggregate: evaluation metrics come with the round's replies.
+
+        Returns:
+            None.
+        """
         return None
 
     def summary(self) -> None:
+        """Log the run's settings in one line: mode, loss, G, prompts, rounds, schedule, nodes."""
         c = self.cfg
         log.info("FTISStrategy: %s, loss %s (C=%s, g=%s, rule %s, scope %s), G=%d, %d prompts/node, "
                  "%d rounds (%s), nodes: %s; final models in %s", c.advantage.mode, c.loss.method,
                  c.loss.trunc_c, c.loss.kl_threshold, c.loss.filter_rule, c.loss.filter_scope, c.rollout.group_size,
                  c.rounds.prompts_per_node, c.rounds.num_rounds,
-                 "synchronous" if c.exchange.schedule == "sync" else
+                 "synchronous" if c.exchange.schedule == Schedule.SYNC else
                  f"asynchronous, max staleness {c.exchange.max_staleness}", ", ".join(n.name for n in c.nodes),
                  self.out_dir)
 
@@ -345,16 +444,35 @@ class FTISStrategy(Lifecycle, Strategy):
     def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int | None = None,
               timeout: float | None = None, train_config: ConfigRecord | None = None,
               evaluate_config: ConfigRecord | None = None, evaluate_fn: Callable | None = None) -> Result:
-        """Run rounds 0..R, then ask every node to save its model. Returns Flower's Result:
-        ``train_metrics_clientapp[round]`` holds every node's round metrics as
-        ``"<node>/<metric>"`` plus the server's as ``"server/<metric>"``;
-        ``evaluate_metrics_clientapp[round]`` the evaluated rounds' ``"<node>/eval/<split>/accuracy"``.
-        If a round fails (or anything raises), every node is told to stop its worker.
+        """Run rounds 0..R, then ask every node to save its model. If a round fails (or anything
+        raises), every node is told to stop its worker.
 
-        ``num_rounds`` and ``timeout`` override the experiment's (on this strategy's own copy,
-        and in what the nodes are sent). F-TIS ships no weights and evaluates on the nodes, so
-        ``initial_arrays``, ``train_config``, ``evaluate_config`` and ``evaluate_fn`` are refused
-        rather than ignored: put such settings in the experiment instead.
+        F-TIS ships no weights and evaluates on the nodes, so ``initial_arrays``,
+        ``train_config``, ``evaluate_config`` and ``evaluate_fn`` are refused rather than
+        ignored: put such settings in the experiment instead.
+
+        Args:
+            grid: Flower's grid (``@app.main()``'s).
+            initial_arrays: Refused when not empty (no weights travel).
+            num_rounds: Rounds R, overriding ``rounds.num_rounds`` (on this strategy's own copy,
+                and in what the nodes are sent); None: the experiment's.
+            timeout: Seconds to wait for a round's replies, overriding
+                ``rounds.round_timeout``; None: the experiment's.
+            train_config: Refused when not empty.
+            evaluate_config: Refused when not empty.
+            evaluate_fn: Refused when given.
+
+        Returns:
+            Flower's Result: ``train_metrics_clientapp[round]`` holds every node's round metrics
+                as ``"<node>/<metric>"`` plus the server's as ``"server/<metric>"``;
+                ``evaluate_metrics_clientapp[round]`` the evaluated rounds'
+                ``"<node>/eval/<split>/accuracy"``.
+
+        Raises:
+            TypeError: One of the refused arguments was given.
+            ValueError: ``num_rounds`` < 1, or a resumed run has no round left.
+            FederationError: Too few nodes connected or replied (``rounds.min_nodes``), or the
+                cards cannot train together (tokenizers, tasks).
         """
         unused = {"initial_arrays": initial_arrays is not None and len(initial_arrays) > 0,
                   "train_config": bool(train_config), "evaluate_config": bool(evaluate_config),
@@ -383,7 +501,7 @@ class FTISStrategy(Lifecycle, Strategy):
         self.introduce(grid, hello_timeout, first=self._first_round == 0 and self._async_state is None)
         try:
             self.await_builds(grid, max(timeout, self.cfg.rounds.startup_timeout))
-            if self.cfg.exchange.schedule == "async":
+            if self.cfg.exchange.schedule == Schedule.ASYNC:
                 from ftis_flwr.server.async_rounds import AsyncRounds
                 AsyncRounds(self, grid, timeout).run()
             else:

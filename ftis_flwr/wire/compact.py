@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ftis_flwr.config.choices import COMPRESSORS  # noqa: F401 (implemented here)
+from ftis_flwr.config.choices import COMPRESSORS, Compressor, LogprobCodec  # noqa: F401 (implemented here)
 from ftis_flwr.config.schema import WireConfig
 from ftis_flwr.wire.groups import PayloadError
 
@@ -128,12 +128,12 @@ def bf16_to_fp32(bits: np.ndarray) -> np.ndarray:
 def encode_logprobs(flat: np.ndarray, codec: str, *, check: bool = True) -> np.ndarray:
     """fp32 log-probs in the wire codec's numpy dtype; PayloadError if a value overflows it
     (``check``: what an honest sender wants; a forger's packer casts whatever it is given)."""
-    if codec == "fp32":
+    if codec == LogprobCodec.FP32:
         return flat.astype(np.float32)
-    if codec == "fp16":
+    if codec == LogprobCodec.FP16:
         with np.errstate(over="ignore"):  # reported below, as a PayloadError
             out = flat.astype(np.float16)
-    elif codec == "bf16":
+    elif codec == LogprobCodec.BF16:
         out = bf16_bits(flat)
     else:
         raise ValueError(f"logprob_dtype must be one of {LP_CODECS}, got {codec!r}")
@@ -143,7 +143,7 @@ def encode_logprobs(flat: np.ndarray, codec: str, *, check: bool = True) -> np.n
 
 
 def decode_logprobs(wire: np.ndarray, codec: str) -> np.ndarray:
-    if codec == "bf16":
+    if codec == LogprobCodec.BF16:
         return bf16_to_fp32(wire)
     return wire.astype(np.float32)
 
@@ -231,7 +231,7 @@ def pack(fields: Fields, *, id_bits: int, codec: str = "fp32", compress: str = "
         text = np.asarray(fields.text, np.uint8).tobytes()
         ext = EXT.pack(len(text), length_bits)
         body += pack_bits(lengths, length_bits) + text
-    packed = zlib.compress(body, level) if compress == "zlib" else body
+    packed = zlib.compress(body, level) if compress == Compressor.ZLIB else body
     if len(packed) >= len(body):  # zlib only where it pays: tiny or random bodies go as they are
         packed = body
     flags = LP_CODECS.index(codec) | (_ZLIB if packed is not body else 0) | (_TEXT if ext else 0)

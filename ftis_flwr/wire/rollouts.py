@@ -25,7 +25,7 @@ from io import BytesIO
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord
 
-from ftis_flwr.config.choices import WIRE_FORMATS
+from ftis_flwr.config.choices import WIRE_FORMATS, CrossTokenizerMode, WireFormat
 from ftis_flwr.config.schema import WireConfig
 from ftis_flwr.wire import arrays as wire_arrays
 from ftis_flwr.wire import compact as wire_compact
@@ -72,7 +72,7 @@ def encode_groups(
                 _flat([np.asarray(b) for g in groups for b in g.byte_lengths], np.int64))
     completions = [c for g in groups for c in g.completions]
     flat_lp = _flat([np.asarray(lp, np.float32) for g in groups for lp in g.logprobs], np.float32)
-    if format == "compact":
+    if format == WireFormat.COMPACT:
         fields = Fields(
             strings={key: [getattr(g, key) for g in groups] for key in wire_compact.STR_KEYS},
             prompt_ids=_flat([g.prompt_tokens for g in groups], np.int64),
@@ -144,7 +144,7 @@ def _check_fingerprints(f: Fields, expected_fp: str, cross_tokenizer: str = "off
         same = False
         where = (f"group {g} (prompt_id {f.strings['prompt_id'][g]!r}): tokenizer fingerprint {fp!r} "
                  f"differs from this node's {expected_fp!r}")
-        if cross_tokenizer == "off":
+        if cross_tokenizer == CrossTokenizerMode.OFF:
             raise PayloadError(f"{where} (exchange.cross_tokenizer=off refuses another tokenizer; 'auto' "
                                "trains on it through the completion text)")
         if f.text is None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ftis_flwr.config.choices import CROSS_TOKENIZER_RATIOS
+from ftis_flwr.config.choices import CROSS_TOKENIZER_RATIOS, CrossTokenizerRatio
 from ftis_flwr.wire.groups import Group
 from ftis_flwr.xtok.align import AlignError, Chunks, align, encode_with_spans, merge_to_words, word_boundaries
 from ftis_flwr.xtok.represent import Unrepresentable
@@ -78,14 +78,14 @@ def to_own_tokens(g: Group, tokenizer, prompt: np.ndarray, eot_id: int, *, max_t
     for text, raw, lengths, gen in zip(texts, g.texts, g.byte_lengths, g.logprobs):
         try:
             ids, r_gen, r_chunks, one = _one_completion(text, bytes(raw), lengths, gen, tokenizer, eot_id,
-                                                        max_tokens, words=ratio == "word")
+                                                        max_tokens, words=ratio == CrossTokenizerRatio.WORD)
         except Unrepresentable as exc:
             refused.append(exc.reason)
         except AlignError:
             refused.append("unaligned")
         else:
             stats.add(one)
-            if ratio == "sequence":
+            if ratio == CrossTokenizerRatio.SEQUENCE:
                 r_gen = np.full(len(ids), float(np.mean(gen)), np.float32)
                 r_chunks = np.zeros(len(ids), np.int64)
             comps.append(ids.astype(np.int64))
