@@ -15,10 +15,11 @@ What the driver does while ``flwr run`` trains the study (default: the four-node
 Then it checks what the run left: every round (step) exactly once in ``metrics.jsonl``; per node,
 ``updates`` strictly increasing over its rows (no update applied twice) and its final value within
 its trained rounds (logged rows after round 0, plus at most one per failed round: an update can
-land while its reply is lost); and at most two failed node rounds per fault injected. It prints the faults injected, rounds lost and the recovery time
-of each fault (until the faulted node's next logged round, or the resumed run's first), and the
-final accuracies. ``main(argv)`` returns all of it as a dict. Every process it starts is stopped
-by its pid (process group) at the end, also on failure; only 127.0.0.1 is used.
+land while its reply is lost); and at most two failed node rounds per fault injected. It prints
+the faults injected, rounds lost and the recovery time of each fault (until the faulted node's
+next logged round, or the resumed run's first), and the final accuracies. ``main(argv)`` returns
+all of it as a dict. Every process it starts is stopped by its pid (process group) at the end,
+also on failure; only 127.0.0.1 is used.
 """
 from __future__ import annotations
 

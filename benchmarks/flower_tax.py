@@ -131,7 +131,7 @@ def deploy(a) -> None:
                 break
             except OSError:
                 if time.monotonic() > deadline or procs[0].poll() is not None:
-                    raise SystemExit("flower-superlink did not start listening")
+                    raise SystemExit("flower-superlink did not start listening") from None
                 time.sleep(0.3)
         for card in cards:
             procs.append(start([str(BIN / "flower-supernode"), "--insecure", "--superlink",
@@ -173,9 +173,9 @@ def breakdown(a) -> None:
     for n in nodes:
         n.pending = pending[n.card.name]
     print(f"{a.preset}: per node per round, seconds (best of {a.rounds})")
-    for i, node in enumerate(nodes):
+    for node in nodes:
         best = None
-        for r in range(a.rounds):
+        for _ in range(a.rounds):
             others = {o.card.name: (*encode_groups(pending[o.card.name], vocab_size=o.vocab_size),
                                     list(range(j * b, (j + 1) * b))) for j, o in enumerate(nodes) if o is not node}
             t0 = time.perf_counter()

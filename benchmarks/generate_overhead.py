@@ -47,7 +47,7 @@ def main() -> None:
     res = {"plain": [], "engine": [], "node": []}
     for f in (plain, engine, nodegen):  # warm-up
         f()
-    for r in range(3):
+    for _ in range(3):
         for name, f in (("plain", plain), ("engine", engine), ("node", nodegen)):
             res[name].append(f())
     for k, v in res.items():

@@ -139,7 +139,8 @@ def main() -> None:
     exp.rollout.max_new_tokens, exp.rollout.batch_size = a.new_tokens, n
     exp.train.micro_batch_size = a.micro_batch
     est = estimate(ModelCard(name="node", source=a.model, dtype=a.dtype), exp)
-    res: dict = {"model": a.model, "dtype": a.dtype, "gpu": torch.cuda.get_device_name() if a.device != "cpu" else "cpu",
+    res: dict = {"model": a.model, "dtype": a.dtype,
+                 "gpu": torch.cuda.get_device_name() if a.device != "cpu" else "cpu",
                  "params": est.params, "estimate_GiB": {k: getattr(est, k) / GIB for k in
                  ("weights", "gradients", "optimizer", "kv_cache", "activations", "total")}}
     res["after_load_GiB"] = _peak()

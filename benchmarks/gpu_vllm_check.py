@@ -145,7 +145,8 @@ def agreement(folder, tok, prompts, args) -> dict:
         after = eng.sample(prompts, 2, max_new_tokens=args.max_new, batch_size=64, generator_seed=2)
         out["gap_after_step"] = learner_gap(model, prompts, after, 1.0, 1.0, len(tok))
         same = [(a, b) for a, b in zip(flat, [s for g in after for s in g]) if np.array_equal(a.tokens, b.tokens)]
-        out["same_token_shift_after_step"] = max([float(np.max(np.abs(a.logprobs - b.logprobs))) for a, b in same] or [0.0])
+        out["same_token_shift_after_step"] = max([float(np.max(np.abs(a.logprobs - b.logprobs)))
+                                                  for a, b in same] or [0.0])
         out["completions_changed_after_step"] = len(flat) - len(same)
         print(f"after one step + sync ({out['sync_seconds']:.2f} s): gap {out['gap_after_step']:.2e}, "
               f"same-token shift {out['same_token_shift_after_step']:.2e}, "

@@ -100,7 +100,8 @@ def main(argv: list[str] | None = None) -> None:
         env.update(TUNED)
     cmd = [sys.executable, __file__, "--child", "--rounds", str(args.rounds), "--preset", args.preset,
            "--card", args.card, "--prompts", str(args.prompts)]
-    print(f"# {args.preset}'s {args.card} node, {args.rounds} rounds, {args.prompts} prompts x G per round, malloc {args.malloc}")
+    print(f"# {args.preset}'s {args.card} node, {args.rounds} rounds, {args.prompts} prompts x G per round, "
+          f"malloc {args.malloc}")
     print("| round | peak RSS GiB | RSS after GiB | train s | generate s | new tokens |")
     print("| --- | --- | --- | --- | --- | --- |")
     peaks = []

@@ -5,10 +5,11 @@
     .venv/trl/bin/python benchmarks/vs_trl.py --model smollm2 --repeats 3
 
 Same model (``tiny``: cpu-pair's small model, char-level; ``smollm2``: cpu-smollm2's full card),
-float32 weights and compute on both sides (the card's ``auto`` is pinned), same prompts (the task's own rendering, given to TRL as plain-text prompts), G,
-max_new_tokens, temperature, learning rate, micro-batch and optimiser steps; HF ``generate`` on
-both sides; each side warmed up by one step first. TRL's gradient checkpointing (its default) is
-off, as the node does not checkpoint; ``--trl-checkpointing`` measures TRL with it. Per step:
+float32 weights and compute on both sides (the card's ``auto`` is pinned), same prompts (the
+task's own rendering, given to TRL as plain-text prompts), G, max_new_tokens, temperature,
+learning rate, micro-batch and optimiser steps; HF ``generate`` on both sides; each side warmed
+up by one step first. TRL's gradient checkpointing (its default) is off, as the node does not
+checkpoint; ``--trl-checkpointing`` measures TRL with it. Per step:
 wall time split into generate / score / update; the process's peak RSS during it (VmHWM reset
 before each side; both sides' models and optimiser states stay resident, so it includes the
 other side's) and the step's own peak above the RSS it started from; generated tokens per second.

@@ -80,14 +80,15 @@ def measure(name: str, groups: list[Group], vocab: int, params: float, lora: int
         if fmt == "arrays" and comp != "none":
             continue
 
-        def enc():
-            return encode_groups(groups, logprob_dtype=lp, vocab_size=vocab, format=fmt, compress=comp)
+        def enc():  # enc and the decoder below run within this iteration only: the loop's values are this variant's
+            return encode_groups(groups, logprob_dtype=lp, vocab_size=vocab, format=fmt, compress=comp)  # noqa: B023
 
         arrays, meta = enc()
         tokens = completion_tokens(arrays)
         proto = recorddict_to_proto(RecordDict({"groups": arrays, "groups.meta": meta})).ByteSize()
         t_enc = _median_seconds(enc)
-        t_dec = _median_seconds(lambda: decode_groups(arrays, meta, expected_fp=fp, vocab_size=vocab, wire=wire))
+        t_dec = _median_seconds(
+            lambda: decode_groups(arrays, meta, expected_fp=fp, vocab_size=vocab, wire=wire))  # noqa: B023
         print(f"  {fmt:8s} {lp:8s} {comp:8s} {payload_bytes(arrays, meta) / tokens:8.2f} "
               f"{proto / tokens:11.2f} {t_enc:9.4f} {t_dec:9.4f}")
     for what, count in (("weights (FedAvg)", params), ("LoRA r=16 q,k,v,o", lora)):
@@ -128,12 +129,15 @@ def range_table() -> None:
     from ftis_flwr.wire.compact import decode_logprobs, encode_logprobs
 
     print("\n16-bit rounding error by log-prob range (1e5 values each, uniform in the range)")
-    print(f"  {'range':>18s} {'fp16 max |err|':>15s} {'bf16 max |err|':>15s} {'fp16 max dw/w':>14s} {'bf16 max dw/w':>14s}")
+    print(f"  {'range':>18s} {'fp16 max |err|':>15s} {'bf16 max |err|':>15s} {'fp16 max dw/w':>14s} "
+          f"{'bf16 max dw/w':>14s}")
     rng = np.random.default_rng(0)
     for lo, hi in ((-1e-6, 0), (-1e-4, -1e-6), (-0.01, -1e-4), (-1, -0.01), (-10, -1), (-70, -10), (-104, -70)):
         x = rng.uniform(lo, hi, 100_000).astype(np.float32)
-        errs = [np.abs(decode_logprobs(encode_logprobs(x, c), c).astype(np.float64) - x).max() for c in ("fp16", "bf16")]
-        print(f"  {f'[{lo:g}, {hi:g}]':>18s} {errs[0]:15.2e} {errs[1]:15.2e} {np.expm1(errs[0]):14.2e} {np.expm1(errs[1]):14.2e}")
+        errs = [np.abs(decode_logprobs(encode_logprobs(x, c), c).astype(np.float64) - x).max()
+                for c in ("fp16", "bf16")]
+        print(f"  {f'[{lo:g}, {hi:g}]':>18s} {errs[0]:15.2e} {errs[1]:15.2e} {np.expm1(errs[0]):14.2e} "
+              f"{np.expm1(errs[1]):14.2e}")
 
 
 def real_groups():

@@ -61,7 +61,7 @@ def make_certs(out: Path) -> dict[str, Path]:
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
     out.mkdir(parents=True, exist_ok=True)
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
 
     def cert(subject, key, issuer, issuer_key, ca: bool, sans=None):
         b = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))

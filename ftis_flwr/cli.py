@@ -24,6 +24,7 @@ import argparse
 import difflib
 import json
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -129,8 +130,9 @@ def _code_path(value: str) -> str:
 
 def localise(given: dict[str, Any], app: Path) -> dict[str, Any]:
     """For a run on the local SuperLink: relative paths (files, data files, a user's code in
-    ``<file.py>:<name>``) resolved against the user's working directory, and ``run-dir`` (when not given) the app folder's ``runs/``, all absolute, so the
-    outputs land where the user is, not in the directory the SuperLink was first started from."""
+    ``<file.py>:<name>``) resolved against the user's working directory, and ``run-dir`` (when not
+    given) the app folder's ``runs/``, all absolute, so the outputs land where the user is, not in
+    the directory the SuperLink was first started from."""
     out = dict(given)
     for key in PATH_KEYS:
         if isinstance(out.get(key), str) and out[key]:
@@ -146,6 +148,19 @@ def localise(given: dict[str, Any], app: Path) -> dict[str, Any]:
     return out
 
 
+def fold_node_keys(parsed: dict[str, Any]) -> dict[str, Any]:
+    """``nodes.<index or name>.<field>=value`` pairs, a card's field set for one run, moved into
+    ``overrides`` (where the run configuration keeps per-node keys, after any already there), so
+    ``--run-config "nodes.large.ranks=2"`` means ``--run-config "overrides='nodes.large.ranks=2'"``."""
+    node = {k: v for k, v in parsed.items() if k.startswith("nodes.") and k.count(".") >= 2}
+    if not node:
+        return parsed
+    out = {k: v for k, v in parsed.items() if k not in node}
+    pairs = [f"{k}={shlex.quote(v if isinstance(v, str) else _as_toml(v))}" for k, v in node.items()]
+    out["overrides"] = " ".join([str(out.get("overrides", "") or ""), *pairs]).strip()
+    return out
+
+
 def check(app: Path | None, run_config: list[str], *, local: bool = False) -> tuple[dict[str, Any], Any]:
     """(the ``--run-config`` pairs spelled as declared, the experiment); CheckError listing every
     problem otherwise. ``local``: the run goes to the local SuperLink (:func:`localise` its paths).
@@ -157,6 +172,7 @@ def check(app: Path | None, run_config: list[str], *, local: bool = False) -> tu
 
     declared = declared_keys(app) if app is not None else {}
     parsed, errors = parse_run_config(run_config)
+    parsed = fold_node_keys(parsed)
     given, unknown = resolve_keys(parsed, declared) if app is not None else (parsed, [])
     errors += unknown  # and the known keys are checked all the same: every problem at once
     if local:
@@ -197,7 +213,8 @@ def missing_packages(exp: Any) -> list[str]:
 
 
 def _as_toml(value: Any) -> str:
-    return json.dumps(value) if isinstance(value, str) else str(value).lower() if isinstance(value, bool) else repr(value)
+    return (json.dumps(value) if isinstance(value, str)
+            else str(value).lower() if isinstance(value, bool) else repr(value))
 
 
 def flwr_command() -> str:

@@ -87,7 +87,8 @@ def run_one(condition: str, seed: int, out: Path) -> None:
 
 def table(out: Path) -> str:
     """Markdown: per honest node and condition, final accuracy; forger against each baseline."""
-    res = {(r["condition"], r["seed"]): r for r in (json.loads(p.read_text()) for p in sorted(out.glob("*-seed-*.json")))}
+    res = {(r["condition"], r["seed"]): r
+           for r in (json.loads(p.read_text()) for p in sorted(out.glob("*-seed-*.json")))}
     if not res:
         return "no finished run"
     seeds = sorted({s for _, s in res})

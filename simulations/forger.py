@@ -11,7 +11,7 @@ accuracy with a forger in the federation against without).
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord

@@ -1,6 +1,7 @@
-"""Final in-distribution accuracy per setup, node and method, on the seeds every method ran.
+r"""Final in-distribution accuracy per setup, node and method, on the seeds every method ran.
 
-    python simulations/method_table.py runs/sweep-main --configs "alone,nois vertical,tis vertical,vis vertical,f-tis vertical g=50" --seeds 0-4 --rule level
+    python simulations/method_table.py runs/sweep-main --seeds 0-4 --rule level \
+        --configs "alone,nois vertical,tis vertical,vis vertical,f-tis vertical g=50"
 
 One row per setup and node: each config's final accuracy in points, the mean over the given
 seeds (a config missing one of them is left out of that setup, and said so), then each config's

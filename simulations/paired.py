@@ -40,7 +40,7 @@ from __future__ import annotations
 import argparse
 import functools
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -135,7 +135,7 @@ def t_cdf(t: float, df: int) -> float:
     return 0.5 + math.copysign(a / 2, t)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def t_quantile(p: float, df: int) -> float:
     """The ``p`` quantile of Student's t with ``df`` degrees of freedom (bisection on ``t_cdf``)."""
     if p < 0.5:

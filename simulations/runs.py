@@ -13,8 +13,9 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -104,14 +104,16 @@ def markdown(results: list[dict], id_split: str, ood_split: str, title: str = ""
             seeds = ",".join(str(r["point"]["seed"]) for r in rs)
             for node in rs[0]["summary"]["nodes"]:
                 vals = [node_row(r["summary"]["nodes"].get(node, {}), id_split, ood_split) for r in rs]
-                col = lambda f: [v[f] for v in vals]  # noqa: E731
+                # col and diff are called only in this iteration's row below: the loop's vals and col are this node's
+                col = lambda f: [v[f] for v in vals]  # noqa: E731, B023
                 diff = lambda a, b: [None if x is None or y is None else 100 * (y - x)  # noqa: E731
-                                     for x, y in zip(col(a), col(b))]
+                                     for x, y in zip(col(a), col(b))]  # noqa: B023
                 lines.append(f"| {cfg} | {seeds} | {node} | {mean_range(col('id_first'))} | "
                              f"{mean_range(col('id_last'))} | {mean_range(diff('id_first', 'id_last'), '+.1f')} | "
                              f"{mean_range(col('ood_first'))} | {mean_range(col('ood_last'))} | "
                              f"{mean_range(diff('ood_first', 'ood_last'), '+.1f')} | "
-                             f"{mean_range(col('filtered_last'), '.2f')} | {mean_range(col('truncated_last'), '.3f')} |")
+                             f"{mean_range(col('filtered_last'), '.2f')} | "
+                             f"{mean_range(col('truncated_last'), '.3f')} |")
         lines.append("")
     return "\n".join(lines)
 

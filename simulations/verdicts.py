@@ -64,8 +64,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sweep_report import config_label, load_results  # noqa: E402
 from paired import HEADER, NOT_RUN, cells  # noqa: E402
+from sweep_report import config_label, load_results  # noqa: E402
 
 MIN_SEEDS = 5
 LEVEL_POINTS = 2.0

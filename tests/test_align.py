@@ -11,11 +11,20 @@ from transformers import PreTrainedTokenizerFast
 
 from ftis_flwr.node.tiny import as_tiny_tokenizer, build_char_tokenizer
 from ftis_flwr.wire.groups import Group
-from ftis_flwr.xtok.translate import to_own_tokens
-from ftis_flwr.xtok.align import (ALIGN_PROBE, AlignError, align, char_class, encode_with_spans, merge_to_words,
-                                  receiver_cuts, sender_cuts, word_boundaries)
+from ftis_flwr.xtok.align import (
+    ALIGN_PROBE,
+    AlignError,
+    align,
+    char_class,
+    encode_with_spans,
+    merge_to_words,
+    receiver_cuts,
+    sender_cuts,
+    word_boundaries,
+)
 from ftis_flwr.xtok.represent import Unrepresentable
 from ftis_flwr.xtok.token_bytes import TokenBytesError, token_bytes
+from ftis_flwr.xtok.translate import to_own_tokens
 
 CORPUS = ["12 + 34 = 46", "100 - 7 = 93", "héllo wörld 中文 🙂", "  spaces   and\ttabs\n\nnew lines",
           "<think> 3 + 4 is 7 </think> <answer> 7 </answer>"] * 50
@@ -325,7 +334,8 @@ def test_each_generated_tokens_bytes_rebuild_the_text_and_align(tokenizers, name
         ok = joined == want or (name == "unigram" and joined == b" " + want)
         assert ok, (name, text, tok.convert_ids_to_tokens(ids))
         lengths = np.array([len(p) for p in pieces], np.int64)
-        if name != "unigram" and len(want) and tokenizers["char"].unk_token_id not in tokenizers["char"](text)["input_ids"]:
+        if (name != "unigram" and len(want)
+                and tokenizers["char"].unk_token_id not in tokenizers["char"](text)["input_ids"]):
             r_ids, starts, ends = encode_with_spans(tokenizers["char"], text)
             chunks = align(lengths[lengths > 0], starts, ends, len(want))
             check_partition(chunks, int((lengths > 0).sum()), len(r_ids))

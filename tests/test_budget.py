@@ -263,7 +263,7 @@ def test_the_strategy_records_idle_fraction_per_node_per_round():
 # ------------------------------------------------------------------ a real receiver
 
 
-def test_a_real_node_accepts_a_cut_payload(tiny_nodes):
+def test_a_real_node_accepts_a_cut_payload(tiny_nodes):  # noqa: F811 (the fixture imported above)
     """b's 2 groups, cut to 1 by the budget: a trains on it, rejects nothing."""
     exp, nodes = tiny_nodes
     import copy

@@ -125,7 +125,8 @@ def test_a_model_package_missing_here_stops_a_simulation_before_it_starts(monkey
     from ftis_flwr.config.named_sources import GEMMA3_INSTALL, GEMMA3_PACKAGE
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == GEMMA3_PACKAGE else real(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == GEMMA3_PACKAGE else real(name, *a))
     monkeypatch.setattr(cli, "_run", lambda *a: pytest.fail("a run was started"))
     assert main(["run", str(REPO), "--run-config", "preset='cpu-xfamily'"]) == 2
     err = capsys.readouterr().err
@@ -174,8 +175,8 @@ def test_stop_finds_the_process_listening_on_the_port_and_stops_it_by_pid(capsys
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    code = ("import socket, time; s = socket.socket(); s.bind(('127.0.0.1', %d)); s.listen(); "
-            "print('up', flush=True); time.sleep(120)" % port)
+    code = (f"import socket, time; s = socket.socket(); s.bind(('127.0.0.1', {port})); s.listen(); "
+            "print('up', flush=True); time.sleep(120)")
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "up"
@@ -260,3 +261,19 @@ def test_a_yaml_syntax_error_does_not_hide_the_run_configs_problems(tmp_path):
     for fragment in ("YAML syntax error at line 4, column 7", "preset=cpu-pair: a string value needs quotes",
                      "unknown key 'loss.metod'", "train.lr=0.0 must be > 0"):
         assert fragment in msg, fragment
+
+
+def test_a_cards_field_set_on_the_command_line_goes_into_overrides():
+    """``nodes.<name>.<field>=v`` in ``--run-config`` is the card's field for this run, as
+    ``overrides='nodes.<name>.<field>=v'`` is; a bad value is named with its card."""
+    from ftis_flwr.cli import fold_node_keys
+
+    assert fold_node_keys({"nodes.large.ranks": 2, "rounds.num-rounds": 3}) == \
+        {"rounds.num-rounds": 3, "overrides": "nodes.large.ranks=2"}
+    assert fold_node_keys({"overrides": "nodes.0.seed=1", "nodes.b.device": "cuda:1,2"}) == \
+        {"overrides": "nodes.0.seed=1 nodes.b.device=cuda:1,2"}
+    given, exp = check(REPO, ["nodes.large.ranks=2 rounds.num-rounds=3"])
+    assert {c.name: c.ranks for c in exp.nodes} == {"small": 1, "large": 2}
+    assert given["overrides"] == "nodes.large.ranks=2" and "nodes.large.ranks" not in given
+    with pytest.raises(CheckError, match=r"nodes\[large\]\.ranks=0 must be >= 1"):
+        check(REPO, ["nodes.large.ranks=0"])

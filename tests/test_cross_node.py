@@ -137,7 +137,7 @@ def test_sequence_ratio_is_one_ratio_of_means_per_completion(cache):
     samples = a._samples(got, [a._rewards(g) for g in got])
     inputs = a._loss_inputs(samples)
     lp, gen, mask = inputs.logprobs.detach(), inputs.gen_logprobs, inputs.mask
-    for i, (_, comp, sender_lp, *_rest) in enumerate(samples):
+    for i, (_, comp, _sender_lp, *_rest) in enumerate(samples):
         n = len(comp)
         assert torch.all(inputs.chunks[i, :n] == 0)  # one chunk per completion
         want = lp[i, :n].mean() - float(np.mean(received[i // 4].logprobs[i % 4]))

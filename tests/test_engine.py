@@ -227,7 +227,8 @@ def test_model_generation_config_does_not_leak_into_sampling_or_greedy():
     lp, _ = learner_lp(model, samples)
     torch.testing.assert_close(gen_matrix(samples, lp.shape[1]), lp, atol=1e-4, rtol=0)
     assert any(s.finished and len(s.tokens) < 6 for s in samples)  # min_new_tokens / suppress ignored
-    assert engine.greedy(PROMPTS[:1], max_new_tokens=MAX_NEW, batch_size=1)[0].tolist() == manual_greedy(model, PROMPTS[0])
+    greedy = engine.greedy(PROMPTS[:1], max_new_tokens=MAX_NEW, batch_size=1)
+    assert greedy[0].tolist() == manual_greedy(model, PROMPTS[0])
 
 
 def test_generation_runs_in_eval_mode_and_restores_flags():
@@ -307,7 +308,8 @@ def test_gradient_and_equality_with_peft_lora():
 
     model = make_model(seed=10)
     peft_model = get_peft_model(
-        model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0, init_lora_weights=False)
+        model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0,
+                          init_lora_weights=False)
     )
     samples, batch = _sampled_batch(peft_model)
     peft_model.eval()

@@ -14,7 +14,7 @@ from ftis_flwr.config.merge import load_experiment
 from ftis_flwr.config.schema import ConfigError, TaskConfig
 from ftis_flwr.tasks import make_task
 from ftis_flwr.tasks.base import Problem, Task
-from ftis_flwr.tasks.reward_funcs import RewardError, RewardSet
+from ftis_flwr.tasks.reward_funcs import RewardError
 
 # TRL's documentation, "Using a custom reward function", example 3 ("Reward completions based on a
 # reference"), as written there: it must drop in unchanged.

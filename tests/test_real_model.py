@@ -84,8 +84,8 @@ def test_both_models_changed_and_checkpoints_reload(federation):
         assert info["tokenizer"]["kind"].startswith("smollm2's own") and info["tokenizer"]["size"] == 49152
         assert "smollm2's own" in open(os.path.join(path, "README.txt")).read()
 
-        def load_base():
-            return AutoModelForCausalLM.from_pretrained(info["base"], dtype=dtype)
+        def load_base():  # called within this iteration only: info and dtype are this checkpoint's
+            return AutoModelForCausalLM.from_pretrained(info["base"], dtype=dtype)  # noqa: B023
 
         if info["kind"] == "lora":  # its trainable parameters: lora_B starts at zero
             model = PeftModel.from_pretrained(load_base(), path)

@@ -44,13 +44,13 @@ def test_the_two_tokenizers_align_both_ways_on_real_texts(pair):
               "</answer>", "x", "Z", "0.5", "-", "'", "ſ"]
     texts = ["".join(rng.choice(pieces, int(rng.integers(1, 30)))) for _ in range(120)]
     multi = 0
-    for sender, s_tok in toks.items():
+    for s_tok in toks.values():
         eot = s_tok.eos_token_id
         for text in texts:
             ids = s_tok(text, add_special_tokens=False)["input_ids"]
             wire_text, lengths = completion_text(s_tok, ids + [eot], [eot])
             assert wire_text.decode("utf-8") == text and lengths[-1] == 0
-            for receiver, r_tok in toks.items():
+            for r_tok in toks.values():
                 r_ids, starts, ends = encode_with_spans(r_tok, text)
                 assert r_tok.bos_token_id is None or r_tok.bos_token_id not in list(r_ids)
                 ch = align(lengths[:-1], starts, ends, len(wire_text))

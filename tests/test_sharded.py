@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from ftis_flwr.config.merge import load_experiment
-from ftis_flwr.node.node import Node, StepRequest
+from ftis_flwr.node.node import Node
 from ftis_flwr.node.ranks import Ranks, micro_batches
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,9 +7,8 @@ import os
 import signal
 import time
 
-import pytest
-
 from conftest import simulate
+
 from ftis_flwr.config.merge import load_experiment
 
 

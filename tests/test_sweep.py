@@ -288,7 +288,8 @@ def test_verdicts_follow_the_fixed_rules_on_paired_seeds(tmp_path):
                                        {"weak": 0.55, "strong": 0.70 + (0.01 if seed % 2 else -0.01)}))
     rows = {(r.split(" | ")[1], r.split(" | ")[2].split(" ")[0]): r for r in claims(results)[2:]}
     # (b): +6..+10 points over NoIS in every seed; NoIS lost 12 on average against alone: 8/12 recovered
-    assert "+8.0 (+6.0..+10.0); recovers 67% of NoIS's loss to alone" in rows[("(b) F-NoIS ends above NoIS (ID)", "weak")]
+    assert ("+8.0 (+6.0..+10.0); recovers 67% of NoIS's loss to alone"
+            in rows[("(b) F-NoIS ends above NoIS (ID)", "weak")])
     assert "reproduced (5/5" in rows[("(b) F-NoIS ends above NoIS (ID)", "weak")]
     assert "reproduced (5/5 seeds, sign test p=0.031)" in rows[("(a) NoIS ends below alone (ID)", "weak")]
     assert "+12.0 (+10.0..+14.0)" in rows[("(a) NoIS ends below alone (ID)", "weak")]
@@ -308,9 +309,11 @@ def test_verdicts_follow_the_fixed_rules_on_paired_seeds(tmp_path):
     assert "+1.8 (+1.0..+3.0)" in rows[("(g) g=50 above g=1 at the end (ID)", "weak")]
     assert "reproduced (5/5" in rows[("(g) g=50 above g=1 at the end (ID)", "weak")]
     assert "inconclusive (above in 4/5 seeds)" in rows[("(g) g=1 above g=50 early (ID, round 10)", "strong")]
-    # filter rule "or" (setup s-or) against "and" (s): weak 4-6 points below in every seed (the and-run alternates 0.59 and 0.61)
-    assert "-4.8 (-6.0..-4.0) | 5 | not reproduced (below in every seed: -4.8 points)" in rows[('(rule) "or" level with "and" (ID)', "weak")]
-    assert "reproduced (mean within ±2 points; 2 above, 3 below)" in rows[('(rule) "or" level with "and" (ID)', "strong")]
+    # filter rule "or" (setup s-or) against "and" (s): weak 4-6 points below in every seed (the
+    # and-run alternates 0.59 and 0.61)
+    rule = '(rule) "or" level with "and" (ID)'
+    assert "-4.8 (-6.0..-4.0) | 5 | not reproduced (below in every seed: -4.8 points)" in rows[(rule, "weak")]
+    assert "reproduced (mean within ±2 points; 2 above, 3 below)" in rows[(rule, "strong")]
     assert [r.split(" | ")[1] for r in rows.values() if "not run" in r] == ["(f) F-VIS faster early, falls late"]
     four = [r for r in results if r["point"]["seed"] < 4]
     assert all("inconclusive (4 seeds < 5)" in r for r in claims(four)[2:] if "not run" not in r)
@@ -328,7 +331,8 @@ def test_the_word_ratio_claim_compares_setup_word_with_its_base(tmp_path):
         results.append(_verdict_result("s", "f-tis", "vertical", seed, {"weak": 0.4, "strong": 0.5},
                                        {"weak": 0.60 + 0.01 * (seed % 3), "strong": 0.70}))
         results.append(_verdict_result("s-word", "f-tis", "vertical", seed, {"weak": 0.4, "strong": 0.5},
-                                       {"weak": 0.63 + 0.01 * (seed % 3), "strong": 0.70 + (0.01 if seed % 2 else -0.01)}))
+                                       {"weak": 0.63 + 0.01 * (seed % 3),
+                                        "strong": 0.70 + (0.01 if seed % 2 else -0.01)}))
     rows = {(r.split(" | ")[1], r.split(" | ")[2].split(" ")[0]): r for r in claims(results)[2:]}
     weak = rows[("(ratio) word-boundary chunks above chunk ratios (ID)", "weak")]
     assert weak.startswith("| s | ") and "+3.0 (+3.0..+3.0) | 8 | reproduced (8/8" in weak

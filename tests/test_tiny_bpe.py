@@ -31,8 +31,6 @@ from ftis_flwr.tasks import ArithmeticTask
 from ftis_flwr.wire.groups import tokenizer_fingerprint
 from ftis_flwr.xtok.align import encode_with_spans
 from ftis_flwr.xtok.represent import Unrepresentable
-
-
 from ftis_flwr.xtok.token_bytes import token_bytes
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

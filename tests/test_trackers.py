@@ -219,7 +219,8 @@ def test_wandb_offline_run_read_back_from_its_files(tmp_path, monkeypatch):
     deadline = time.monotonic() + 60  # wandb's own service process writes the file: on a loaded
     while True:                       # machine the last records land a moment after finish()
         records = list(_wandb_records(next(run_dir.glob("run-*.wandb"))))
-        by = lambda kind: [r for r in records if r.WhichOneof("record_type") == kind]  # noqa: E731
+        # by reads records when called: after the loop, the last read's (the complete file), as intended
+        by = lambda kind: [r for r in records if r.WhichOneof("record_type") == kind]  # noqa: E731, B023
         if by("exit") or time.monotonic() > deadline:
             break
         time.sleep(0.5)

@@ -96,7 +96,7 @@ def sampled_dist_logprobs(model, prompts, samples, pad_id, temperature, top_k, t
     warp = _WarpAndRecord(temperature, top_k, top_p)
     rows = []
     with torch.no_grad():
-        for k, s in enumerate(flat):
+        for s in flat:
             ids = torch.tensor([list(prompts[s.prompt_index]) + s.tokens.tolist()])
             logits = model(input_ids=ids).logits[0].float()
             start = len(prompts[s.prompt_index]) - 1

@@ -30,7 +30,8 @@ PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 HEADER = "[tool.flwr.app.config]"
 APP_ENTRIES = (
     ("preset", '"cpu-pair"', "YAML preset: a name under ftis_flwr/config/presets, or a path"),
-    ("config-file", '""', "YAML file merged on top of the preset (absolute, or relative to where `ftis-flwr run` is run: it resolves the path; plain `flwr run` resolves it where the SuperLink runs)"),
+    ("config-file", '""', "YAML file merged on top of the preset (absolute, or relative to where "
+     "`ftis-flwr run` is run: it resolves the path; plain `flwr run` resolves it where the SuperLink runs)"),
     ("resume", '""', "a run directory to continue after its last completed round, with the "
      "configuration saved in it (the other keys are then not used)"),
     ("overrides", '""', "space-separated key=value pairs applied last, for keys not listed here, "

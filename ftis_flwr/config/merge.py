@@ -22,8 +22,9 @@ import re
 import shlex
 import types
 import typing
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from omegaconf import OmegaConf
 

@@ -136,7 +136,7 @@ class Estimate:
         """One rank's bytes (the node's, with one rank)."""
         return self.sharded + self.whole
 
-    def with_ranks(self, ranks: int) -> "Estimate":
+    def with_ranks(self, ranks: int) -> Estimate:
         """The same node sharded over ``ranks`` processes instead."""
         scale = self.ranks / ranks
         full = self.weights * self.ranks
@@ -245,7 +245,8 @@ def _place(card: ModelCard, est: Estimate | None, exp: ExperimentConfig, device_
     if est is None:
         return f"{card.name}: architecture unknown offline; cannot estimate"
     per_rank = est.total * 1.2 / GIB
-    head = f"{card.name}: {per_rank:.1f} GiB with 20% margin" + (f" per rank, {est.ranks} ranks" if est.ranks > 1 else "")
+    head = f"{card.name}: {per_rank:.1f} GiB with 20% margin" + (
+        f" per rank, {est.ranks} ranks" if est.ranks > 1 else "")
     if card.device == "cpu":
         need, have = machine_bytes(est, card) * 1.2 / GIB, (available_bytes("cpu") or 0) / GIB
         together = f" ({need:.1f} GiB for its {est.ranks} ranks together)" if est.ranks > 1 else ""

@@ -35,7 +35,8 @@ import dataclasses
 import importlib
 import operator
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ftis_flwr.config.choices import (
     BUILTIN_LOSSES,

@@ -19,7 +19,8 @@ Conventions that matter:
 
 from __future__ import annotations
 
-from typing import Sequence, TypeVar
+from collections.abc import Sequence
+from typing import TypeVar
 
 import numpy as np
 import torch

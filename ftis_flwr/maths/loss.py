@@ -56,8 +56,8 @@ be finite (a clear ``ValueError`` otherwise). Caps, all documented constants bel
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import torch
 

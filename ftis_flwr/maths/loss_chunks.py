@@ -39,7 +39,7 @@ class Chunked:
         self.first = m & (~prev_real | (self.idx != prev))  # each chunk's first real token
         self.count = self.first.sum(dim=1).double()
 
-    def to(self, device) -> "Chunked":
+    def to(self, device) -> Chunked:
         if self.idx is None or self.idx.device == torch.device(device):
             return self
         out = Chunked.__new__(Chunked)

@@ -11,8 +11,8 @@ ess 1.0 (no foreign tokens: nothing to correct), kl_* 0.0.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import Sequence
 
 import numpy as np
 
@@ -53,7 +53,7 @@ class LossStats:
     """[N] bool: the method's clip binds on the token at this update's weights (None: no clip)."""
 
     @staticmethod
-    def concat(parts: Sequence["LossStats"]) -> "LossStats":
+    def concat(parts: Sequence[LossStats]) -> LossStats:
         """The stats of the batch made of ``parts`` (micro-batches of one update, in order)."""
         if not parts:
             raise ValueError("LossStats.concat needs at least one part")

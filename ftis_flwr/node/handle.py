@@ -64,7 +64,7 @@ class WorkerHandle:
     authkey: bytes
 
     @classmethod
-    def read(cls, directory: Path) -> "WorkerHandle | None":
+    def read(cls, directory: Path) -> WorkerHandle | None:
         try:
             data = json.loads((directory / "address.json").read_text())
             return cls(directory, str(data["socket"]), int(data["pid"]), bytes.fromhex(data["authkey"]))

@@ -17,8 +17,8 @@ left-padded prompts, so each real token has the same position in both.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -47,7 +47,7 @@ class PackedBatch:
     def completion_width(self) -> int:
         return int(self.completion_ids.shape[1])
 
-    def to(self, device: torch.device | str) -> "PackedBatch":
+    def to(self, device: torch.device | str) -> PackedBatch:
         """A copy on ``device`` (tensors only; widths unchanged)."""
         return PackedBatch(
             input_ids=self.input_ids.to(device),

@@ -16,7 +16,7 @@ instead of G*(P + T).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ftis_flwr.config.dtypes import resolve_dtypes
 from ftis_flwr.config.choices import AdvantageMode, CardDtype, CrossTokenizerRatio
+from ftis_flwr.config.dtypes import resolve_dtypes
 from ftis_flwr.config.plan import memory_warning
 from ftis_flwr.config.schema import ExperimentConfig, ModelCard
 from ftis_flwr.maths.advantages import frac_zero_std_groups, g_for_round, pooled_advantages, pooled_rewards
@@ -33,9 +33,9 @@ from ftis_flwr.node.engines import make_engine
 from ftis_flwr.node.intake import Received, usable  # noqa: F401 (Received: the node's input type)
 from ftis_flwr.node.logprobs import completion_logprobs, pack_batch
 from ftis_flwr.node.logprobs_shared import shared_prompt_logprobs
-from ftis_flwr.node.sharding import norm_value, sync_copy
 from ftis_flwr.node.models import compute_context, load_policy, save_policy, stop_token_ids
 from ftis_flwr.node.ranks import SINGLE, Ranks, micro_batches
+from ftis_flwr.node.sharding import norm_value, sync_copy
 from ftis_flwr.tasks import make_task
 from ftis_flwr.tasks.fingerprint import task_parts
 from ftis_flwr.wire import protocol

@@ -27,8 +27,9 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +125,7 @@ class RankGroup:
         self.procs = procs
 
     @classmethod
-    def start(cls, directory: Path, world: int, device: str) -> "RankGroup":
+    def start(cls, directory: Path, world: int, device: str) -> RankGroup:
         """Start ranks 1..world-1 (in this process's group, so the worker's exit kills them) and
         join the group as rank 0."""
         port = _free_port()

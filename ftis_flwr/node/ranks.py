@@ -11,8 +11,9 @@ one-rank node runs exactly the code it ran before ranks existed.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 
 @dataclass(frozen=True)

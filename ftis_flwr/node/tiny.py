@@ -27,8 +27,9 @@ import shutil
 import string
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, pre_tokenizers

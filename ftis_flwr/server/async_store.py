@@ -56,7 +56,7 @@ class Store:
                 if r != source and self.given.get((r, source), -1) < v:
                     self.dropped[r] = self.dropped.get(r, 0) + n
 
-    def rewind(self, receiver: str, sent: "Sent") -> None:
+    def rewind(self, receiver: str, sent: Sent) -> None:
         """Undo what a message to ``receiver`` that was lost (``sent``) took from the store: its
         groups and its stale-drop count go out again with the receiver's next message."""
         self.given = {k: v for k, v in self.given.items() if k[0] != receiver}

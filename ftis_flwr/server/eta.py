@@ -11,7 +11,7 @@ training) gives the evaluation time only, so the first estimate comes after roun
 from __future__ import annotations
 
 import statistics
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from ftis_flwr.server.summary import _finite
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "metrics.md"
 

@@ -13,8 +13,9 @@ filter panel says what "filtered" means."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 ACC_PREFIX, ACC_SUFFIX = "eval/", "/accuracy"
 
@@ -77,7 +78,8 @@ def _panels(splits: list[str], rows: list[dict] = ()) -> list[Panel]:
     panels += [
         Panel("Train reward: mean of the groups the node generated", _metric("reward_mean"),
               "reward (the task's own scale)"),
-        Panel("Filtered: received samples the F-TIS filter dropped\n(KL estimate above the threshold g, advantage <= 0)",
+        Panel("Filtered: received samples the F-TIS filter dropped\n"
+              "(KL estimate above the threshold g, advantage <= 0)",
               _ratio("filtered", "samples_foreign"), "% of received samples", scale=100.0, bounded=True),
         Panel("Truncated importance weights (weight reached C)", _metric("frac_tokens_truncated"),
               "% of tokens", scale=100.0, bounded=True),

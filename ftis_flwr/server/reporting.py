@@ -17,8 +17,9 @@ import re
 import secrets
 import time
 import warnings
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from ftis_flwr.config.choices import Schedule, Tracker
 from ftis_flwr.server.eta import format_left, seconds_left
@@ -140,7 +141,7 @@ class RunReporter:
         if not self._events.closed:  # also while close() closes the trackers
             self._write_event("tracker_failed", {"tracker": tracker, "error": error})
 
-    def __enter__(self) -> "RunReporter":
+    def __enter__(self) -> RunReporter:
         return self
 
     def __exit__(self, exc_type, *exc) -> None:
@@ -320,7 +321,7 @@ def _unavailable(name: str, reason: str) -> None:
     global _TB_WARNED
     if name == Tracker.TENSORBOARD:
         if not _TB_WARNED:
-            warnings.warn(f"TensorBoard unavailable ({reason}); continuing without it")
+            warnings.warn(f"TensorBoard unavailable ({reason}); continuing without it", stacklevel=2)
             _TB_WARNED = True
         return
-    warnings.warn(f"{name} unavailable ({reason}); continuing without it")
+    warnings.warn(f"{name} unavailable ({reason}); continuing without it", stacklevel=2)

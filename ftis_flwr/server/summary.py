@@ -10,9 +10,10 @@ import json
 import math
 import numbers
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 
 def _jsonable(obj: Any, where: str) -> Any:
@@ -54,7 +55,7 @@ def _read_jsonl(path: Path) -> list[dict]:
             out.append(json.loads(line))
         except json.JSONDecodeError as e:
             if i == len(lines) - 1:  # no trailing newline: the writer died mid-line
-                warnings.warn(f"{path}: skipping torn last line {i + 1}")
+                warnings.warn(f"{path}: skipping torn last line {i + 1}", stacklevel=2)
                 continue
             raise ValueError(f"{path}: line {i + 1} is not valid JSON: {e}") from e
     return out

@@ -16,8 +16,9 @@ import os
 import re
 import time
 import warnings
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 
 class TrackerError(ValueError):
@@ -39,7 +40,7 @@ class Tracker:
         self.__dict__.update(parts)  # what open() connected: a writer, a client and run id, a run
 
     @classmethod
-    def open(cls, run_dir: Path, run_name: str, config: dict) -> "Tracker":
+    def open(cls, run_dir: Path, run_name: str, config: dict) -> Tracker:
         raise NotImplementedError
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None: ...
@@ -117,7 +118,7 @@ class TensorBoardTracker(Tracker):
     """``<run_dir>/tensorboard``: scalars per round, the config as text (torch's SummaryWriter)."""
 
     @classmethod
-    def open(cls, run_dir: Path, run_name: str, config: dict) -> "TensorBoardTracker":
+    def open(cls, run_dir: Path, run_name: str, config: dict) -> TensorBoardTracker:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except Exception as e:  # noqa: BLE001 - any import problem means "run without TB"
@@ -153,7 +154,7 @@ class MlflowTracker(Tracker):
     left in the process."""
 
     @classmethod
-    def open(cls, run_dir: Path, run_name: str, config: dict) -> "MlflowTracker":
+    def open(cls, run_dir: Path, run_name: str, config: dict) -> MlflowTracker:
         try:
             import mlflow
         except ImportError as e:
@@ -203,7 +204,7 @@ class WandbTracker(Tracker):
     ``<run_dir>/wandb``; ``WANDB_MODE=offline`` needs no network (``wandb sync`` uploads later)."""
 
     @classmethod
-    def open(cls, run_dir: Path, run_name: str, config: dict) -> "WandbTracker":
+    def open(cls, run_dir: Path, run_name: str, config: dict) -> WandbTracker:
         try:
             import wandb
         except ImportError as e:
@@ -248,7 +249,7 @@ class Trackers:
         self.open: dict[str, Tracker] = {}
         self._on_failure = on_failure
         unavailable = on_unavailable or (lambda n, why: warnings.warn(f"{n} unavailable ({why}); "
-                                                                      "continuing without it"))
+                                                                      "continuing without it", stacklevel=2))
         for name in dict.fromkeys(check_names(names)):
             if name == NO_TRACKER:
                 continue
@@ -262,7 +263,7 @@ class Trackers:
     def _fail(self, name: str, exc: BaseException) -> None:
         error = f"{type(exc).__name__}: {exc}"[:500]
         self.open.pop(name, None)
-        warnings.warn(f"tracker {name} failed ({error}); the run goes on without it", RuntimeWarning)
+        warnings.warn(f"tracker {name} failed ({error}); the run goes on without it", RuntimeWarning, stacklevel=2)
         if self._on_failure is not None:
             self._on_failure(name, error)
 

@@ -25,5 +25,6 @@ register_task("dataset", DatasetTask)
 register_task_prefix("reasoning-gym", reasoning_gym_task)
 
 
-__all__ = ["ArithmeticTask", "BasicMathTask", "MathTask", "Problem", "ReasoningGymTask", "reasoning_gym_task", "Task", "TASK_NAMES", "gsm8k_task",
-           "load_jsonl", "make_task", "register_task", "register_task_prefix", "task_names", "TaskError", "math500_task", "op_of", "op_weights", "parse_ops", "carry_add"]
+__all__ = ["ArithmeticTask", "BasicMathTask", "MathTask", "Problem", "ReasoningGymTask", "reasoning_gym_task", "Task",
+           "TASK_NAMES", "gsm8k_task", "load_jsonl", "make_task", "register_task", "register_task_prefix", "task_names",
+           "TaskError", "math500_task", "op_of", "op_weights", "parse_ops", "carry_add"]

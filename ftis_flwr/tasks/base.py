@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import abc
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 
 @dataclass(frozen=True)

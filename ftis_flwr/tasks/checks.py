@@ -19,12 +19,12 @@ BUILTIN_CHECKED = ("arithmetic", "arithmetic-heldout", "basic-math", "basic-math
 """Built-in generated tasks: nothing to read, so a check builds nothing for them."""
 
 
-def _named(cfg: "TaskConfig", exc: Exception, what: str) -> str:
+def _named(cfg: TaskConfig, exc: Exception, what: str) -> str:
     """``exc``'s message as it is when it names its key (``task...``), else prefixed with task.name."""
     return str(exc) if str(exc).startswith("task") else f"task.name={cfg.name!r}: {what}{exc}"
 
 
-def task_errors(cfg: "TaskConfig") -> list[str]:
+def task_errors(cfg: TaskConfig) -> list[str]:
     """Every problem with ``cfg`` that shows before a run, each naming its key; [] when none."""
     if cfg.name in BUILTIN_CHECKED and not (cfg.reward or cfg.rewards):
         return []

@@ -45,7 +45,7 @@ class DatasetTask(Task):
     name = "dataset"
     max_new_tokens = 256
 
-    def __init__(self, cfg: "TaskConfig") -> None:
+    def __init__(self, cfg: TaskConfig) -> None:
         super().__init__()
         if not cfg.dataset:
             raise DatasetError("task.name=dataset needs task.dataset (e.g. 'json' with task.data_files)")
@@ -77,7 +77,8 @@ class DatasetTask(Task):
             args, kwargs, key = (self.source,), {"data_files": {split: str(file.resolve())}, "split": split}, \
                 f"task.data_files.{split}={self.files[split]!r}"
         else:
-            args, kwargs, key = (self.source,), {"split": self.files.get(split) or split}, f"task.dataset={self.source!r}"
+            args, kwargs, key = (self.source,), {"split": self.files.get(split) or split}, \
+                f"task.dataset={self.source!r}"
         try:
             return datasets.load_dataset(*args, **kwargs)
         except Exception as exc:  # datasets' own error (a bad file, an unknown split), named by key

@@ -14,8 +14,9 @@ Task names: ``gsm8k`` (eval splits ``test``, ``math500``) and ``math500`` (eval 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from ftis_flwr.tasks.base import Problem
 from ftis_flwr.tasks.dataset import DatasetTask

@@ -40,7 +40,8 @@ import logging
 import math
 import re
 import threading
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from ftis_flwr.tasks.base import Problem, Task
 from ftis_flwr.tasks.gsm8k import chat_prompt

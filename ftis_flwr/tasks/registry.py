@@ -10,10 +10,11 @@ branch of an if-chain. A second, different registration of a name is refused (as
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from ftis_flwr.tasks.base import Task
 from ftis_flwr.config.imports import ImportPathError, import_object, is_import_path
+from ftis_flwr.tasks.base import Task
 
 if TYPE_CHECKING:
     from ftis_flwr.config.schema import TaskConfig
@@ -55,7 +56,7 @@ def task_names() -> tuple[str, ...]:
     return (*_TASKS, *(f"{p}:<name>" for p in _PREFIXES))
 
 
-def make_task(cfg: "TaskConfig") -> Task:
+def make_task(cfg: TaskConfig) -> Task:
     """Build the task ``cfg.name`` names; nothing is read until problems are first asked for."""
     name = cfg.name
     if name in _TASKS:

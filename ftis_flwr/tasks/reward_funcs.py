@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from ftis_flwr.config.imports import ImportPathError, import_object, is_import_path
 from ftis_flwr.tasks.base import Problem
@@ -93,14 +94,15 @@ class RewardSet:
     """``None`` answers so far (each counted as 0); the node reports them per round."""
 
     @classmethod
-    def build(cls, names: Sequence[str], weights: Sequence[float] = ()) -> "RewardSet":
+    def build(cls, names: Sequence[str], weights: Sequence[float] = ()) -> RewardSet:
         names = list(names)
         weights = [float(w) for w in weights] or [1.0] * len(names)
         if len(weights) != len(names):
             raise RewardError(f"task.reward_weights has {len(weights)} weights for {len(names)} rewards")
         return cls(names, weights, [resolve_reward(n) for n in names])
 
-    def __call__(self, completions: list[str], problems: Sequence[Problem], prompts: list[str] | None = None) -> list[float]:
+    def __call__(self, completions: list[str], problems: Sequence[Problem],
+                 prompts: list[str] | None = None) -> list[float]:
         columns: dict[str, list] = {}
         for p in problems:
             for key in p.columns:

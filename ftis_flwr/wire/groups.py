@@ -2,10 +2,11 @@
 
 The data model of the method, free of any transport (the node and the maths import it without
 Flower; ``ftis_flwr.wire.rollouts`` puts groups on the wire). Rules a group must meet (sender and
-receiver alike): a prompt has >= 1 token; a group has >= 1 completion; every completion has >= 1 token (a model always emits at least one token, EOS or a
-token cut by the length cap, so an empty completion can only be a fault); log-probs are finite
-and <= ``LOGPROB_TOLERANCE`` (1e-4: log-softmax rounding may give tiny positive values, anything
-larger is not a log-probability); ids lie in [0, vocab_size); rewards are finite.
+receiver alike): a prompt has >= 1 token; a group has >= 1 completion; every completion has >= 1
+token (a model always emits at least one token, EOS or a token cut by the length cap, so an empty
+completion can only be a fault); log-probs are finite and <= ``LOGPROB_TOLERANCE`` (1e-4:
+log-softmax rounding may give tiny positive values, anything larger is not a log-probability);
+ids lie in [0, vocab_size); rewards are finite.
 """
 
 from __future__ import annotations

@@ -340,7 +340,8 @@ def payload_bytes(arrays: ArrayRecord, meta: ConfigRecord) -> int:
     """Bytes of the payload as Flower carries it, protobuf framing excluded.
 
     Counted: each Array's serialized ``.data`` buffer (npy: ~128-byte header + raw data; the
-    compact format's one container is such a buffer) and its key; each ConfigRecord key and value (str as UTF-8, bytes as is, int/float 8, bool 1).
+    compact format's one container is such a buffer) and its key; each ConfigRecord key and value
+    (str as UTF-8, bytes as is, int/float 8, bool 1).
     """
     total = sum(len(k.encode()) + len(v.data) for k, v in arrays.items())
     for key, value in meta.items():

@@ -11,8 +11,8 @@ The walk is the byte-offset alignment of TRL's GOLD trainer, for any pair of fas
 sender's side comes as token byte lengths (they tile the text), the receiver's as the bytes its
 own tokens stand for, which must tile the text too (:mod:`ftis_flwr.xtok.represent`: a completion
 its tokens cannot stand for is refused, never weighed). A receiver span that crosses a byte
-position leaves no boundary there, so such tokens always share a chunk. Pure numpy, no model: tested on synthetic and real
-tokenizers (tests/test_align.py).
+position leaves no boundary there, so such tokens always share a chunk. Pure numpy, no model:
+tested on synthetic and real tokenizers (tests/test_align.py).
 
 ``loss.cross_tokenizer_ratio=word`` merges the chunks further, until every chunk boundary is also a
 *word boundary* (:func:`word_boundaries`), so that no chunk on either side ends mid-word (ALM,

@@ -52,7 +52,7 @@ class Unrepresentable(ValueError):
         super().__init__(REASONS[reason] + (f": {detail}" if detail else ""))
 
 
-_CONTINUATION: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_CONTINUATION: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _no_prepend(node) -> None:
@@ -147,7 +147,7 @@ def text_limits(tokenizer) -> dict[str, str]:
     """What this tokenizer will refuse as a receiver: reason -> an example text it refuses, for
     each of :data:`PROBES` (empty: it stands for any text)."""
     out = {}
-    for reason, probe in PROBES.items():
+    for probe in PROBES.values():
         try:
             encode_exact(tokenizer, probe)
         except Unrepresentable as exc:

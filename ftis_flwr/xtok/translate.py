@@ -37,7 +37,7 @@ class AlignStats:
     unmerged_chunks: int = 0
     """The chunks before the merge to word boundaries (``ratio="word"``; ``chunks`` otherwise)."""
 
-    def add(self, other: "AlignStats") -> None:
+    def add(self, other: AlignStats) -> None:
         self.receiver_tokens += other.receiver_tokens
         self.chunks += other.chunks
         self.multi_tokens += other.multi_tokens

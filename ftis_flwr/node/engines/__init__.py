@@ -14,7 +14,8 @@ Every engine has ``sample`` and ``greedy``; an engine that keeps its own copy of
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ftis_flwr.config.choices import ENGINES
 from ftis_flwr.config.imports import ImportPathError, import_object, is_import_path

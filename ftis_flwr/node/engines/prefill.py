@@ -19,7 +19,8 @@ tests/test_real_xfamily.py). ``python benchmarks/shared_prefill.py`` measures it
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
