@@ -99,11 +99,11 @@ def test_a_stopped_server_resumes_and_every_round_is_logged_once(tmp_path):
         assert replayed["samples_foreign"] == 16, name  # the server's saved groups of round 1
     # determinism on CPU: the replayed round 2 (restored weights, optimiser, RNG, the server's saved
     # groups) gives exactly the metrics the interrupted run logged for it, timings aside
-    # a restarted worker reports its dtypes once (*_bfloat16); a resumed server does not know the
+    # a restarted worker reports its dtypes and ranks once (*_bfloat16, ranks); a resumed server does not know the
     # nodes' tokenizers until they report them, so its first round asks for texts (payload_bytes)
     volatile = ("seconds_", "state_", "worker_starts", "resumed_from_round", "compute_seconds",
                 "idle_fraction", "worker_seconds", "clientapp_seconds", "weights_bfloat16",
-                "compute_bfloat16", "groups_unsent_no_text", "payload_bytes")
+                "compute_bfloat16", "ranks", "groups_unsent_no_text", "payload_bytes")
     for name in ("full", "lora"):
         def stable(m):
             return {k: v for k, v in m.items() if not k.startswith(volatile)}

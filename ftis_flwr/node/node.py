@@ -29,10 +29,9 @@ from ftis_flwr.config.schema import ExperimentConfig, ModelCard
 from ftis_flwr.maths.advantages import frac_zero_std_groups, g_for_round, pooled_advantages, pooled_rewards
 from ftis_flwr.maths.loss import LossInputs, compute_loss
 from ftis_flwr.maths.loss_metrics import LossStats, clip_frac, loss_metrics, own_gap
+from ftis_flwr.node.batch import Sample, loss_inputs
 from ftis_flwr.node.engines import make_engine
 from ftis_flwr.node.intake import Received, usable  # noqa: F401 (Received: the node's input type)
-from ftis_flwr.node.logprobs import completion_logprobs, pack_batch
-from ftis_flwr.node.logprobs_shared import shared_prompt_logprobs
 from ftis_flwr.node.models import compute_context, load_policy, save_policy, stop_token_ids
 from ftis_flwr.node.ranks import SINGLE, Ranks, micro_batches
 from ftis_flwr.node.sharding import norm_value, sync_copy
@@ -43,7 +42,6 @@ from ftis_flwr.wire.groups import Group, PayloadError, text_fault, tokenizer_fin
 from ftis_flwr.xtok.align import alignment_fault
 from ftis_flwr.xtok.represent import describe_limits, text_limits
 from ftis_flwr.xtok.token_bytes import TokenBytesError, completion_text
-from ftis_flwr.xtok.translate import sequence_gen
 
 log = logging.getLogger(__name__)
 
@@ -326,10 +324,10 @@ class Node:
         horizontal = self.cfg.advantage.mode == AdvantageMode.HORIZONTAL
         return [g.prompt_id if horizontal else f"{g.node}|{g.prompt_id}|{i}" for i, g in enumerate(groups)]
 
-    def _samples(self, groups: list[Group], rewards: list[np.ndarray]) -> list[tuple]:
-        """(prompt, completion, gen_lp, advantage, foreign, source, chunks) per sample, in group
-        order; ``chunks`` None on the token path. A refused completion (``Group.refused``) counts
-        in its group's advantages and is left out here (counted at intake)."""
+    def _samples(self, groups: list[Group], rewards: list[np.ndarray]) -> list[Sample]:
+        """One :class:`Sample` per completion, in group order. A refused completion
+        (``Group.refused``) counts in its group's advantages and is left out here (counted at
+        intake)."""
         adv_cfg = self.cfg.advantage
         advs = pooled_advantages(rewards, self._group_keys(groups), scale=adv_cfg.scale_rewards,
                                  eps=adv_cfg.eps)
@@ -340,43 +338,15 @@ class Node:
             refused = g.refused if g.refused is not None else [""] * g.size
             for c, lp, a, ch, why in zip(g.completions, g.logprobs, adv, chunks, refused):
                 if not why:
-                    samples.append((g.prompt_tokens, c, lp, float(a), foreign, g.node, ch))
+                    samples.append(Sample(g.prompt_tokens, c, lp, float(a), foreign, g.node, ch))
         return samples
 
-    def _loss_inputs(self, chunk, old: torch.Tensor | None = None) -> LossInputs:
+    def _loss_inputs(self, chunk: list[Sample], old: torch.Tensor | None = None) -> LossInputs:
         """One micro-batch's forward; ``old``: its pi_old log-probs from the round's first update."""
-        prompts, comps, gens, advs, foreign, sources, chunks = zip(*chunk)
-        device = self.model.device
-        with self.compute():
-            if self.cfg.train.share_prompts:  # each distinct prompt runs once (ftis_flwr/node/logprobs_shared.py)
-                lp, mask = shared_prompt_logprobs(self.model, prompts, comps, pad_id=self.tokenizer.pad_token_id,
-                                                  temperature=self.cfg.rollout.temperature, vocab_size=self.vocab_size)
-            else:
-                batch = pack_batch(list(prompts), list(comps), pad_id=self.tokenizer.pad_token_id)
-                lp = completion_logprobs(self.model, batch.to(device), temperature=self.cfg.rollout.temperature,
-                                         vocab_size=self.vocab_size)
-                mask = batch.completion_mask.to(device).bool()
-        gen = torch.zeros_like(lp, dtype=torch.float32)
-        for i, g in enumerate(gens):
-            gen[i, : len(g)] = torch.from_numpy(np.asarray(g, dtype=np.float32))
-        chunk_ids = None
-        if any(c is not None for c in chunks):
-            chunk_ids = torch.zeros(lp.shape, dtype=torch.long)
-            for i, (c, comp) in enumerate(zip(chunks, comps)):
-                chunk_ids[i, : len(comp)] = torch.arange(len(comp)) if c is None else torch.from_numpy(c)
-            if self.cfg.loss.cross_tokenizer_ratio == CrossTokenizerRatio.SEQUENCE:
-                gen = sequence_gen(gen, old if old is not None else lp.detach(), chunks, comps)
-            chunk_ids = chunk_ids.to(device)
-        return LossInputs(
-            logprobs=lp.float(),
-            gen_logprobs=gen,
-            advantages=torch.tensor(advs, dtype=torch.float32, device=device),
-            mask=mask,
-            foreign=torch.tensor(foreign, dtype=torch.bool, device=device),
-            sources=list(sources),
-            old_logprobs=None if old is None else old.to(device),
-            chunks=chunk_ids,
-        )
+        return loss_inputs(self.model, chunk, old, pad_id=self.tokenizer.pad_token_id, vocab_size=self.vocab_size,
+                           temperature=self.cfg.rollout.temperature, share_prompts=self.cfg.train.share_prompts,
+                           sequence_ratio=self.cfg.loss.cross_tokenizer_ratio == CrossTokenizerRatio.SEQUENCE,
+                           compute=self.compute)
 
     # --------------------------------------------------------------- generate
     def generate(self, indices: list[int], n: int, round_idx: int, *, send_text: bool = False) -> list[Group]:
