@@ -31,10 +31,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
+from runs import run_missing, seed_list  # noqa: E402
 from sweep_report import mean_range  # noqa: E402
 from verdicts import fmt_points, paired, verdict  # noqa: E402
-
-from runs import run_missing, seed_list  # noqa: E402
 
 EXPERIMENT = HERE / "studies" / "attack-trio.yaml"
 CONDITIONS = ("pair", "honest", "forger")
@@ -57,7 +56,6 @@ def client_app(condition: str, exp):
 
         return app
     from forger import forgeries, forging_app
-
     from ftis_flwr.node.tiny import build_char_tokenizer
 
     honest = [c.name for c in exp.nodes if c.name != ATTACKER]

@@ -19,10 +19,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from runs import seed_list  # noqa: E402
 from sweep_report import load_results  # noqa: E402
 from verdicts import decide, finals, fmt_points, paired, starts  # noqa: E402
-
-from runs import seed_list  # noqa: E402
 
 
 def judged(d: list[float], rule: str) -> str:

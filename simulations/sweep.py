@@ -25,9 +25,8 @@ import time
 from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
-from sweep_grid import Grid, GridError, Point, load_grid  # noqa: E402
-
 from runs import REPO, run_child  # noqa: E402
+from sweep_grid import Grid, GridError, Point, load_grid  # noqa: E402
 
 WARMSTART_ESTIMATE_S = {"small": 240, "large": 600}
 """Rough seconds to warm-start one tiny model on 2 shared cores (FACTS: 1-6 min, x2 margin)."""
