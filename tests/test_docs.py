@@ -71,3 +71,17 @@ def test_the_readme_and_getting_started_quote_the_same_test_suite_figure():
               for name in ("README.md", "docs/getting-started.md")}
     assert all(len(q) == 1 for q in quotes.values()), quotes
     assert quotes["README.md"] == quotes["docs/getting-started.md"]
+
+
+def test_the_key_count_the_docs_quote_is_the_keys_there_are():
+    """configuration.md's "(N of them" counts the flat run-config keys the dataclasses generate
+    (every key of ``[tool.flwr.app.config]`` but the app's own four: preset, config-file, resume,
+    overrides); a figure that drifts from the code fails here."""
+    import tomllib
+
+    from ftis_flwr.config.merge import APP_KEYS
+
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    flat = [k for k in declared if k.replace("-", "_") not in APP_KEYS]
+    quoted = re.findall(r"\((\d+) of them", " ".join((REPO / "docs/configuration.md").read_text().split()))
+    assert quoted == [str(len(flat))], (quoted, len(flat))
