@@ -126,3 +126,11 @@ def test_fast_gguf_reading_reads_what_gguf_reads_and_restores_it(tmp_path):
     assert fast[1].keys() == expected[1].keys() == {"token_embd.weight", "blk.0.attn_q.weight"}
     for name, values in expected[1].items():
         np.testing.assert_array_equal(fast[1][name], values)
+
+
+def test_every_named_source_has_a_resolver_and_an_install_line():
+    """The torch-free names (config) and the loaders (node) list the same named sources."""
+    from ftis_flwr.config import named_sources
+
+    assert set(sources.RESOLVERS) == set(named_sources.NAMED_SOURCES)
+    assert set(named_sources._INSTALL) == set(named_sources._INSTALLED) == set(named_sources.NAMED_SOURCES)

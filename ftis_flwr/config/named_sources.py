@@ -29,11 +29,18 @@ def smollm2_file() -> Path | None:
     return None
 
 
+def _gemma3_installed() -> bool:
+    return importlib.util.find_spec(GEMMA3_PACKAGE) is not None
+
+
+_INSTALLED = {"smollm2": lambda: smollm2_file() is not None, "gemma3-270m": _gemma3_installed}
+"""Named source -> whether its package is installed here (checked without importing it)."""
+_INSTALL = {"smollm2": SMOLLM2_INSTALL, "gemma3-270m": GEMMA3_INSTALL}
+"""Named source -> the command that installs its package."""
+
+
 def missing_package(source: str) -> str | None:
     """For a named source whose package is not installed here: the command that installs it.
     None when it is installed, and for every other source."""
-    if source == "smollm2" and smollm2_file() is None:
-        return SMOLLM2_INSTALL
-    if source == "gemma3-270m" and importlib.util.find_spec(GEMMA3_PACKAGE) is None:
-        return GEMMA3_INSTALL
-    return None
+    installed = _INSTALLED.get(source)
+    return None if installed is None or installed() else _INSTALL[source]

@@ -72,14 +72,16 @@ def gemma3_gguf(cache_dir: Path) -> Path:
     return build_once(final, "ftis_assembled.json", build) / package.MODEL_NAME
 
 
+RESOLVERS = {"smollm2": lambda cache_dir: smollm2_gguf(), "gemma3-270m": gemma3_gguf}
+"""Named source (:data:`~ftis_flwr.config.named_sources.NAMED_SOURCES`) -> the function that
+finds its file (joining it into the cache first if need be); a test checks the two agree."""
+
+
 def resolve(source: str, cache_dir: Path) -> str:
     """A named source -> the file it stands for (joined into ``cache_dir`` if need be); anything
     else unchanged."""
-    if source == "smollm2":
-        return str(smollm2_gguf())
-    if source == "gemma3-270m":
-        return str(gemma3_gguf(cache_dir))
-    return source
+    found = RESOLVERS.get(source)
+    return source if found is None else str(found(cache_dir))
 
 
 def gguf_folder(gguf: str | Path, cache_dir: Path) -> Path:
