@@ -78,7 +78,8 @@ assert not leaked, leaked[:5]
      "ftis_flwr.node.state, ftis_flwr.xtok.align, ftis_flwr.maths.loss_chunks, ftis_flwr.xtok.token_bytes, "
      "ftis_flwr.xtok.translate, ftis_flwr.node.intake, ftis_flwr.node.tiny_bpe",
      ("flwr",)),
-    ("ftis_flwr.config.merge, ftis_flwr.config.validation, ftis_flwr.config.keys, ftis_flwr.config.plan, "
+    ("ftis_flwr.config.merge, ftis_flwr.config.fields, ftis_flwr.config.yaml_layers, ftis_flwr.config.validation, "
+     "ftis_flwr.config.keys, ftis_flwr.config.plan, "
      "ftis_flwr.cli", ("torch", "transformers", "flwr")),
     ("server_app.server_app, ftis_flwr.server.strategy", ("clients", "ftis_flwr.node.node", "transformers")),
 ])

@@ -23,7 +23,7 @@ import sys
 import typing
 from pathlib import Path
 
-from ftis_flwr.config.merge import dotted_fields, scalar_type
+from ftis_flwr.config.fields import dotted_fields, scalar_type
 from ftis_flwr.config.schema import ExperimentConfig, ModelCard
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
