@@ -221,6 +221,7 @@ CARD_CASES = [
     (validation.lora_adapts_a_module, dict(lora=True, lora_config=dataclasses.replace(
         ModelCard().lora_config, target_modules=[])), "nodes[a].lora_config.target_modules=[]"),
     (validation._rank_errors, dict(ranks=2, device="cuda:0"), "nodes[a].device='cuda:0'"),
+    (validation._rank_errors, dict(ranks=2, device="cuda", engine="vllm"), "nodes[a].ranks=2"),
 ]
 
 

@@ -356,9 +356,10 @@ def _rank_errors(card: ModelCard, where: str) -> list[str]:
     if card.ranks <= 1:
         return []
     errors = []
-    if card.engine == Engine.VLLM and card.device == "cpu":
-        errors.append(f"{where}.ranks={card.ranks} with engine=vllm needs CUDA devices (vLLM's "
-                      "tensor parallelism does not run on the CPU): use engine=hf or ranks=1")
+    if card.engine == Engine.VLLM:  # refused on every device: nothing here could test it
+        errors.append(f"{where}.ranks={card.ranks} with engine=vllm is not supported yet (a tensor-parallel "
+                      "vLLM engine per node is not built: it needs a multi-GPU machine with vLLM to be tested "
+                      "on): use engine=hf with ranks, or engine=vllm with ranks=1")
     if card.device.startswith("cuda:"):
         listed = [d for d in card.device[len("cuda:"):].split(",") if d.strip()]
         if len(listed) != card.ranks:
