@@ -156,7 +156,8 @@ def _legend(fig, axes) -> None:
         for h, lab in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(lab, h)
     if handles:
-        fig.legend(list(handles.values()), list(handles), loc="outside right upper", fontsize=7)
+        fig.legend(list(handles.values()), list(handles), loc="outside right center", fontsize=7,
+                   title="config", title_fontsize=7)
 
 
 def _figure(rows: int, cols: int):
@@ -166,52 +167,76 @@ def _figure(rows: int, cols: int):
     return fig, fig.subplots(rows, cols, squeeze=False)
 
 
-def figures(results: list[dict], out: Path, id_split: str, ood_split: str) -> list[Path]:
-    """Per setup: accuracy per round (ID, OOD) and filtered/truncated per round, per node, one
-    colour per config, mean with the seeds' min..max shaded; and final ID/OOD per setup."""
+ACCURACY_LABEL = "accuracy (% of problems, greedy)"
+
+
+def split_words(split: str, ood: bool) -> str:
+    """A held-out split in words, by its role in the sweep: ``in-distribution (test split)``,
+    ``out-of-distribution (ood split)`` (the tables' ID and OOD columns)."""
+    return f"{'out-of-distribution' if ood else 'in-distribution'} ({split} split)"
+
+
+def _percent(series: list) -> list:
+    """[round, share] -> [round, share in %] (None stays None)."""
+    return [[rnd, None if v is None else 100.0 * v] for rnd, v in series]
+
+
+def build_figures(results: list[dict], id_split: str, ood_split: str) -> dict[str, Any]:
+    """The figures ``figures`` writes, by file name, as matplotlib Figures (nothing written):
+    per setup accuracy per round (in- and out-of-distribution) and filtered/truncated shares per
+    round, per node, one colour per config, mean with the seeds' min..max shaded; and final
+    accuracy per setup. Accuracy and shares are in % (the tables' points), every y axis says its
+    unit and the splits are named in words."""
     from matplotlib.ticker import MaxNLocator
 
-    written: list[Path] = []
+    built: dict[str, Any] = {}
     by_group = groups(results)
     setups = list(dict.fromkeys(r["point"]["setup"] for r in results))
     # one colour per config across every figure of the sweep
     index = {c: k for k, c in enumerate(sorted({c for _, c in by_group}))}
+    splits = ((id_split, split_words(id_split, ood=False)), (ood_split, split_words(ood_split, ood=True)))
+    # (metric, title, y label) per panel
+    kinds = (("accuracy", "held-out accuracy",
+              [(m, f"accuracy, {words}", ACCURACY_LABEL) for m, words in splits]),
+             ("diagnostics", "filtered and truncated shares",
+              [("filtered", "filtered: received samples the filter dropped", "% of received samples"),
+               ("truncated", "truncated importance weights (weight reached C)", "% of tokens")]))
     for setup in setups:
         cfgs = [(c, rs) for (s, c), rs in by_group.items() if s == setup]
         nodes = list(cfgs[0][1][0]["summary"]["nodes"])
-        for kind, panels in (("accuracy", ((id_split, f"{id_split} accuracy (ID)"),
-                                           (ood_split, f"{ood_split} accuracy (OOD)"))),
-                             ("diagnostics", (("filtered", "filtered share of received"),
-                                              ("truncated", "truncated token share")))):
+        for kind, what, panels in kinds:
             fig, axes = _figure(len(nodes), 2)
             for i, node in enumerate(nodes):
-                for j, (metric, label) in enumerate(panels):
+                for j, (metric, title, ylabel) in enumerate(panels):
                     ax, drew = axes[i][j], False
                     for cfg, rs in cfgs:
                         k = index[cfg]
                         series = []
                         for r in rs:
                             d = r["summary"]["nodes"].get(node, {})
-                            series.append(d.get("accuracy", {}).get(metric, []) if kind == "accuracy"
-                                          else d.get(metric, []))
+                            series.append(_percent(d.get("accuracy", {}).get(metric, []) if kind == "accuracy"
+                                                   else d.get(metric, [])))
                         drew |= _band(ax, series, _colour(k), cfg, _style(k))
-                    ax.set_title(f"{node}: {label}", fontsize=9)
+                    ax.set_title(f"{node}: {title}", fontsize=9)
                     ax.set_xlabel("round")
+                    ax.set_ylabel(ylabel, fontsize=8)
+                    if metric == "truncated":  # a few % at most: the whole 0-100 would flatten it
+                        ax.set_ylim(bottom=0)
+                    else:
+                        ax.set_ylim(-2, 102)
                     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
                     ax.grid(alpha=0.3)
                     if not drew:
                         ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
             _legend(fig, axes)
-            fig.suptitle(f"{setup}: {kind} (mean over seeds, min..max shaded)")
-            path = out / f"{kind}-{setup}.png"
-            fig.savefig(path)
-            written.append(path)
-    # final ID and OOD accuracy per setup: one bar per (config, node), error bar = min..max
+            fig.suptitle(f"{setup}: {what} per round (mean over seeds, min..max shaded)")
+            built[f"{kind}-{setup}.png"] = fig
+    # final in- and out-of-distribution accuracy per setup: one bar per (config, node), error bar = min..max
     fig, axes = _figure(len(setups), 2)
     for i, setup in enumerate(setups):
         cfgs = [(c, rs) for (s, c), rs in by_group.items() if s == setup]
         nodes = list(cfgs[0][1][0]["summary"]["nodes"])
-        for j, (metric, label) in enumerate(((id_split, "ID"), (ood_split, "OOD"))):
+        for j, (metric, words) in enumerate(splits):
             ax = axes[i][j]
             width = 0.8 / max(1, len(cfgs))
             for b, (cfg, rs) in enumerate(cfgs):
@@ -220,7 +245,7 @@ def figures(results: list[dict], out: Path, id_split: str, ood_split: str) -> li
                 for node in nodes:
                     v = [_last(r["summary"]["nodes"].get(node, {}).get("accuracy", {}).get(metric, []))
                          for r in rs]
-                    v = [x for x in v if x is not None] or [math.nan]
+                    v = [100.0 * x for x in v if x is not None] or [math.nan]
                     m = sum(v) / len(v)
                     means.append(m)
                     lo.append(m - min(v))
@@ -229,14 +254,27 @@ def figures(results: list[dict], out: Path, id_split: str, ood_split: str) -> li
                 ax.bar(xs, means, width, yerr=[lo, hi], color=_colour(k), label=cfg, capsize=2,
                        hatch=("", "//", "..")[(k // 20) % 3])
             ax.set_xticks([n + 0.4 - width / 2 for n in range(len(nodes))], nodes)
-            ax.set_title(f"{setup}: final {label} accuracy ({metric})", fontsize=9)
+            ax.set_xlabel("node")
+            ax.set_ylabel(f"final {ACCURACY_LABEL}", fontsize=8)
+            ax.set_ylim(0, 102)
+            ax.set_title(f"{setup}: final accuracy, {words}", fontsize=9)
             ax.grid(alpha=0.3, axis="y")
             if j == 1:  # one legend per setup, beside its right panel (the configs differ by setup)
-                ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.suptitle("final accuracy per setup (mean over seeds, min..max bars)")
-    path = out / "final.png"
-    fig.savefig(path)
-    written.append(path)
+                ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="config",
+                          title_fontsize=7)
+    fig.suptitle("final held-out accuracy per setup, in % (mean over seeds, min..max bars)")
+    built["final.png"] = fig
+    return built
+
+
+def figures(results: list[dict], out: Path, id_split: str, ood_split: str) -> list[Path]:
+    """Write ``build_figures``' figures to ``out`` (accuracy-<setup>.png, diagnostics-<setup>.png,
+    final.png); the paths written."""
+    written: list[Path] = []
+    for name, fig in build_figures(results, id_split, ood_split).items():
+        path = out / name
+        fig.savefig(path)
+        written.append(path)
     return written
 
 
