@@ -70,9 +70,8 @@ def run(grid: Grid, experiment, *, connect_timeout: float = 120.0,
             reporter.log_event("resumed", after_round=state.round)
         else:
             print(f"ftis-flwr: every node builds its model before round 0, its progress below (a model the "
-                  f"package does not ship is warm-started or converted once and cached: minutes on a 2-core "
-                  f"CPU); round 0 evaluates them; each node logs to <cache>/workers/{name}/<node>/worker.log "
-                  f"on its machine", flush=True)
+                  f"package does not ship is warm-started or converted once, then cached); round 0 evaluates "
+                  f"them; each node logs to <cache>/workers/{name}/<node>/worker.log on its machine", flush=True)
 
         def on_round(rnd, node_metrics, server_metrics):
             print(reporter.log_round(rnd, node_metrics, server_metrics), flush=True)
