@@ -108,23 +108,30 @@ def render() -> str:
     return "\n".join(out) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def page_cli(render: typing.Callable[[], str], page: Path, module: str, description: str,
+             argv: list[str] | None = None) -> int:
+    """The command line of a generated docs page: ``--write`` regenerates ``page`` from ``render()``,
+    ``--check`` exits 1 when it is stale (naming ``python -m <module> --write``)."""
+    parser = argparse.ArgumentParser(description=description)
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--write", action="store_true", help="regenerate the page")
     group.add_argument("--check", action="store_true", help="exit 1 if the page is stale")
-    parser.add_argument("--page", type=Path, default=PAGE)
+    parser.add_argument("--page", type=Path, default=page)
     args = parser.parse_args(argv)
     text = render()
     if args.check:
         if not args.page.is_file() or args.page.read_text() != text:
-            print(f"{args.page} is stale: run `python -m ftis_flwr.config.reference --write`", file=sys.stderr)
+            print(f"{args.page} is stale: run `python -m {module} --write`", file=sys.stderr)
             return 1
         return 0
     args.page.parent.mkdir(parents=True, exist_ok=True)
     args.page.write_text(text)
     print(f"wrote {args.page}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return page_cli(render, PAGE, "ftis_flwr.config.reference", __doc__.split("\n\n")[0], argv)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ name included), ``<split>`` (an evaluation split), ``<q>`` (a percentile: 50, 90
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from collections.abc import Iterable, Mapping
@@ -289,23 +288,9 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    group = parser.add_mutually_exclusive_group(required=True)
-    group.add_argument("--write", action="store_true", help="regenerate the page")
-    group.add_argument("--check", action="store_true", help="exit 1 if the page is stale")
-    parser.add_argument("--page", type=Path, default=PAGE)
-    args = parser.parse_args(argv)
-    text = render()
-    if args.check:
-        if not args.page.is_file() or args.page.read_text() != text:
-            print(f"{args.page} is stale: run `python -m ftis_flwr.server.metric_names --write`",
-                  file=sys.stderr)
-            return 1
-        return 0
-    args.page.parent.mkdir(parents=True, exist_ok=True)
-    args.page.write_text(text)
-    print(f"wrote {args.page}")
-    return 0
+    from ftis_flwr.config.reference import page_cli  # the generated pages' one command line
+
+    return page_cli(render, PAGE, "ftis_flwr.server.metric_names", __doc__.split("\n\n")[0], argv)
 
 
 if __name__ == "__main__":
