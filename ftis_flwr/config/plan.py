@@ -29,7 +29,6 @@ from dataclasses import dataclass, replace
 
 from ftis_flwr.config.choices import CardDtype
 from ftis_flwr.config.dtypes import resolve_dtypes, warn_slow_bf16
-from ftis_flwr.config.merge import load_experiment
 from ftis_flwr.config.schema import ConfigError, ExperimentConfig, ModelCard
 
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -379,6 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device-gib", type=device_gib, default=None, metavar="N",
                         help="the memory of one of your GPUs in GiB (default: the smallest common one that fits)")
     args = parser.parse_args(argv)
+    from ftis_flwr.config.merge import load_experiment  # here, so the estimate needs no omegaconf (gpu_check)
+
     try:
         exp = load_experiment(args.preset)
     except ConfigError as exc:  # a bad preset name or value: named, never a traceback
