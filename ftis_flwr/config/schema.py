@@ -98,10 +98,8 @@ class RolloutConfig:
     """Prefill the common prefix of a generate call's prompts (the system prompt and worked
     examples) once and each distinct prompt once, and sample its G completions from that cache
     (hf engine): the same tokens and log-probs (to float32 rounding) with the prompts run once
-    instead of once per sequence. Measured on cpu-smollm2's nodes (float32, 1 thread): sampling
-    2 prompts x 8, 2.2-2.3x faster; greedy evaluation of 32 problems, 2.4-2.7x faster, the same
-    answers (benchmarks/shared_prefill.py). False: every sequence prefills its own prompt. The
-    vllm engine caches prefixes itself."""
+    instead of once per sequence (what it saves: docs/real-models.md, benchmarks/shared_prefill.py).
+    False: every sequence prefills its own prompt. The vllm engine caches prefixes itself."""
 
 
 @dataclass
@@ -126,9 +124,8 @@ class TrainConfig:
     share_prompts: bool = True
     """Run each distinct prompt of a micro-batch once and its completions on its cached keys and
     values (gradients flow back into the one prompt forward): the same log-probs and gradients
-    (to float32 rounding) on P + G*T tokens instead of G*(P + T). Measured on cpu-smollm2's full
-    node, float32, 3 prompts x 4 completions: 13.5 s against 39.2 s (ftis_flwr/node/logprobs_shared.py).
-    False: every sample runs its prompt again (the packed path)."""
+    (to float32 rounding) on P + G*T tokens instead of G*(P + T) (what it saves: docs/real-models.md,
+    benchmarks/shared_prompts.py). False: every sample runs its prompt again (the packed path)."""
 
 
 @dataclass
@@ -242,8 +239,7 @@ class ModelCard:
     """tiny source only: at most this many supervised warm-start steps (batch 128); training stops
     earlier once the model answers 70% of a check slice of its warm-start data exactly
     (warmstart_target), which gives every seed about the same starting skill (~70% test).
-    Measured on 2 shared cores, 1 thread: small ~15 steps/s, 700-1700 steps (45-115 s); large
-    ~6 steps/s, ~1150 steps (~200 s). Cached on disk after the first run."""
+    Cached on disk after the first run."""
     warmstart_target: float = field(default=0.7, metadata={"ge": 0, "le": 1})
     """tiny source only: warm-start stops once the model answers this fraction of a check slice
     of its warm-start data exactly (0 = always run all warmstart_steps). Default 0.7, the
@@ -258,8 +254,8 @@ class ModelCard:
     compute_dtype: str = ""
     """Matmul precision of generation and the learner's forward, through ``torch.autocast``,
     while the weights stay in ``dtype``: "" (default: ``dtype``), "bfloat16", "float16" or "auto"
-    (bfloat16 where the device computes it natively, else ``dtype``).
-    bfloat16 on a CPU with AVX-512 BF16 ran SmolLM2-135M ~1.2-1.7x faster than float32 here."""
+    (bfloat16 where the device computes it natively, else ``dtype``; what it changes on a CPU:
+    docs/real-models.md)."""
     device: str = "cpu"
     """"cpu", "cuda" or "cuda:N" (the worker pins CUDA_VISIBLE_DEVICES to N)."""
     stop_tokens: list[str] = field(default_factory=list)
