@@ -4,6 +4,8 @@ Why one place: tasks (``task.name``), rewards (``task.reward``) and losses name 
 way (TRL takes callables, verl ``custom_reward_function.path`` + ``.name``); each reads it here, so
 the forms accepted and the errors given are the same everywhere. A file is loaded once per process
 under a name derived from its absolute path, so every caller gets the same function object.
+The built-in names those paths complement live in one registry per kind (tasks, engines, selection
+rules, trackers), each filled through :func:`register_unique`.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ import importlib
 import importlib.util
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 class ImportPathError(ValueError):
@@ -78,3 +82,13 @@ def _load_file(file: Path):
         del sys.modules[name]
         raise ImportPathError(f"file {str(file)!r} fails to load ({type(exc).__name__}: {exc})") from None
     return module
+
+
+def register_unique(registry: dict[str, T], name: str, obj: T, kind: str,
+                    error: type[Exception] = ValueError) -> T:
+    """``registry[name] = obj``; a second, different object under the same name is refused with
+    ``error`` naming the module that registered the first (registering the same one again is a no-op)."""
+    if registry.get(name, obj) is not obj:
+        raise error(f"{kind} {name!r} is already registered (by {registry[name].__module__})")
+    registry[name] = obj
+    return obj

@@ -34,6 +34,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord
 
 from ftis_flwr.config.choices import NO_SELECTION
+from ftis_flwr.config.imports import register_unique
 from ftis_flwr.config.schema import ExchangeConfig, WireConfig
 from ftis_flwr.wire.selection import Cuttable, WireSelectError
 
@@ -65,10 +66,7 @@ def register_select_rule(*names: str) -> Callable[[GroupScores], GroupScores]:
 
     def deco(rule: GroupScores) -> GroupScores:
         for name in names:
-            if SELECT_RULE_REGISTRY.get(name, rule) is not rule:
-                raise ValueError(f"selection rule {name!r} is already registered (by "
-                                 f"{SELECT_RULE_REGISTRY[name].__module__})")
-            SELECT_RULE_REGISTRY[name] = rule
+            register_unique(SELECT_RULE_REGISTRY, name, rule, "selection rule")
         return rule
 
     return deco

@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ftis_flwr.config.imports import register_unique
+
 
 class TrackerError(ValueError):
     """A ``report.to`` name that names no tracker, or a second registration of a name."""
@@ -62,10 +64,7 @@ def register_tracker(name: str, cls: type[Tracker]) -> type[Tracker]:
     """Make ``report.to=<name>`` open ``cls``; a second, different class is refused."""
     if name == NO_TRACKER:
         raise TrackerError(f"{NO_TRACKER!r} means no tracker and cannot be registered")
-    if _TRACKERS.get(name, cls) is not cls:
-        raise TrackerError(f"tracker {name!r} is already registered (by {_TRACKERS[name].__module__})")
-    _TRACKERS[name] = cls
-    return cls
+    return register_unique(_TRACKERS, name, cls, "tracker", TrackerError)
 
 
 def tracker_names() -> tuple[str, ...]:

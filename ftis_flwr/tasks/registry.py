@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ftis_flwr.config.imports import ImportPathError, import_object, is_import_path
+from ftis_flwr.config.imports import ImportPathError, import_object, is_import_path, register_unique
 from ftis_flwr.tasks.base import Task
 
 if TYPE_CHECKING:
@@ -37,18 +37,12 @@ class TaskError(ValueError):
 
 def register_task(name: str, factory: TaskFactory) -> TaskFactory:
     """Make ``task.name=<name>`` build ``factory(cfg)``; a second, different factory is refused."""
-    if _TASKS.get(name, factory) is not factory:
-        raise TaskError(f"task {name!r} is already registered (by {_TASKS[name].__module__})")
-    _TASKS[name] = factory
-    return factory
+    return register_unique(_TASKS, name, factory, "task", TaskError)
 
 
 def register_task_prefix(prefix: str, factory: PrefixFactory) -> PrefixFactory:
     """Make ``task.name=<prefix>:<rest>`` build ``factory(cfg, rest)`` (e.g. a generator's name)."""
-    if _PREFIXES.get(prefix, factory) is not factory:
-        raise TaskError(f"task prefix {prefix!r} is already registered (by {_PREFIXES[prefix].__module__})")
-    _PREFIXES[prefix] = factory
-    return factory
+    return register_unique(_PREFIXES, prefix, factory, "task prefix", TaskError)
 
 
 def task_names() -> tuple[str, ...]:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ftis_flwr.config.choices import ENGINES
-from ftis_flwr.config.imports import ImportPathError, import_object, is_import_path
+from ftis_flwr.config.imports import ImportPathError, import_object, is_import_path, register_unique
 from ftis_flwr.node.engines.hf import HFEngine, Sample
 
 __all__ = ["ENGINES", "ENGINE_REGISTRY", "EngineFactory", "HFEngine", "Sample", "get_engine_factory",
@@ -39,10 +39,7 @@ def register_engine(*names: str) -> Callable[[EngineFactory], EngineFactory]:
 
     def deco(factory: EngineFactory) -> EngineFactory:
         for name in names:
-            if ENGINE_REGISTRY.get(name, factory) is not factory:
-                raise ValueError(f"engine {name!r} is already registered (by "
-                                 f"{ENGINE_REGISTRY[name].__module__})")
-            ENGINE_REGISTRY[name] = factory
+            register_unique(ENGINE_REGISTRY, name, factory, "engine")
         return factory
 
     return deco
