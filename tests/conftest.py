@@ -3,6 +3,7 @@
 import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,11 @@ def simulate(experiment, num_supernodes: int = 2, after_round=None):
     from clients.client_app import app as client_app
     from server_app.server_app import run, run_name
 
+    run_root = Path(experiment.run_dir).resolve()
+    if not run_root.is_relative_to(Path(tempfile.gettempdir()).resolve()):
+        raise ValueError(f"simulate(): run_dir {experiment.run_dir!r} is not under a temporary directory; set "
+                         "overrides={'run_dir': str(tmp_path / 'runs')} so that no test writes (or another "
+                         "test cleans) the repository's runs/")
     out = {}
     server = ServerApp()
     name = run_name(experiment)  # named here: only this run's workers are stopped after it

@@ -53,9 +53,11 @@ def test_the_readme_deployment_recipe_runs_verbatim(tmp_path):
             if left:
                 os.killpg(shell.pid, signal.SIGKILL)
             kill_workers(cache)
-            for d in set((REPO / "runs").glob("*")) - before:
-                subprocess.run(["rm", "-rf", str(d)])
             out = log.read_text()
+            # only the run directories this block named: other tests may be writing runs/ now
+            for d in set((REPO / "runs").glob("*")) - before:
+                if str(d) in out:
+                    subprocess.run(["rm", "-rf", str(d)])
             print(out[-8000:])
     assert shell.returncode == 0, out[-4000:]
     assert "ftis-flwr: configuration valid: 2 nodes (small, large), 3 rounds" in out, out[-4000:]
