@@ -25,8 +25,8 @@ def _alive(pid: int) -> bool:
 
 def test_a_node_on_two_ranks_trains_survives_a_killed_rank_and_leaves_none(tmp_path):
     exp = load_experiment(preset="cpu-pair", overrides={
-        "cache_dir": str(tmp_path / "cache"), "run_dir": str(tmp_path / "runs"), "rounds.num_rounds": 4, "rounds.prompts_per_node": 8,
-        "rounds.eval_every": 4, "rounds.eval_size": 16, "rounds.state_every": 1,
+        "cache_dir": str(tmp_path / "cache"), "run_dir": str(tmp_path / "runs"), "rounds.num_rounds": 4,
+        "rounds.prompts_per_node": 8, "rounds.eval_every": 4, "rounds.eval_size": 16, "rounds.state_every": 1,
         "nodes.large.ranks": 2})
     seen: dict[int, int] = {}
 
