@@ -37,7 +37,8 @@ def superlink(tmp_path):
         [str(bindir / "flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess",
          "--control-api-address", f"127.0.0.1:{control}", "--host", "127.0.0.1", "--port", str(http),
          "--disable-runtime-dependency-installation", "--log-file", str(tmp_path / "superlink.log")],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        cwd=tmp_path)  # a relative run-dir resolves here, on the server, never in the repository
     try:
         wait_listening(http, proc)
         yield env

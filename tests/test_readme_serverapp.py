@@ -64,3 +64,6 @@ def test_the_readme_own_serverapp_app_runs_with_flwr_run(tmp_path, superlink):  
     assert proc.returncode == 0 and "final models:" in out, out[-4000:]
     assert [line.split(":")[0] for line in out.splitlines() if line.startswith("round ")] == \
         [f"round {r}" for r in range(4)], out[-4000:]
+    # the page's relative runs/ resolves on the server: under the SuperLink's working directory
+    (checkpoints,) = (tmp_path / "runs").glob("*/checkpoints")
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["large", "small"]

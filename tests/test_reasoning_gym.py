@@ -29,7 +29,7 @@ from ftis_flwr.tasks.registry import TaskError  # noqa: E402
 from ftis_flwr.tasks.rewards import SYSTEM_PROMPT  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-WORDS = "word_sequence_reversal"  # the cpu-xfamily-rg preset's generator: answers are words
+WORDS = "word_sequence_reversal"  # a generator whose answers are words (several of them per answer)
 GENERATORS = ("chain_sum", WORDS, "spell_backward")
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
