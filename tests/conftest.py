@@ -3,11 +3,11 @@
 import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
+REPO_ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -61,11 +61,9 @@ def simulate(experiment, num_supernodes: int = 2, after_round=None):
     from clients.client_app import app as client_app
     from server_app.server_app import run, run_name
 
-    run_root = Path(experiment.run_dir).resolve()
-    if not run_root.is_relative_to(Path(tempfile.gettempdir()).resolve()):
-        raise ValueError(f"simulate(): run_dir {experiment.run_dir!r} is not under a temporary directory; set "
-                         "overrides={'run_dir': str(tmp_path / 'runs')} so that no test writes (or another "
-                         "test cleans) the repository's runs/")
+    if Path(experiment.run_dir).resolve().is_relative_to(REPO_ROOT / "runs"):
+        raise ValueError(f"simulate(): run_dir {experiment.run_dir!r} is the repository's runs/, which other "
+                         "tests write and clean at the same time; set overrides={'run_dir': str(tmp_path / 'runs')}")
     out = {}
     server = ServerApp()
     name = run_name(experiment)  # named here: only this run's workers are stopped after it
@@ -93,7 +91,7 @@ def doc_block(section: str, lang: str, page: str = "README.md") -> str:
     from the page the user reads them on."""
     import re
 
-    text = (Path(__file__).resolve().parent.parent / page).read_text()
+    text = (REPO_ROOT / page).read_text()
     heading = re.search(rf"^#+ {re.escape(section)}[ \t]*$", text, flags=re.MULTILINE)
     assert heading, f"{page} has no heading {section!r}"
     after = text[heading.end():]
