@@ -85,3 +85,21 @@ def test_the_key_count_the_docs_quote_is_the_keys_there_are():
     flat = [k for k in declared if k.replace("-", "_") not in APP_KEYS]
     quoted = re.findall(r"\((\d+) of them", " ".join((REPO / "docs/configuration.md").read_text().split()))
     assert quoted == [str(len(flat))], (quoted, len(flat))
+
+
+def test_the_study_progress_the_docs_quote_is_the_results_there_are():
+    """docs/real-models.md says how many of the cross-family study's runs are finished; that
+    number must be the result files kept beside it (each with its run's metrics), and the study
+    grid's size."""
+    page = (REPO / "docs" / "real-models.md").read_text()
+    sys.path.insert(0, str(REPO / "simulations"))
+    from sweep_grid import load_grid
+
+    grid = load_grid(REPO / "simulations" / "sweeps" / "xfamily-rg.yaml", check_configs=False)
+    keys = {point.key for point in grid.points}
+    counts = {(int(done), int(total)) for done, total in re.findall(r"(\d+) of (\d+)\s+runs", page)}
+    kept = {p.stem for p in (REPO / "docs" / "sweep-xfamily-rg" / "results").glob("*.json")}
+    assert counts == {(len(kept), len(keys))}, (counts, len(kept), len(keys))
+    assert kept <= keys, kept - keys
+    for key in kept:
+        assert (REPO / "docs" / "sweep-xfamily-rg" / "run-data" / key / "metrics.jsonl").is_file(), key
