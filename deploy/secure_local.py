@@ -170,13 +170,9 @@ def stop(proc: subprocess.Popen) -> None:
 def kill_workers(cache: Path) -> None:
     """SIGKILL, by pid, the node workers the federation left under its (private) cache directory,
     with whatever they started (their process groups)."""
-    from ftis_flwr.node.processes import kill_worker_group
+    from ftis_flwr.node.processes import kill_workers_of_new_runs
 
-    for address in Path(cache).glob("workers/*/*/address.json"):
-        try:
-            kill_worker_group(int(json.loads(address.read_text())["pid"]))
-        except (ValueError, KeyError, OSError):
-            pass
+    kill_workers_of_new_runs(cache, before=set())  # every run's: the cache is this script's own
 
 
 def wait_for(check, proc: subprocess.Popen | None, what: str, timeout: float):

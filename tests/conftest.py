@@ -29,24 +29,9 @@ def flower_bin() -> Path:
 def kill_workers(cache) -> None:
     """Stop, by pid, every node worker a test's federation left under its cache directory (a
     test's own, private cache: a shared one goes through ``kill_workers_of_run``)."""
-    import json
-    import time
-    from pathlib import Path
+    from ftis_flwr.node.processes import kill_workers_of_new_runs
 
-    from ftis_flwr.node.processes import _is_worker, _pid_alive, kill_worker_group
-
-    killed = []
-    for address in Path(cache).glob("workers/*/*/address.json"):
-        try:
-            pid = int(json.loads(address.read_text())["pid"])
-        except (ValueError, KeyError, OSError):
-            continue
-        if _pid_alive(pid) and _is_worker(pid):
-            killed.append(pid)
-        kill_worker_group(pid)
-    deadline = time.monotonic() + 10.0  # gone before the caller removes what they wrote
-    while any(_pid_alive(p) for p in killed) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    kill_workers_of_new_runs(cache, before=set())  # every run's; returns once they are gone
 
 
 def simulate(experiment, num_supernodes: int = 2, after_round=None):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 
@@ -86,15 +87,23 @@ def kill_workers_of_run(cache_dir: Path, run_name: str) -> int:
     return _kill_listed(list((Path(cache_dir) / "workers" / run_name).glob("*/address.json")))
 
 
-def _kill_listed(addresses: list[Path]) -> int:
-    """Kill the worker group named by each ``address.json``; how many were signalled."""
-    n = 0
+def _kill_listed(addresses: list[Path], wait: float = 10.0) -> int:
+    """Kill the worker group named by each ``address.json`` and wait (up to ``wait`` s) until
+    those workers are gone, so the caller may remove or reuse what they wrote; how many were
+    signalled."""
+    n, live = 0, []
     for address in sorted(addresses):
         try:
-            kill_worker_group(int(json.loads(address.read_text())["pid"]))
-            n += 1
+            pid = int(json.loads(address.read_text())["pid"])
         except (OSError, ValueError, KeyError, TypeError):
-            pass
+            continue
+        if _pid_alive(pid) and _is_worker(pid):
+            live.append(pid)
+        kill_worker_group(pid)
+        n += 1
+    deadline = time.monotonic() + wait
+    while any(_pid_alive(pid) for pid in live) and time.monotonic() < deadline:
+        time.sleep(0.05)
     return n
 
 
