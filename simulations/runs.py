@@ -109,6 +109,34 @@ def summarize(run_dir: str | Path, order: list[str] | None = None) -> dict[str, 
     return {"run_dir": str(run_dir), "rounds": rounds[-1]["round"], "nodes": nodes}
 
 
+MACHINE_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+"""The x86 CPU flags that pick different kernels for the same float32 op (and, for the last two,
+native bfloat16): what a reader needs to tell whether two runs could repeat each other."""
+
+
+def machine() -> dict[str, Any]:
+    """This machine as a run's result records it: CPU model, cores, the kernel-picking flags of
+    :data:`MACHINE_FLAGS` it has, and torch's version. A study spread over machines can then say
+    which runs came from which CPU (docs/real-models.md, "What repeats across CPUs")."""
+    import os
+    import platform
+
+    import torch
+
+    cpu, flags = "", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = (part.strip() for part in line.partition(":"))
+            if key == "model name" and not cpu:
+                cpu = value
+            elif key == "flags" and not flags:
+                flags = set(value.split())
+    except OSError:  # not Linux: the architecture is all that is told
+        pass
+    return {"cpu": cpu or platform.machine(), "cores": os.cpu_count(),
+            "flags": [f for f in MACHINE_FLAGS if f in flags], "torch": torch.__version__}
+
+
 def run_child(args: list[str], log: Path, nice: int = 0) -> int:
     """``python <args>`` in a new process from the repository root, output to ``log``; exit code."""
     cmd = [sys.executable, *args]

@@ -145,7 +145,7 @@ def dry_run(grid: Grid, out: Path) -> None:
 
 def run_point(grid_path: Path, key: str, out: Path) -> None:
     """The child process: run one grid point and write its result file (atomically)."""
-    from runs import card_order, simulate, summarize
+    from runs import card_order, machine, simulate, summarize
 
     grid = load_grid(grid_path)
     point = next((p for p in grid.points if p.key == key), None)
@@ -160,7 +160,7 @@ def run_point(grid_path: Path, key: str, out: Path) -> None:
     result = {"point": {"key": key, "setup": point.setup, "method": point.method, "mode": point.mode,
                         "g": point.g, "seed": point.seed, "preset": point.preset},
               "overrides": dict(point.overrides), "wall_s": time.perf_counter() - t0,
-              "summary": summarize(run_dir, card_order(point.preset, dict(point.overrides)))}
+              "machine": machine(), "summary": summarize(run_dir, card_order(point.preset, dict(point.overrides)))}
     tmp.write_text(json.dumps(result, indent=1))
     os.replace(tmp, final)
 

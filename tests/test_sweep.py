@@ -15,6 +15,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / "simulations")]
 
+from runs import machine  # noqa: E402
 from sweep_grid import GridError, load_grid  # noqa: E402
 from sweep_report import markdown, write_all  # noqa: E402
 
@@ -244,6 +245,7 @@ def test_real_sweep_resumes_and_reports_a_failure(tmp_path):
             assert len(data["truncated"]) == 2 and len(data["filtered"]) == 2
         assert done["overrides"]["task.name"] == "arithmetic-heldout"
         assert done["overrides"]["loss.kl_threshold"] == 50.0
+        assert done["machine"] == machine()  # which CPU made it: studies run over several kinds
         events = (Path(done["summary"]["run_dir"]) / "metrics.jsonl").read_text()
         assert events.count('"round"') >= 3
     rows = list(csv.DictReader(open(out / "results.csv")))
