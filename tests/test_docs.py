@@ -88,10 +88,10 @@ def test_the_key_count_the_docs_quote_is_the_keys_there_are():
 
 
 def test_the_study_progress_the_docs_quote_is_the_results_there_are():
-    """docs/real-models.md says how many of the cross-family study's runs are finished; that
-    number must be the result files kept beside it (each with its run's metrics), and the study
-    grid's size."""
-    page = (REPO / "docs" / "real-models.md").read_text()
+    """docs/real-models.md and the README say how many of the cross-family study's runs are
+    finished; that number must be the result files kept beside it (each with its run's metrics),
+    and the study grid's size."""
+    page = (REPO / "docs" / "real-models.md").read_text() + (REPO / "README.md").read_text()
     sys.path.insert(0, str(REPO / "simulations"))
     from sweep_grid import load_grid
 
