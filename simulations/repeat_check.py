@@ -7,18 +7,20 @@ last digits; what decides whether it *repeats* is whether every node drew the sa
 (same rewards, same token counts) and ended with the same accuracies. This prints, per node, the
 evaluated accuracies side by side, the first round whose samples differ (none: the runs repeat),
 and how far the rest of the metrics moved (largest relative difference, per metric, over values
-of at least ``NEAR_ZERO``). Timings and
-sizes of saved state are left out: they differ between any two runs.
+of at least ``NEAR_ZERO``). Timings and sizes of saved state are left out: they differ between
+any two runs.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import sys
 from pathlib import Path
 from typing import Any
+
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
+from ftis_flwr.server.summary import load_metrics  # noqa: E402
+from runs import _num  # noqa: E402
 
 SAMPLED = ("reward_mean", "tokens", "samples", "samples_kept", "train_reward_own", "train_reward_foreign")
 """Metrics fixed by what a node drew and kept: equal in every round when a rerun repeats."""
@@ -32,15 +34,12 @@ SKIPPED = ("seconds", "time", "elapsed", "idle_fraction", "state_bytes", "worker
 
 
 def load_rounds(run: Path) -> list[dict[str, Any]]:
-    """The rows of ``<run>/metrics.jsonl`` (one per round), or SystemExit naming what is missing."""
-    path = run / "metrics.jsonl"
-    if not path.is_file():
-        raise SystemExit(f"{run}: no metrics.jsonl (give a run folder or a study's run-data/<key>)")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
+    """The rows of ``<run>/metrics.jsonl`` (one per round; the project's reader), or SystemExit
+    naming what is missing."""
+    try:
+        return load_metrics(run)
+    except FileNotFoundError:
+        raise SystemExit(f"{run}: no metrics.jsonl (give a run folder or a study's run-data/<key>)") from None
 
 
 def compare(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> dict[str, Any]:

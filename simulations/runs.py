@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ftis_flwr.config.dtypes import BF16_CPU_FLAGS
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -109,7 +111,7 @@ def summarize(run_dir: str | Path, order: list[str] | None = None) -> dict[str, 
     return {"run_dir": str(run_dir), "rounds": rounds[-1]["round"], "nodes": nodes}
 
 
-MACHINE_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+MACHINE_FLAGS = ("avx2", "avx512f", *BF16_CPU_FLAGS)
 """The x86 CPU flags that pick different kernels for the same float32 op (and, for the last two,
 native bfloat16): what a reader needs to tell whether two runs could repeat each other."""
 
