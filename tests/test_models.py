@@ -252,6 +252,48 @@ def test_lora_policy_trains_only_adapters_and_reloads_with_peft(task, cache, tmp
     assert not torch.allclose(base_logits, _logits(pol.model, pol.tokenizer), atol=1e-3)
 
 
+def test_lora_checkpoint_links_a_cache_built_base_and_copies_any_other(task, cache, tmp_path, monkeypatch):
+    """A LoRA checkpoint's ``base/`` shares the model cache's files (a converted Gemma base is not
+    written again per checkpoint), copies a folder the cache did not build (a user's model, which
+    a later save may overwrite in place), and copies where a hard link fails (another
+    filesystem). Each way, the checkpoint loads on its own with the same logits."""
+    import shutil
+
+    from peft import AutoPeftModelForCausalLM
+
+    import ftis_flwr.node.models as policy_models
+
+    lc = LoraConfig(r=4, alpha=8, target_modules=["q_proj", "v_proj"])
+    pol = load_policy(card(lora=True, lora_config=lc), task=task, cache_dir=cache)
+    assert (Path(pol.base) / models.MARKER).is_file(), "the tiny base is expected to come from the cache"
+    with torch.no_grad():
+        for n, p in pol.model.named_parameters():
+            if "lora_B" in n:
+                p.add_(0.05 * torch.randn_like(p))
+    want = _logits(pol.model, pol.tokenizer)
+
+    def standalone(out: Path) -> torch.Tensor:
+        return _logits(AutoPeftModelForCausalLM.from_pretrained(str(out)), pol.tokenizer)
+
+    linked = save_policy(pol, tmp_path / "linked")
+    assert (linked / "base" / "model.safetensors").samefile(Path(pol.base) / "model.safetensors")
+    assert torch.allclose(standalone(linked), want, atol=1e-6)
+
+    own = tmp_path / "own-model"  # the same weights, in a folder the cache did not build
+    shutil.copytree(pol.base, own, ignore=shutil.ignore_patterns(models.MARKER))
+    copied = save_policy(dataclasses.replace(pol, base=str(own)), tmp_path / "copied")
+    assert not (copied / "base" / "model.safetensors").samefile(own / "model.safetensors")
+    assert torch.allclose(standalone(copied), want, atol=1e-6)
+
+    def no_links(src, dst):
+        raise OSError(18, "Invalid cross-device link")
+
+    monkeypatch.setattr(policy_models.os, "link", no_links)
+    across = save_policy(pol, tmp_path / "across")
+    assert not (across / "base" / "model.safetensors").samefile(Path(pol.base) / "model.safetensors")
+    assert torch.allclose(standalone(across), want, atol=1e-6)
+
+
 def test_load_policy_errors(task, tmp_path):
     with pytest.raises(ValueError, match="arithmetic"):
         load_policy(card(), task=None, cache_dir=tmp_path)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -26,6 +27,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from ftis_flwr.config.dtypes import BF16_CPU_FLAGS, cpu_has_native_bf16, resolve_dtypes, warn_slow_bf16  # noqa: F401 (re-exported)
 from ftis_flwr.config.schema import ModelCard, default_cache_dir
 from ftis_flwr.node import sources
+from ftis_flwr.node.tiny import MARKER as TINY_MARKER
 from ftis_flwr.node.tiny import digest, warm_start
 from ftis_flwr.tasks.arithmetic import ArithmeticTask
 
@@ -208,12 +210,33 @@ def probe_logits(model: Any, tokenizer: Any, text: str = PROBE_TEXT) -> dict[str
             "top_logits": top.values.tolist(), "sum": float(logits.double().sum())}
 
 
+_CACHE_BUILT = (sources.CONVERTED_MARKER, TINY_MARKER)
+"""Markers of folders the model cache builds (``tiny.build_once``): replaced only by renaming a
+new folder over the old one, never rewritten in place, so a checkpoint may hard-link their files."""
+
+
 def _copy_base(src: Path, dst: Path) -> Path:
-    """The base model's files (weights, configs, tokenizer), not any other folder inside it."""
+    """The base model's files (weights, configs, tokenizer), not any other folder inside it.
+
+    A base the model cache built (a converted GGUF, a tiny model: see ``_CACHE_BUILT``) is
+    hard-linked where ``src`` and ``dst`` share a filesystem: a converted Gemma base is 1.1 GB,
+    written again by every LoRA checkpoint otherwise. Any other folder (a user's own model, which
+    a later ``save_pretrained`` may overwrite in place) is copied, as is a base on another
+    filesystem. A checkpoint's ``base/`` is not to be edited in place."""
     dst.mkdir(parents=True, exist_ok=True)
+    link = any((src / marker).is_file() for marker in _CACHE_BUILT)
     for f in src.iterdir():
-        if f.is_file():
-            shutil.copy2(f, dst / f.name)
+        if not f.is_file():
+            continue
+        target = dst / f.name
+        target.unlink(missing_ok=True)
+        if link:
+            try:
+                os.link(f, target)
+                continue
+            except OSError:  # another filesystem, or one without hard links
+                pass
+        shutil.copy2(f, target)
     return dst
 
 
