@@ -32,37 +32,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from answers import greedy_answers  # noqa: E402
 
 _EXPRESSION = re.compile(r"[\d\s+\-*/().]+")
-
-
-def _load(ckpt: Path):
-    """(model, tokenizer) of a saved checkpoint: a full model, or a LoRA adapter on its base."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from ftis_flwr.node.models import load_tokenizer
-
-    if (ckpt / "adapter_config.json").exists():
-        from peft import PeftModel
-
-        base = json.loads((ckpt / "adapter_config.json").read_text())["base_model_name_or_path"]
-        model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), ckpt)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
-    tok = load_tokenizer(ckpt)
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    tok.padding_side = "left"
-    return model.eval(), tok
-
-
-def start_of(ckpt: Path) -> Path:
-    """The folder of the model a checkpoint started from: a LoRA adapter's base (the adapter
-    starts as the identity), else the base ``ftis_policy.json`` names."""
-    if (ckpt / "adapter_config.json").exists():
-        return Path(json.loads((ckpt / "adapter_config.json").read_text())["base_model_name_or_path"])
-    return Path(json.loads((ckpt / "ftis_policy.json").read_text())["base"])
 
 
 def write_results(sweep: Path, done: dict, out: Path) -> int:
@@ -115,30 +88,13 @@ def kind(text: str) -> str:
 def rescore(run_dir: Path, node: dict, threads: int = 2, start: bool = False) -> dict:
     """One node's final checkpoint (``start``: the model it started from), every held-out split:
     accuracies and answer kinds."""
-    import torch
-
     from ftis_flwr.config.schema import TaskConfig
-    from ftis_flwr.node.engines.hf import HFEngine
-    from ftis_flwr.node.models import stop_token_ids
     from ftis_flwr.tasks import make_task
     from ftis_flwr.tasks.rewards import math_reward
 
-    cfg = json.loads((run_dir / "config.json").read_text())
-    torch.set_num_threads(threads)
-    task = make_task(TaskConfig(**cfg["task"]))
-    ckpt = run_dir / "checkpoints" / node["name"]
-    model, tok = _load(start_of(ckpt) if start else ckpt)
-    engine = HFEngine(model, tok, eos_token_ids=stop_token_ids(tok, model, node.get("stop_tokens") or []),
-                      vocab_size=len(tok), share_prompts=bool(cfg["rollout"].get("share_prompts", True)))
+    task = make_task(TaskConfig(**json.loads((run_dir / "config.json").read_text())["task"]))
     out = {}
-    for split in task.eval_splits:
-        problems = task.problems(split)
-        size = cfg["rounds"]["eval_size"]
-        problems = problems[:size] if size else problems
-        prompts = [list(task.prompt_ids(p, tok)) for p in problems]
-        ids = engine.greedy(prompts, max_new_tokens=cfg["rollout"]["max_new_tokens"],
-                            batch_size=cfg["rollout"]["batch_size"])
-        texts = tok.batch_decode([c.tolist() for c in ids], skip_special_tokens=True)
+    for split, (problems, texts) in greedy_answers(run_dir, node, threads, start).items():
         kinds = [kind(t) for t in texts]
         old = [math_reward(t, p.gold) for t, p in zip(texts, problems)]
         new = [task.reward(t, p) for t, p in zip(texts, problems)]

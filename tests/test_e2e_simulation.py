@@ -112,6 +112,38 @@ def test_parameters_changed_and_checkpoints_load(federation):
         "the LoRA node's adapter did not change its weights"
 
 
+@pytest.mark.usefixtures("one_torch_thread")
+def test_answers_reloads_each_checkpoint_and_gives_the_accuracies_the_run_reported(federation, tmp_path, capsys):
+    """``simulations/answers.py`` answers the run's held-out problems greedily from the saved
+    models, on the node's own code path: the final checkpoints give the accuracies of the last
+    evaluation and the starting models those of round 0, to the digit, or it says they differ."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "simulations"))
+    import answers
+
+    _, _, run_dir = federation
+    rounds = load_metrics(run_dir)
+    for start, row in ((False, rounds[-1]), (True, rounds[0])):
+        out = tmp_path / f"answers-{start}.json"
+        assert answers.main([str(run_dir), "--show", "2", "--json", str(out)] + (["--start"] if start else [])) == 0
+        printed = capsys.readouterr().out
+        assert "NOT the same" not in printed
+        got = json.loads(out.read_text())
+        assert set(got) == {"full", "lora"}
+        for node, splits in got.items():
+            for split, d in splits.items():
+                assert d["problems"] == len(d["answers"]) == 16
+                assert d["accuracy"] == pytest.approx(row["nodes"][node][f"eval/{split}/accuracy"], abs=1e-12)
+                assert d["distinct"] == len({a["answer"].strip() for a in d["answers"]})
+    assert answers.main([str(run_dir), "--node", "nobody"]) == 2
+    assert "no node nobody in this run (its nodes: full, lora)" in capsys.readouterr().err
+    assert answers.main([str(run_dir), "--split", "train"]) == 2
+    assert "no held-out split train" in capsys.readouterr().err
+    assert answers.main([str(tmp_path)]) == 2
+    assert "not a finished run's folder: no config.json and no checkpoints" in capsys.readouterr().err
+
+
 def test_run_directory_has_reports(federation):
     _, _, run_dir = federation
     for name in ("metrics.jsonl", "summary.md", "summary.json", "plot.png", "config.json"):

@@ -1,0 +1,186 @@
+"""What a finished run's models answer: greedy, on the run's own held-out problems, as the run did.
+
+    python simulations/answers.py <run folder> --node gemma --split test --show 5
+
+Why (#39): two runs of the cross-family study ended with Gemma at exactly 5.46% test and 3.98%
+OOD, and an accuracy that repeats to the digit across seeds suggests a model that answers every
+problem alike. For each node's final checkpoint (``--start``: the model it started from) and each
+held-out split, this prints
+
+- the accuracy, beside what the run reported at its last evaluation (the same code path, the
+  run's own settings and torch threads: the two must agree, and a difference is said);
+- how many of the answers are distinct, and the most common ones with their counts;
+- ``--show`` examples: the question, the reference answer, the model's answer and its score.
+
+``--json FILE`` also writes all of it, every answer included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def load_checkpoint(ckpt: Path):
+    """(model, tokenizer) of a saved checkpoint: a full model, or a LoRA adapter on its base."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from ftis_flwr.node.models import load_tokenizer
+
+    if (ckpt / "adapter_config.json").exists():
+        from peft import PeftModel
+
+        base = json.loads((ckpt / "adapter_config.json").read_text())["base_model_name_or_path"]
+        model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), ckpt)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
+    tok = load_tokenizer(ckpt)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    return model.eval(), tok
+
+
+def start_of(ckpt: Path) -> Path:
+    """The folder of the model a checkpoint started from: a LoRA adapter's base (the adapter
+    starts as the identity), else the base ``ftis_policy.json`` names."""
+    if (ckpt / "adapter_config.json").exists():
+        return Path(json.loads((ckpt / "adapter_config.json").read_text())["base_model_name_or_path"])
+    return Path(json.loads((ckpt / "ftis_policy.json").read_text())["base"])
+
+
+def greedy_answers(run_dir: Path, node: dict, threads: int | None = None, start: bool = False,
+                   splits: list[str] | None = None) -> dict[str, tuple[list, list[str]]]:
+    """split -> (problems, greedy completion texts) of one node's final checkpoint (``start``: the
+    model it started from), with the run's settings (``config.json``: task, ``eval_size``,
+    ``max_new_tokens``, ``batch_size``, stop tokens) and the node's torch threads unless
+    ``threads`` is given (a second thread can change an answer)."""
+    import torch
+
+    from ftis_flwr.config.schema import TaskConfig
+    from ftis_flwr.node.engines.hf import HFEngine
+    from ftis_flwr.node.models import stop_token_ids
+    from ftis_flwr.tasks import make_task
+
+    cfg = json.loads((run_dir / "config.json").read_text())
+    torch.set_num_threads(threads or int(node.get("torch_threads") or 1))
+    task = make_task(TaskConfig(**cfg["task"]))
+    ckpt = run_dir / "checkpoints" / node["name"]
+    model, tok = load_checkpoint(start_of(ckpt) if start else ckpt)
+    engine = HFEngine(model, tok, eos_token_ids=stop_token_ids(tok, model, node.get("stop_tokens") or []),
+                      vocab_size=len(tok), share_prompts=bool(cfg["rollout"].get("share_prompts", True)))
+    out = {}
+    size = cfg["rounds"]["eval_size"]
+    for split in splits or task.eval_splits:
+        problems = task.problems(split)
+        problems = problems[:size] if size else problems
+        prompts = [list(task.prompt_ids(p, tok)) for p in problems]
+        ids = engine.greedy(prompts, max_new_tokens=cfg["rollout"]["max_new_tokens"],
+                            batch_size=cfg["rollout"]["batch_size"])
+        out[split] = (problems, tok.batch_decode([c.tolist() for c in ids], skip_special_tokens=True))
+    return out
+
+
+def reported(run_dir: Path, node: str, split: str) -> tuple[int, float] | None:
+    """(round, accuracy) of the run's last evaluation of ``node`` on ``split``, from metrics.jsonl."""
+    from ftis_flwr.server.summary import load_metrics
+
+    key = f"eval/{split}/accuracy"
+    found = [(r["round"], r["nodes"][node][key]) for r in load_metrics(run_dir)
+             if isinstance(r.get("nodes", {}).get(node, {}).get(key), (int, float))]
+    return found[-1] if found else None
+
+
+def describe(problems: list, texts: list[str], scores: list[float], common: int = 3) -> dict:
+    """Accuracy, the distinct answers and the most common ones (stripped of surrounding space)."""
+    counts = Counter(t.strip() for t in texts)
+    return {"problems": len(texts), "accuracy": sum(scores) / len(scores) if scores else math.nan,
+            "distinct": len(counts), "most_common": counts.most_common(common),
+            "answers": [{"id": p.id, "question": p.question, "gold": p.gold, "answer": t, "score": s}
+                        for p, t, s in zip(problems, texts, scores)]}
+
+
+def _short(text: str, width: int = 70) -> str:
+    one = " ".join(text.split())
+    return json.dumps(one if len(one) <= width else one[:width - 1] + "…", ensure_ascii=False)
+
+
+def report(run_dir: Path, node: str, split: str, d: dict, show: int, start: bool) -> list[str]:
+    what = "its starting model" if start else "final checkpoint"
+    lines = [f"{node}, {split} ({what}, {d['problems']} problems, greedy): accuracy {100 * d['accuracy']:.2f}%"]
+    if not start:
+        was = reported(run_dir, node, split)
+        if was is None:
+            lines[-1] += " (the run reported no evaluation of this split)"
+        else:
+            rnd, acc = was
+            same = abs(acc - d["accuracy"]) < 1e-9
+            lines[-1] += f"; the run reported {100 * acc:.2f}% at round {rnd}" + \
+                ("" if same else " - NOT the same: the checkpoint or this code differs from the run's")
+    lines.append(f"  distinct answers: {d['distinct']} of {d['problems']}; most common: "
+                 + ", ".join(f"{n}x {_short(t, 50)}" for t, n in d["most_common"]))
+    for a in d["answers"][:max(show, 0)]:
+        lines.append(f"  {a['id']}: {_short(a['question'], 60)} | gold {_short(a['gold'], 30)} | "
+                     f"answer {_short(a['answer'])} | score {a['score']:.2f}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("run_dir", type=Path, help="a finished run's folder (config.json, metrics.jsonl, checkpoints/)")
+    ap.add_argument("--node", action="append", default=[], help="only this node (may repeat; default: every node)")
+    ap.add_argument("--split", action="append", default=[], help="only this split (may repeat; default: every "
+                    "held-out split of the task)")
+    ap.add_argument("--show", type=int, default=5, help="examples printed per node and split (default 5)")
+    ap.add_argument("--start", action="store_true", help="the model each node started from, not its final one")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: the node's own, as in the run)")
+    ap.add_argument("--json", type=Path, default=None, help="also write everything here, every answer included")
+    args = ap.parse_args(argv)
+    run_dir = args.run_dir
+    missing = [n for n in ("config.json", "checkpoints") if not (run_dir / n).exists()]
+    if missing:
+        print(f"answers: {run_dir} is not a finished run's folder: no {' and no '.join(missing)}", file=sys.stderr)
+        return 2
+    nodes = json.loads((run_dir / "config.json").read_text())["nodes"]
+    names = [n["name"] for n in nodes]
+    unknown = [n for n in args.node if n not in names]
+    if unknown:
+        print(f"answers: no node {', '.join(unknown)} in this run (its nodes: {', '.join(names)})", file=sys.stderr)
+        return 2
+    chosen = [n for n in nodes if not args.node or n["name"] in args.node]
+    no_ckpt = [n["name"] for n in chosen if not (run_dir / "checkpoints" / n["name"]).is_dir()]
+    if no_ckpt:
+        print(f"answers: no checkpoint of {', '.join(no_ckpt)} under {run_dir / 'checkpoints'}", file=sys.stderr)
+        return 2
+    from ftis_flwr.config.schema import TaskConfig
+    from ftis_flwr.tasks import make_task
+
+    task = make_task(TaskConfig(**json.loads((run_dir / "config.json").read_text())["task"]))
+    bad = [s for s in args.split if s not in task.eval_splits]
+    if bad:
+        print(f"answers: no held-out split {', '.join(bad)} in task {task.name} "
+              f"(its splits: {', '.join(task.eval_splits)})", file=sys.stderr)
+        return 2
+    everything: dict = {}
+    for node in chosen:
+        got = greedy_answers(run_dir, node, args.threads, args.start, args.split or None)
+        for split, (problems, texts) in got.items():
+            d = describe(problems, texts, list(task.rewards(list(texts), problems)))
+            everything.setdefault(node["name"], {})[split] = d
+            print("\n".join(report(run_dir, node["name"], split, d, args.show, args.start)), flush=True)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(everything, indent=1, ensure_ascii=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
