@@ -9,7 +9,10 @@ held-out split, this prints
 
 - the accuracy, beside what the run reported at its last evaluation (the same code path, the
   run's own settings and torch threads: the two must agree, and a difference is said);
-- how many of the answers are distinct, and the most common ones with their counts;
+- how many answers get full credit (a task with partial credit, such as reasoning-gym's
+  ``spell_backward``, pays for part of a wrong answer), how many ``<answer>`` texts stand word
+  for word in the question (copied instead of worked out), how many answers are distinct, and
+  the most common ones with their counts;
 - ``--show`` examples: the question, the reference answer, the model's answer and its score.
 
 ``--json FILE`` also writes all of it, every answer included.
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -99,18 +103,36 @@ def reported(run_dir: Path, node: str, split: str) -> tuple[int, float] | None:
     return found[-1] if found else None
 
 
+def copied(text: str, question: str) -> bool:
+    """Whether the completion's ``<answer>`` text (strict format) stands word for word in the
+    question, case aside: a model that copies the question (its operands, the word to spell
+    backward, an example) instead of answering it."""
+    from ftis_flwr.tasks.rewards import parse_strict_answer
+
+    answer = parse_strict_answer(text)
+    return answer is not None and re.search(rf"(?<!\w){re.escape(answer)}(?!\w)", question, re.I) is not None
+
+
 def describe(problems: list, texts: list[str], scores: list[float], common: int = 3) -> dict:
-    """Accuracy, the distinct answers and the most common ones (stripped of surrounding space)."""
+    """Accuracy, full-credit and copied answers, the distinct answers and the most common ones
+    (stripped of surrounding space)."""
     counts = Counter(t.strip() for t in texts)
     return {"problems": len(texts), "accuracy": sum(scores) / len(scores) if scores else math.nan,
-            "distinct": len(counts), "most_common": counts.most_common(common),
+            "full_credit": sum(1 for s in scores if s >= 1.0),
+            "copied": sum(copied(t, p.question) for p, t in zip(problems, texts)), "distinct": len(counts),
+            "most_common": counts.most_common(common),
             "answers": [{"id": p.id, "question": p.question, "gold": p.gold, "answer": t, "score": s}
                         for p, t, s in zip(problems, texts, scores)]}
 
 
 def _short(text: str, width: int = 70) -> str:
+    """One line of at most ``width`` characters: its start and its end (where a final answer
+    stands) with "…" between."""
     one = " ".join(text.split())
-    return json.dumps(one if len(one) <= width else one[:width - 1] + "…", ensure_ascii=False)
+    if len(one) > width:
+        head = (width - 1) // 3
+        one = one[:head] + "…" + one[len(one) - (width - 1 - head):]
+    return json.dumps(one, ensure_ascii=False)
 
 
 def report(run_dir: Path, node: str, split: str, d: dict, show: int, start: bool) -> list[str]:
@@ -125,7 +147,8 @@ def report(run_dir: Path, node: str, split: str, d: dict, show: int, start: bool
             same = abs(acc - d["accuracy"]) < 1e-9
             lines[-1] += f"; the run reported {100 * acc:.2f}% at round {rnd}" + \
                 ("" if same else " - NOT the same: the checkpoint or this code differs from the run's")
-    lines.append(f"  distinct answers: {d['distinct']} of {d['problems']}; most common: "
+    lines.append(f"  full credit (score 1): {d['full_credit']} of {d['problems']}; answer copied from the "
+                 f"question: {d['copied']}; distinct answers: {d['distinct']}; most common: "
                  + ", ".join(f"{n}x {_short(t, 50)}" for t, n in d["most_common"]))
     for a in d["answers"][:max(show, 0)]:
         lines.append(f"  {a['id']}: {_short(a['question'], 60)} | gold {_short(a['gold'], 30)} | "

@@ -1,0 +1,42 @@
+"""simulations/answers.py on synthetic answers: what it counts as full credit, copied and distinct.
+
+Its model path (greedy, on a run's own settings) is checked against a real run's reported
+accuracies in tests/test_e2e_simulation.py."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "simulations"))
+import answers  # noqa: E402
+from ftis_flwr.tasks.base import Problem  # noqa: E402
+
+Q = "Spell this word backward (example: sun -> nus): monstrator"
+
+
+def _tagged(answer: str) -> str:
+    return f"<think> I read the task. </think><answer> {answer} </answer>"
+
+
+def test_an_answer_is_copied_when_it_stands_word_for_word_in_the_question():
+    assert answers.copied(_tagged("monstrator"), Q)  # the word itself, forward
+    assert answers.copied(_tagged("NUS"), Q)  # the example's answer, case aside
+    assert not answers.copied(_tagged("rotartsnom"), Q)  # the answer worked out
+    assert not answers.copied(_tagged("mon"), Q)  # part of a word is not a word of the question
+    assert not answers.copied("monstrator", Q)  # no strict format: no answer to compare
+    assert answers.copied(_tagged("43+29"), "What is 43+29?")  # the question's expression
+
+
+def test_a_split_is_described_by_its_scores_copies_and_distinct_answers():
+    problems = [Problem(id=f"test:{i}", question=f"Spell this word backward: {w}", gold=w[::-1])
+                for i, w in enumerate(("stone", "river", "cloud", "apple"))]
+    texts = [_tagged("enots"), _tagged("river"), _tagged("rotule"), " " + _tagged("rotule") + "\n"]
+    d = answers.describe(problems, texts, [1.0, 0.2, 0.0, 0.0])
+    assert d["problems"] == 4 and d["accuracy"] == 0.3
+    assert d["full_credit"] == 1 and d["copied"] == 1
+    assert d["distinct"] == 3  # the two "rotule" answers differ only in surrounding space
+    assert d["most_common"][0] == (_tagged("rotule"), 2)
+    assert [a["gold"] for a in d["answers"]] == ["enots", "revir", "duolc", "elppa"]
+    lines = answers.report(Path("."), "gemma", "test", d, show=1, start=True)
+    assert lines[0] == "gemma, test (its starting model, 4 problems, greedy): accuracy 30.00%"
+    assert "full credit (score 1): 1 of 4; answer copied from the question: 1; distinct answers: 3" in lines[1]
+    assert len(lines) == 3 and "score 1.00" in lines[2]
