@@ -11,7 +11,8 @@ held-out split, this prints
   run's own settings and torch threads: the two must agree, and a difference is said);
 - how many answers get full credit (a task with partial credit, such as reasoning-gym's
   ``spell_backward``, pays for part of a wrong answer), how many ``<answer>`` texts stand word
-  for word in the question (copied instead of worked out), how many answers are distinct, and
+  for word in the prompt (the question or a worked example's answer, copied instead of worked
+  out), how many answers are distinct, and
   the most common ones with their counts;
 - ``--show`` examples: the question, the reference answer, the model's answer and its score.
 
@@ -62,8 +63,8 @@ def start_of(ckpt: Path) -> Path:
 
 
 def greedy_answers(run_dir: Path, node: dict, threads: int | None = None, start: bool = False,
-                   splits: list[str] | None = None) -> dict[str, tuple[list, list[str]]]:
-    """split -> (problems, greedy completion texts) of one node's final checkpoint (``start``: the
+                   splits: list[str] | None = None) -> dict[str, tuple[list, list[str], list[str]]]:
+    """split -> (problems, prompt texts, greedy completion texts) of one node's final checkpoint (``start``: the
     model it started from), with the run's settings (``config.json``: task, ``eval_size``,
     ``max_new_tokens``, ``batch_size``, stop tokens) and the node's torch threads unless
     ``threads`` is given (a second thread can change an answer)."""
@@ -89,7 +90,8 @@ def greedy_answers(run_dir: Path, node: dict, threads: int | None = None, start:
         prompts = [list(task.prompt_ids(p, tok)) for p in problems]
         ids = engine.greedy(prompts, max_new_tokens=cfg["rollout"]["max_new_tokens"],
                             batch_size=cfg["rollout"]["batch_size"])
-        out[split] = (problems, tok.batch_decode([c.tolist() for c in ids], skip_special_tokens=True))
+        out[split] = (problems, tok.batch_decode(prompts, skip_special_tokens=True),
+                      tok.batch_decode([c.tolist() for c in ids], skip_special_tokens=True))
     return out
 
 
@@ -103,23 +105,26 @@ def reported(run_dir: Path, node: str, split: str) -> tuple[int, float] | None:
     return found[-1] if found else None
 
 
-def copied(text: str, question: str) -> bool:
+def copied(text: str, prompt: str) -> bool:
     """Whether the completion's ``<answer>`` text (strict format) stands word for word in the
-    question, case aside: a model that copies the question (its operands, the word to spell
-    backward, an example) instead of answering it."""
+    prompt, case aside: a model that copies the question (its operands, the word to spell
+    backward) or a worked example's answer instead of answering."""
     from ftis_flwr.tasks.rewards import parse_strict_answer
 
     answer = parse_strict_answer(text)
-    return answer is not None and re.search(rf"(?<!\w){re.escape(answer)}(?!\w)", question, re.I) is not None
+    return answer is not None and re.search(rf"(?<!\w){re.escape(answer)}(?!\w)", prompt, re.I) is not None
 
 
-def describe(problems: list, texts: list[str], scores: list[float], common: int = 3) -> dict:
-    """Accuracy, full-credit and copied answers, the distinct answers and the most common ones
-    (stripped of surrounding space)."""
+def describe(problems: list, texts: list[str], scores: list[float], prompts: list[str] | None = None,
+             common: int = 3) -> dict:
+    """Accuracy, full-credit answers, answers copied from the prompt (``prompts``; the question
+    alone without them), the distinct answers and the most common ones (stripped of surrounding
+    space)."""
+    prompts = prompts or [p.question for p in problems]
     counts = Counter(t.strip() for t in texts)
     return {"problems": len(texts), "accuracy": sum(scores) / len(scores) if scores else math.nan,
             "full_credit": sum(1 for s in scores if s >= 1.0),
-            "copied": sum(copied(t, p.question) for p, t in zip(problems, texts)), "distinct": len(counts),
+            "copied": sum(copied(t, q) for q, t in zip(prompts, texts)), "distinct": len(counts),
             "most_common": counts.most_common(common),
             "answers": [{"id": p.id, "question": p.question, "gold": p.gold, "answer": t, "score": s}
                         for p, t, s in zip(problems, texts, scores)]}
@@ -148,7 +153,7 @@ def report(run_dir: Path, node: str, split: str, d: dict, show: int, start: bool
             lines[-1] += f"; the run reported {100 * acc:.2f}% at round {rnd}" + \
                 ("" if same else " - NOT the same: the checkpoint or this code differs from the run's")
     lines.append(f"  full credit (score 1): {d['full_credit']} of {d['problems']}; answer copied from the "
-                 f"question: {d['copied']}; distinct answers: {d['distinct']}; most common: "
+                 f"prompt: {d['copied']}; distinct answers: {d['distinct']}; most common: "
                  + ", ".join(f"{n}x {_short(t, 50)}" for t, n in d["most_common"]))
     for a in d["answers"][:max(show, 0)]:
         lines.append(f"  {a['id']}: {_short(a['question'], 60)} | gold {_short(a['gold'], 30)} | "
@@ -195,8 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     everything: dict = {}
     for node in chosen:
         got = greedy_answers(run_dir, node, args.threads, args.start, args.split or None)
-        for split, (problems, texts) in got.items():
-            d = describe(problems, texts, list(task.rewards(list(texts), problems)))
+        for split, (problems, prompts, texts) in got.items():
+            d = describe(problems, texts, list(task.rewards(list(texts), problems)), prompts)
             everything.setdefault(node["name"], {})[split] = d
             print("\n".join(report(run_dir, node["name"], split, d, args.show, args.start)), flush=True)
     if args.json:

@@ -94,7 +94,7 @@ def rescore(run_dir: Path, node: dict, threads: int = 2, start: bool = False) ->
 
     task = make_task(TaskConfig(**json.loads((run_dir / "config.json").read_text())["task"]))
     out = {}
-    for split, (problems, texts) in greedy_answers(run_dir, node, threads, start).items():
+    for split, (problems, _, texts) in greedy_answers(run_dir, node, threads, start).items():
         kinds = [kind(t) for t in texts]
         old = [math_reward(t, p.gold) for t, p in zip(texts, problems)]
         new = [task.reward(t, p) for t, p in zip(texts, problems)]
