@@ -116,7 +116,8 @@ def test_parameters_changed_and_checkpoints_load(federation):
 def test_answers_reloads_each_checkpoint_and_gives_the_accuracies_the_run_reported(federation, tmp_path, capsys):
     """``simulations/answers.py`` answers the run's held-out problems greedily from the saved
     models, on the node's own code path: the final checkpoints give the accuracies of the last
-    evaluation and the starting models those of round 0, to the digit, or it says they differ."""
+    evaluation and the starting models those of round 0, to the digit, or it says they differ;
+    and the shares of distinct and full-credit answers the nodes logged are those answers'."""
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "simulations"))
@@ -134,8 +135,12 @@ def test_answers_reloads_each_checkpoint_and_gives_the_accuracies_the_run_report
         for node, splits in got.items():
             for split, d in splits.items():
                 assert d["problems"] == len(d["answers"]) == 16
-                assert d["accuracy"] == pytest.approx(row["nodes"][node][f"eval/{split}/accuracy"], abs=1e-12)
+                logged = row["nodes"][node]
+                assert d["accuracy"] == pytest.approx(logged[f"eval/{split}/accuracy"], abs=1e-12)
                 assert d["distinct"] == len({a["answer"].strip() for a in d["answers"]})
+                # the node's own evaluation logged the same answers' distinct and full-credit shares
+                assert logged[f"eval/{split}/distinct"] == pytest.approx(d["distinct"] / 16, abs=1e-12)
+                assert logged[f"eval/{split}/full_credit"] == pytest.approx(d["full_credit"] / 16, abs=1e-12)
     assert answers.main([str(run_dir), "--node", "nobody"]) == 2
     assert "no node nobody in this run (its nodes: full, lora)" in capsys.readouterr().err
     assert answers.main([str(run_dir), "--split", "train"]) == 2

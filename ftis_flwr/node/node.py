@@ -404,7 +404,10 @@ class Node:
 
     # --------------------------------------------------------------- evaluate
     def evaluate(self) -> dict[str, float]:
-        """Greedy pass@1 on each held-out split (algorithm §9)."""
+        """Greedy pass@1 on each held-out split (algorithm §9), with two signs of answers that
+        stopped depending on the problem: the share of distinct answers (one answer for every
+        problem: 1 / n) and the share with full credit (a task with partial credit can pay a
+        model that never answers right)."""
         out = {}
         size = self.cfg.rounds.eval_size
         for split in self.task.eval_splits:
@@ -416,7 +419,10 @@ class Node:
                                                  batch_size=self.cfg.rollout.batch_size)
             texts = self.tokenizer.batch_decode([c.tolist() for c in completions], skip_special_tokens=True)
             scores = self.ranks.gather(list(self.task.rewards(list(texts), problems)))
+            answers = self.ranks.gather([t.strip() for t in texts])
             out[f"eval/{split}/accuracy"] = float(np.mean(scores)) if scores else float("nan")
+            out[f"eval/{split}/full_credit"] = float(np.mean([s >= 1.0 for s in scores])) if scores else float("nan")
+            out[f"eval/{split}/distinct"] = len(set(answers)) / len(answers) if answers else float("nan")
         return out
 
     def save(self, out_dir: Path) -> Path:

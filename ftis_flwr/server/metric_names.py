@@ -172,6 +172,11 @@ METRICS: tuple[Metric, ...] = (
                                          "be attached", "rollout"),
     _m("eval/<split>/accuracy", "fraction", "greedy pass@1 on the held-out split `<split>` (its first "
                                             "`rounds.eval_size` problems), on evaluation rounds", "rollout"),
+    _m("eval/<split>/full_credit", "fraction", "share of those greedy answers with full credit (reward 1): "
+                                               "below the accuracy when the task pays part of a wrong answer",
+       "rollout"),
+    _m("eval/<split>/distinct", "fraction", "distinct greedy answers over answers on `<split>`: 1 / n when "
+                                            "every problem gets the same answer (the summary warns)", "rollout"),
     _m("seconds_train", "seconds", "the round's training, every step", "timing"),
     _m("seconds_generate", "seconds", "generating the round's groups", "timing"),
     _m("seconds_eval", "seconds", "the evaluation (evaluation rounds only)", "timing"),

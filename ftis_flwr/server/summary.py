@@ -112,8 +112,10 @@ class Summary:
     """Per (source, receiver): filtered share, ESS and weight / log-ratio quantiles over the run
     (:func:`ftis_flwr.server.source_health.source_health`)."""
     warnings: list[str] = field(default_factory=list)
-    """What an operator must read first (a peer's samples mostly unrepresentable for a receiver:
-    :func:`ftis_flwr.server.source_health.warnings_first`)."""
+    """What an operator must read first: a peer's samples mostly unrepresentable for a receiver
+    or almost all filtered (:func:`ftis_flwr.server.source_health.warnings_first`), a node whose
+    greedy answers collapsed to one for most problems
+    (:func:`ftis_flwr.server.answer_health.collapsed_answers`)."""
 
     def to_dict(self) -> dict:
         def ch(c: Change) -> dict:
