@@ -2,6 +2,7 @@
 
     python simulations/verdicts.py runs/sweep-main            # markdown to stdout
     python simulations/verdicts.py runs/sweep-main --out runs/sweep-main/verdicts.md
+    python simulations/verdicts.py runs/sweep-main --brief   # the claims that ran, paired rule only
 
 Each claim compares two configurations of one setup on the same seeds (same models, prompts and
 sampling seed), one node at a time, on the final evaluation: d_s = 100 * (acc_A - acc_B) in
@@ -353,6 +354,19 @@ def _g_rows(results: list[dict], setup: str, nodes: list[str], labels: set[str],
     return rows
 
 
+def brief(rows: list[str]) -> list[str]:
+    """The claims that ran, in four columns for a short table (a README's): claim, node, the
+    paired mean difference with its 95% interval, seeds, and the paired rule's verdict."""
+    out = ["| claim | node | difference, points: mean [95% interval] | seeds | paired rule |",
+           "| --- | --- | --- | --- | --- |"]
+    for row in rows[2:]:
+        cells = [c.strip() for c in row.strip().strip("|").split(" | ")]
+        if cells[5].startswith("not run"):
+            continue
+        out.append(f"| {cells[1]} | {cells[2]} | {cells[6]} | {cells[4]} | {cells[9]} |")
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("sweep", help="a sweep's output folder (holding results/)")
@@ -360,11 +374,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--ood-split", default="ood")
     p.add_argument("--g", default="50", help="the reference g of F-TIS (default: the paper's 50)")
     p.add_argument("--out", default="", help="also write the table to this file")
+    p.add_argument("--brief", action="store_true",
+                   help="only the claims that ran: claim, node, the paired interval, seeds, the paired verdict")
     a = p.parse_args(argv)
     results = load_results(Path(a.sweep))
     if not results:
         raise SystemExit(f"{a.sweep}: no finished run under results/")
-    text = "\n".join(claims(results, a.id_split, a.ood_split, a.g))
+    rows = claims(results, a.id_split, a.ood_split, a.g)
+    text = "\n".join(brief(rows) if a.brief else rows)
     print(text)
     if a.out:
         Path(a.out).write_text(text + "\n")

@@ -341,6 +341,15 @@ def test_the_word_ratio_claim_compares_setup_word_with_its_base(tmp_path):
     assert weak.rstrip(" |").endswith("reproduced")  # the paired rule's verdict, last column
     strong = rows[("(ratio) word-boundary chunks above chunk ratios (ID)", "strong")]
     assert "inconclusive" in strong and strong.rstrip(" |").endswith("inconclusive")
+    from verdicts import brief
+
+    short = brief(claims(results))  # the claims that ran (not (a), (a'), (b), (e), (f), (g)), paired rule only
+    assert short[0] == "| claim | node | difference, points: mean [95% interval] | seeds | paired rule |"
+    assert "| (ratio) word-boundary chunks above chunk ratios (ID) | weak | +3.0 [+3.00, +3.00] | 8 | reproduced |" \
+        in short
+    assert {r.split(" | ")[0].lstrip("| ") for r in short[2:]} == {
+        "(ratio) word-boundary chunks above chunk ratios (ID)", "(c) F-TIS level with alone (ID)",
+        "(d) F-TIS above alone (OOD), weaker partner"}
 
 
 def test_method_table_means_and_paired_differences_on_the_seeds_every_config_ran(capsys):
