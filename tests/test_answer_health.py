@@ -1,9 +1,10 @@
-"""Greedy answers that collapsed to one for most problems (ftis_flwr.server.answer_health), from
-metrics rows as the reporter logs them, and the summary line that names them first."""
+"""Greedy answers that collapsed to one for most problems, and accuracies that are partial credit
+only (ftis_flwr.server.answer_health), from metrics rows as the reporter logs them, and the
+summary lines that name them first."""
 
 from __future__ import annotations
 
-from ftis_flwr.server.answer_health import collapsed_answers
+from ftis_flwr.server.answer_health import collapsed_answers, partial_credit_only
 from ftis_flwr.server.reporting import RunReporter
 
 
@@ -36,3 +37,15 @@ def test_the_summary_says_it_first(tmp_path):
     assert len(summary.warnings) == 1 and summary.warnings[0].startswith("gemma's greedy answers on test collapsed")
     lines = [ln for ln in (tmp_path / "run" / "summary.md").read_text().splitlines() if ln.strip()]
     assert lines[2].startswith("**Warning:** gemma's greedy answers on test collapsed")
+
+
+def test_an_accuracy_without_one_full_credit_answer_is_named_partial_credit_only():
+    def row(r, acc, full):
+        return {"round": r, "nodes": {"smollm2": {"eval/test/accuracy": acc, "eval/test/full_credit": full},
+                                      "gemma": {"eval/test/accuracy": 0.2, "eval/test/full_credit": 0.1}}}
+
+    (line,) = partial_credit_only([row(0, 0.063, 0.0), row(20, 0.1257, 0.0)])
+    assert line.startswith("smollm2's accuracy on test (12.6% at round 20) is partial credit only")
+    assert partial_credit_only([row(0, 0.063, 0.0), row(20, 0.1257, 0.01)]) == []  # one answer right
+    assert partial_credit_only([row(20, 0.0, 0.0)]) == []  # nothing scored: nothing to mistake
+    assert partial_credit_only([{"round": 20, "nodes": {"a": {"eval/test/accuracy": 0.3}}}]) == []  # not logged

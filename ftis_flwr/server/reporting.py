@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ftis_flwr.config.choices import Schedule, Tracker
-from ftis_flwr.server.answer_health import collapsed_answers
+from ftis_flwr.server.answer_health import collapsed_answers, partial_credit_only
 from ftis_flwr.server.eta import format_left, seconds_left
 from ftis_flwr.server.incidents import incidents
 from ftis_flwr.server.plots import ACC_PREFIX, ACC_SUFFIX, plot_run
@@ -268,7 +268,7 @@ class RunReporter:
             checkpoints={str(k): str(v) for k, v in (checkpoints or {}).items()},
             start_round=min((r for r in starts.values() if r is not None), default=0),
             incidents=incidents(load_events(self.run_dir)) if self.events_path.exists() else [],
-            warnings=warnings_first(self._rows) + collapsed_answers(self._rows),
+            warnings=warnings_first(self._rows) + collapsed_answers(self._rows) + partial_credit_only(self._rows),
             health=source_health(self._rows),
         )
 

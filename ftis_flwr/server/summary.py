@@ -114,8 +114,8 @@ class Summary:
     warnings: list[str] = field(default_factory=list)
     """What an operator must read first: a peer's samples mostly unrepresentable for a receiver
     or almost all filtered (:func:`ftis_flwr.server.source_health.warnings_first`), a node whose
-    greedy answers collapsed to one for most problems
-    (:func:`ftis_flwr.server.answer_health.collapsed_answers`)."""
+    greedy answers collapsed to one for most problems, or whose accuracy is partial credit only
+    (:mod:`ftis_flwr.server.answer_health`)."""
 
     def to_dict(self) -> dict:
         def ch(c: Change) -> dict:
