@@ -5,15 +5,15 @@
 Why (#39): two runs of the cross-family study ended with Gemma at exactly 5.46% test and 3.98%
 OOD, and an accuracy that repeats to the digit across seeds suggests a model that answers every
 problem alike. For each node's final checkpoint (``--start``: the model it started from) and each
-held-out split, this prints
+held-out split, this prints:
 
 - the accuracy, beside what the run reported at its last evaluation (the same code path, the
   run's own settings and torch threads: the two must agree, and a difference is said);
 - how many answers get full credit (a task with partial credit, such as reasoning-gym's
-  ``spell_backward``, pays for part of a wrong answer), how many ``<answer>`` texts stand word
-  for word in the prompt (the question or a worked example's answer, copied instead of worked
-  out), how many answers are distinct, and
-  the most common ones with their counts;
+  ``spell_backward``, pays for part of a wrong answer);
+- how many ``<answer>`` texts stand word for word in the prompt (the question or a worked
+  example's answer, copied instead of worked out);
+- how many answers are distinct, and the most common ones with their counts;
 - ``--show`` examples: the question, the reference answer, the model's answer and its score.
 
 ``--json FILE`` also writes all of it, every answer included.
