@@ -28,6 +28,7 @@ import re
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -62,22 +63,28 @@ def start_of(ckpt: Path) -> Path:
     return Path(json.loads((ckpt / "ftis_policy.json").read_text())["base"])
 
 
-def greedy_answers(run_dir: Path, node: dict, threads: int | None = None, start: bool = False,
+def run_task(cfg: dict):
+    """The task of a run's ``config.json`` (read into ``cfg``), built as the run built it."""
+    from ftis_flwr.config.schema import TaskConfig
+    from ftis_flwr.tasks import make_task
+
+    return make_task(TaskConfig(**cfg["task"]))
+
+
+def greedy_answers(run_dir: Path, node: dict, task: Any, threads: int | None = None, start: bool = False,
                    splits: list[str] | None = None) -> dict[str, tuple[list, list[str], list[str]]]:
-    """split -> (problems, prompt texts, greedy completion texts) of one node's final checkpoint (``start``: the
-    model it started from), with the run's settings (``config.json``: task, ``eval_size``,
-    ``max_new_tokens``, ``batch_size``, stop tokens) and the node's torch threads unless
-    ``threads`` is given (a second thread can change an answer)."""
+    """split -> (problems, prompt texts, greedy completion texts) of one node's final checkpoint
+    (``start``: the model it started from) on the run's ``task`` (:func:`run_task`), with the
+    run's settings (``config.json``: ``eval_size``, ``max_new_tokens``, ``batch_size``, stop
+    tokens) and the node's torch threads unless ``threads`` is given (a second thread can change
+    an answer)."""
     import torch
 
-    from ftis_flwr.config.schema import TaskConfig
     from ftis_flwr.node.engines.hf import HFEngine
     from ftis_flwr.node.models import stop_token_ids
-    from ftis_flwr.tasks import make_task
 
     cfg = json.loads((run_dir / "config.json").read_text())
     torch.set_num_threads(threads or int(node.get("torch_threads") or 1))
-    task = make_task(TaskConfig(**cfg["task"]))
     ckpt = run_dir / "checkpoints" / node["name"]
     model, tok = load_checkpoint(start_of(ckpt) if start else ckpt)
     engine = HFEngine(model, tok, eos_token_ids=stop_token_ids(tok, model, node.get("stop_tokens") or []),
@@ -95,12 +102,11 @@ def greedy_answers(run_dir: Path, node: dict, threads: int | None = None, start:
     return out
 
 
-def reported(run_dir: Path, node: str, split: str) -> tuple[int, float] | None:
-    """(round, accuracy) of the run's last evaluation of ``node`` on ``split``, from metrics.jsonl."""
-    from ftis_flwr.server.summary import load_metrics
-
+def reported(rows: list[dict], node: str, split: str) -> tuple[int, float] | None:
+    """(round, accuracy) of the run's last evaluation of ``node`` on ``split``, from the rows of
+    its metrics.jsonl."""
     key = f"eval/{split}/accuracy"
-    found = [(r["round"], r["nodes"][node][key]) for r in load_metrics(run_dir)
+    found = [(r["round"], r["nodes"][node][key]) for r in rows
              if isinstance(r.get("nodes", {}).get(node, {}).get(key), (int, float))]
     return found[-1] if found else None
 
@@ -140,11 +146,13 @@ def _short(text: str, width: int = 70) -> str:
     return json.dumps(one, ensure_ascii=False)
 
 
-def report(run_dir: Path, node: str, split: str, d: dict, show: int, start: bool) -> list[str]:
+def report(rows: list[dict], node: str, split: str, d: dict, show: int, start: bool) -> list[str]:
+    """Printed lines for one node and split; ``rows``: the run's metrics.jsonl, for the score it
+    reported (not read with ``start``)."""
     what = "its starting model" if start else "final checkpoint"
     lines = [f"{node}, {split} ({what}, {d['problems']} problems, greedy): accuracy {100 * d['accuracy']:.2f}%"]
     if not start:
-        was = reported(run_dir, node, split)
+        was = reported(rows, node, split)
         if was is None:
             lines[-1] += " (the run reported no evaluation of this split)"
         else:
@@ -177,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"answers: {run_dir} is not a finished run's folder: no {' and no '.join(missing)}", file=sys.stderr)
         return 2
-    nodes = json.loads((run_dir / "config.json").read_text())["nodes"]
+    cfg = json.loads((run_dir / "config.json").read_text())
+    nodes = cfg["nodes"]
     names = [n["name"] for n in nodes]
     unknown = [n for n in args.node if n not in names]
     if unknown:
@@ -188,22 +197,22 @@ def main(argv: list[str] | None = None) -> int:
     if no_ckpt:
         print(f"answers: no checkpoint of {', '.join(no_ckpt)} under {run_dir / 'checkpoints'}", file=sys.stderr)
         return 2
-    from ftis_flwr.config.schema import TaskConfig
-    from ftis_flwr.tasks import make_task
-
-    task = make_task(TaskConfig(**json.loads((run_dir / "config.json").read_text())["task"]))
+    task = run_task(cfg)
     bad = [s for s in args.split if s not in task.eval_splits]
     if bad:
         print(f"answers: no held-out split {', '.join(bad)} in task {task.name} "
               f"(its splits: {', '.join(task.eval_splits)})", file=sys.stderr)
         return 2
+    from ftis_flwr.server.summary import load_metrics
+
+    rows = [] if args.start else load_metrics(run_dir)
     everything: dict = {}
     for node in chosen:
-        got = greedy_answers(run_dir, node, args.threads, args.start, args.split or None)
+        got = greedy_answers(run_dir, node, task, args.threads, args.start, args.split or None)
         for split, (problems, prompts, texts) in got.items():
             d = describe(problems, texts, list(task.rewards(list(texts), problems)), prompts)
             everything.setdefault(node["name"], {})[split] = d
-            print("\n".join(report(run_dir, node["name"], split, d, args.show, args.start)), flush=True)
+            print("\n".join(report(rows, node["name"], split, d, args.show, args.start)), flush=True)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(everything, indent=1, ensure_ascii=False))

@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from answers import greedy_answers  # noqa: E402
+from answers import greedy_answers, run_task  # noqa: E402
 
 _EXPRESSION = re.compile(r"[\d\s+\-*/().]+")
 
@@ -88,13 +88,11 @@ def kind(text: str) -> str:
 def rescore(run_dir: Path, node: dict, threads: int = 2, start: bool = False) -> dict:
     """One node's final checkpoint (``start``: the model it started from), every held-out split:
     accuracies and answer kinds."""
-    from ftis_flwr.config.schema import TaskConfig
-    from ftis_flwr.tasks import make_task
     from ftis_flwr.tasks.rewards import math_reward
 
-    task = make_task(TaskConfig(**json.loads((run_dir / "config.json").read_text())["task"]))
+    task = run_task(json.loads((run_dir / "config.json").read_text()))
     out = {}
-    for split, (problems, _, texts) in greedy_answers(run_dir, node, threads, start).items():
+    for split, (problems, _, texts) in greedy_answers(run_dir, node, task, threads, start).items():
         kinds = [kind(t) for t in texts]
         old = [math_reward(t, p.gold) for t, p in zip(texts, problems)]
         new = [task.reward(t, p) for t, p in zip(texts, problems)]
