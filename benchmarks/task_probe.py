@@ -29,7 +29,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "simulations"))
 
-CANDIDATES = ("basic-math-20", "reasoning-gym:word_sequence_reversal", "reasoning-gym:spell_backward",
+CANDIDATES = ("basic-math-20", "uppercase", "reasoning-gym:word_sequence_reversal", "reasoning-gym:spell_backward",
               "reasoning-gym:letter_jumble", "reasoning-gym:word_sorting", "reasoning-gym:string_manipulation")
 
 

@@ -156,7 +156,7 @@ TINY_TOKENIZERS = names(TinyTokenizer)
 CARD_DTYPES = names(CardDtype)
 TRACKERS = names(Tracker)
 TASK_NAMES = ("arithmetic", "arithmetic-heldout", "basic-math", "basic-math-20", "gsm8k", "math500",
-              "dataset")
+              "uppercase", "dataset")
 """``task.name``'s registered names (:func:`ftis_flwr.tasks.make_task`); besides them a name may be
 ``<prefix>:<name>`` for a prefix in TASK_PREFIXES, or an import path ``<module>:<factory>``."""
 TASK_PREFIXES = ("reasoning-gym",)

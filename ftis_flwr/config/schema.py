@@ -311,6 +311,7 @@ class TaskConfig:
     name: str = "arithmetic"
     """A built-in task: "arithmetic" (offline, generated, for the tiny character models),
     "basic-math" (offline, generated one-step questions in words for small real chat models),
+    "uppercase" (a word written in capitals, for small real chat models; the ``[tasks]`` extra),
     "gsm8k" or "math500"; or "dataset" (rows read by ``datasets.load_dataset``: ``dataset``,
     ``data_files``), "reasoning-gym:<generator>" (procedural, offline; the ``[tasks]`` extra), or
     "<module>:<factory>" / "<file.py>:<factory>": a callable returning a
@@ -320,9 +321,9 @@ class TaskConfig:
     eval_paths: dict[str, str] = field(default_factory=dict)
     """gsm8k/math: named evaluation splits -> JSONL path (or hub id)."""
     seed: int = 1234
-    """arithmetic/basic-math: seed of the generated problems (and of every task's shuffle)."""
+    """arithmetic/basic-math/uppercase: seed of the generated problems (and of every task's shuffle)."""
     shots: int = field(default=0, metadata={"ge": 0})
-    """Chat tasks (basic-math, gsm8k, math500): worked examples shown as earlier chat turns
+    """Chat tasks (basic-math, uppercase, gsm8k, math500): worked examples shown as earlier chat turns
     after the paper's system prompt, each answered in the strict <think>/<answer> format.
     Default 0 (paper). A 135M model follows the format in ~1 of 64 samples without one."""
     dataset: str = ""

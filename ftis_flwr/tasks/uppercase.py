@@ -1,0 +1,90 @@
+"""Write a word in capital letters (``task.name: uppercase``): a task two tokenizer families cut
+differently, that small real models solve sometimes, with no credit for copying.
+
+Why it exists (#39): a cross-family study needs a task both models answer *exactly* right at
+least sometimes at the start, with room to learn, whose completions the two tokenizers cut into
+different pieces (where the chunk, word and sequence ratios differ). Lowercase English words are
+common tokens that every tokenizer cuts alike; the same words in capitals are rare strings that
+each byte-pair vocabulary splits its own way (``FROCK``: SmolLM2 and Gemma 3 cut about half the
+answers' tokens into chunks of several tokens). Measured with ``benchmarks/task_probe.py``.
+
+Splits, from ``TaskConfig.seed`` (no files; the word lists come with reasoning-gym, the
+``[tasks]`` extra, imported when problems are first loaded):
+
+- ``train`` and ``test`` (``TEST_SIZE`` held out): reasoning-gym's common five-letter English
+  words (its Wordle answer list, 2,315 words), shuffled with the seed.
+- ``ood``: ``OOD_SIZE`` rarer and longer words (``OOD_LETTERS`` letters) from its
+  ``words3to10.txt``, which split into even more pieces in capitals.
+
+The worked examples' words appear in no split. Reward: 1.0 when the strict
+``<think>…</think><answer>…</answer>`` format holds and the answer is the word in capitals
+exactly (a final period aside), else 0.0: the word copied as it stands in the question scores 0,
+and there is no partial credit.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from ftis_flwr.tasks.base import Problem, Task
+from ftis_flwr.tasks.gsm8k import chat_prompt, check_shots
+
+TEST_SIZE = 256
+OOD_SIZE = 256
+OOD_LETTERS = (8, 10)
+"""Length range (inclusive) of the ``ood`` words; ``train`` and ``test`` words have five letters."""
+QUESTION = "Write the word {word} in capital letters."
+DEMOS = tuple((QUESTION.format(word=w), f"<think> {w} in capital letters is {w.upper()}. </think>"
+               f"<answer> {w.upper()} </answer>") for w in ("apple", "garden"))
+DEMO_WORDS = frozenset(("apple", "garden"))
+INSTALL = 'pip install -e ".[tasks]"  (or: pip install reasoning-gym)'
+
+
+def _word_lists() -> tuple[list[str], list[str]]:
+    """(common five-letter words, longer rare words), sorted, from reasoning-gym's data files."""
+    try:
+        from reasoning_gym.data import read_data_file
+        from reasoning_gym.data.wordle_words import wordle_words
+    except ImportError as exc:
+        raise ImportError(f"task.name='uppercase' takes its words from the reasoning-gym package "
+                          f"({exc}): {INSTALL}") from None
+    lo, hi = OOD_LETTERS
+    common = sorted({w for w in wordle_words if w.isascii() and w.isalpha() and w.islower()} - DEMO_WORDS)
+    rare = sorted({w.strip() for w in read_data_file("words3to10.txt").split()
+                   if w.isascii() and w.isalpha() and w.islower() and lo <= len(w) <= hi} - DEMO_WORDS)
+    return common, rare
+
+
+class UppercaseTask(Task):
+    """Common words to capitals, rare long words held out as ``ood``; see the module docstring."""
+
+    name = "uppercase"
+    eval_splits = ("test", "ood")
+    max_new_tokens = 64
+
+    def __init__(self, seed: int = 1234, shots: int = 0) -> None:
+        super().__init__()
+        self.seed = int(seed)
+        self.shuffle_seed = self.seed + 1
+        self.shots = check_shots(shots, DEMOS, self.name)
+
+    def _load_split(self, split: str) -> list[Problem]:
+        common, rare = _word_lists()
+        if split == "ood":
+            words = random.Random(f"{self.seed}:ood").sample(rare, OOD_SIZE)
+        else:
+            random.Random(f"{self.seed}:common").shuffle(common)
+            words = common[:TEST_SIZE] if split == "test" else common[TEST_SIZE:]
+        return [Problem(id=f"{split}:{i}", question=QUESTION.format(word=w), gold=w.upper())
+                for i, w in enumerate(words)]
+
+    def prompt_text(self, problem: Problem, tokenizer: Any) -> str:
+        return chat_prompt(problem.question, tokenizer, DEMOS[:self.shots])
+
+    def reward(self, completion_text: str, problem: Problem) -> float:
+        """1 for the strict format with exactly the word in capitals in ``<answer>``, else 0."""
+        from ftis_flwr.tasks.rewards import parse_strict_answer
+
+        answer = parse_strict_answer(completion_text)
+        return float(answer is not None and answer.strip().removesuffix(".").strip() == problem.gold)
