@@ -187,3 +187,14 @@ def test_prompt_through_a_chat_template():
     assert zero == f"<|system|>{SYSTEM_PROMPT}\n<|user|>{p.question.strip()}\n<|assistant|>"
     plain = task.prompt_text(p, object())  # no chat template: plain text (a base model)
     assert plain.startswith(SYSTEM_PROMPT) and plain.endswith("Assistant:")
+
+
+def test_the_installed_release_is_part_of_what_nodes_must_agree_on():
+    """Another reasoning-gym release may generate other problems at the same seeds: a node
+    reports the release with its task's parts (the server compares them)."""
+    from importlib.metadata import version
+
+    from ftis_flwr.tasks.fingerprint import task_parts
+
+    cfg = TaskConfig(name="reasoning-gym:chain_sum", size=5)
+    assert task_parts(cfg, make_task(cfg))["reasoning-gym"] == version("reasoning-gym")

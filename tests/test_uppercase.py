@@ -89,3 +89,26 @@ def test_the_preset_checks_and_tiny_models_are_refused():
     assert experiment_errors(load_experiment("cpu-xfamily-upper")) == []
     with pytest.raises(ConfigError, match="task.name='uppercase' needs real models"):
         load_experiment("cpu-pair", {"task.name": "uppercase"})
+
+
+def test_nodes_with_other_word_lists_stop_the_run_naming_the_words(monkeypatch):
+    """Another reasoning-gym release with other word lists would give a node other words for the
+    same problem ids, and so other rewards: the task's parts carry the lists' digest, and the
+    server's agreement check names that part."""
+    from ftis_flwr.server.roster import FederationError
+    from ftis_flwr.server.task_agreement import TaskAgreement
+    from ftis_flwr.tasks import uppercase
+    from ftis_flwr.tasks.fingerprint import task_parts
+
+    cfg = TaskConfig(name="uppercase", shots=1)
+    same = task_parts(cfg, make_task(cfg))
+    assert task_parts(cfg, make_task(cfg)) == same and "data words" in same
+    real = uppercase._word_lists
+    monkeypatch.setattr(uppercase, "_word_lists", lambda: (real()[0][1:], real()[1]))
+    other = task_parts(cfg, make_task(cfg))
+    assert {k for k in same if same[k] != other[k]} == {"data words"}
+    agree = TaskAgreement()
+    agree.note("a", same)
+    agree.note("b", other)
+    with pytest.raises(FederationError, match=r"data words \(a: \w+, b: \w+\)"):
+        agree.check()

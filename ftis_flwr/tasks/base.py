@@ -91,6 +91,13 @@ class Task(abc.ABC):
             return self.reward_set(completions, problems)
         return [float(self.reward(c, p)) for c, p in zip(completions, problems)]
 
+    def source_parts(self) -> dict[str, str]:
+        """What the problems come from beyond this task's code and settings (a package's data
+        files, a generator's version), part name -> short hash or version, for the server's check
+        that every node computes its rewards from the same problems
+        (:func:`ftis_flwr.tasks.fingerprint.task_parts`). Default: nothing beyond them."""
+        return {}
+
     # -- shared -------------------------------------------------------------------------------
 
     def prompt_ids(self, problem: Problem, tokenizer: Any) -> list[int]:

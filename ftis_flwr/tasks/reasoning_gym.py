@@ -174,6 +174,16 @@ class ReasoningGymTask(Task):
 
     # -- Task -----------------------------------------------------------------------------------
 
+    def source_parts(self) -> dict[str, str]:
+        """The installed reasoning-gym release: another one may generate other problems at the
+        same seeds, or check answers otherwise."""
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return {"reasoning-gym": version("reasoning-gym")}
+        except PackageNotFoundError:
+            return {"reasoning-gym": "not installed"}
+
     def demos(self) -> tuple[tuple[str, str], ...]:
         """The ``MAX_SHOTS`` worked examples (question, strict-format answer), always the same."""
         with self._lock:

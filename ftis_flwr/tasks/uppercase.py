@@ -26,6 +26,7 @@ and there is no partial credit.
 
 from __future__ import annotations
 
+import hashlib
 import random
 from typing import Any
 
@@ -80,6 +81,12 @@ class UppercaseTask(Task):
             words = common[:TEST_SIZE] if split == "test" else common[TEST_SIZE:]
         return [Problem(id=f"{split}:{i}", question=QUESTION.format(word=w), gold=w.upper())
                 for i, w in enumerate(words)]
+
+    def source_parts(self) -> dict[str, str]:
+        """The word lists' digest: another reasoning-gym release with other lists would give a
+        node other words for the same problem ids, and so other rewards."""
+        common, rare = _word_lists()
+        return {"data words": hashlib.sha256("\n".join(common + ["--"] + rare).encode()).hexdigest()[:12]}
 
     def prompt_text(self, problem: Problem, tokenizer: Any) -> str:
         return chat_prompt(problem.question, tokenizer, DEMOS[:self.shots])
