@@ -30,7 +30,7 @@ def test_splits_are_disjoint_words_and_ood_words_are_longer():
     assert len(words["test"]) == 256 and len(words["ood"]) == 256 and len(words["train"]) > 1900
     for split, ws in words.items():
         assert len(set(ws)) == len(ws), split
-        assert not set(ws) & DEMO_WORDS, split
+        assert not set(ws) & set(DEMO_WORDS), split
         assert all(w.isalpha() and w.islower() for w in ws), split
         assert [p.gold for p in task.problems(split)] == [w.upper() for w in ws]
         assert [p.id for p in task.problems(split)] == [f"{split}:{i}" for i in range(len(ws))]
@@ -79,6 +79,9 @@ def test_worked_examples_show_the_format_in_the_chat_prompt():
 
 
 def test_without_reasoning_gym_the_check_names_the_pip_line(monkeypatch):
+    from ftis_flwr.tasks import uppercase
+
+    uppercase._word_lists.cache_clear()  # lists read by an earlier test in this process
     monkeypatch.setitem(sys.modules, "reasoning_gym", None)  # what `import` sees when not installed
     monkeypatch.setitem(sys.modules, "reasoning_gym.data", None)
     errors = task_errors(TaskConfig(name="uppercase"))
@@ -103,8 +106,8 @@ def test_nodes_with_other_word_lists_stop_the_run_naming_the_words(monkeypatch):
     cfg = TaskConfig(name="uppercase", shots=1)
     same = task_parts(cfg, make_task(cfg))
     assert task_parts(cfg, make_task(cfg)) == same and "data words" in same
-    real = uppercase._word_lists
-    monkeypatch.setattr(uppercase, "_word_lists", lambda: (real()[0][1:], real()[1]))
+    common, rare = uppercase._word_lists()
+    monkeypatch.setattr(uppercase, "_word_lists", lambda: (common[1:], rare))
     other = task_parts(cfg, make_task(cfg))
     assert {k for k in same if same[k] != other[k]} == {"data words"}
     agree = TaskAgreement()

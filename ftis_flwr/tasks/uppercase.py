@@ -26,26 +26,29 @@ and there is no partial credit.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
 from typing import Any
 
 from ftis_flwr.tasks.base import Problem, Task
 from ftis_flwr.tasks.gsm8k import chat_prompt, check_shots
+from ftis_flwr.tasks.reasoning_gym import INSTALL
 
 TEST_SIZE = 256
 OOD_SIZE = 256
 OOD_LETTERS = (8, 10)
 """Length range (inclusive) of the ``ood`` words; ``train`` and ``test`` words have five letters."""
 QUESTION = "Write the word {word} in capital letters."
+DEMO_WORDS = ("apple", "garden")
 DEMOS = tuple((QUESTION.format(word=w), f"<think> {w} in capital letters is {w.upper()}. </think>"
-               f"<answer> {w.upper()} </answer>") for w in ("apple", "garden"))
-DEMO_WORDS = frozenset(("apple", "garden"))
-INSTALL = 'pip install -e ".[tasks]"  (or: pip install reasoning-gym)'
+               f"<answer> {w.upper()} </answer>") for w in DEMO_WORDS)
 
 
-def _word_lists() -> tuple[list[str], list[str]]:
-    """(common five-letter words, longer rare words), sorted, from reasoning-gym's data files."""
+@functools.lru_cache(maxsize=1)
+def _word_lists() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(common five-letter words, longer rare words), sorted, from reasoning-gym's data files;
+    read once per process (every split and the fingerprint take them)."""
     try:
         from reasoning_gym.data import read_data_file
         from reasoning_gym.data.wordle_words import wordle_words
@@ -53,10 +56,10 @@ def _word_lists() -> tuple[list[str], list[str]]:
         raise ImportError(f"task.name='uppercase' takes its words from the reasoning-gym package "
                           f"({exc}): {INSTALL}") from None
     lo, hi = OOD_LETTERS
-    common = sorted({w for w in wordle_words if w.isascii() and w.isalpha() and w.islower()} - DEMO_WORDS)
+    common = sorted({w for w in wordle_words if w.isascii() and w.isalpha() and w.islower()} - set(DEMO_WORDS))
     rare = sorted({w.strip() for w in read_data_file("words3to10.txt").split()
-                   if w.isascii() and w.isalpha() and w.islower() and lo <= len(w) <= hi} - DEMO_WORDS)
-    return common, rare
+                   if w.isascii() and w.isalpha() and w.islower() and lo <= len(w) <= hi} - set(DEMO_WORDS))
+    return tuple(common), tuple(rare)
 
 
 class UppercaseTask(Task):
@@ -77,8 +80,9 @@ class UppercaseTask(Task):
         if split == "ood":
             words = random.Random(f"{self.seed}:ood").sample(rare, OOD_SIZE)
         else:
-            random.Random(f"{self.seed}:common").shuffle(common)
-            words = common[:TEST_SIZE] if split == "test" else common[TEST_SIZE:]
+            words = list(common)
+            random.Random(f"{self.seed}:common").shuffle(words)
+            words = words[:TEST_SIZE] if split == "test" else words[TEST_SIZE:]
         return [Problem(id=f"{split}:{i}", question=QUESTION.format(word=w), gold=w.upper())
                 for i, w in enumerate(words)]
 
@@ -86,7 +90,7 @@ class UppercaseTask(Task):
         """The word lists' digest: another reasoning-gym release with other lists would give a
         node other words for the same problem ids, and so other rewards."""
         common, rare = _word_lists()
-        return {"data words": hashlib.sha256("\n".join(common + ["--"] + rare).encode()).hexdigest()[:12]}
+        return {"data words": hashlib.sha256("\n".join((*common, "--", *rare)).encode()).hexdigest()[:12]}
 
     def prompt_text(self, problem: Problem, tokenizer: Any) -> str:
         return chat_prompt(problem.question, tokenizer, DEMOS[:self.shots])
