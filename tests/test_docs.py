@@ -87,19 +87,30 @@ def test_the_key_count_the_docs_quote_is_the_keys_there_are():
     assert quoted == [str(len(flat))], (quoted, len(flat))
 
 
-def test_the_study_progress_the_docs_quote_is_the_results_there_are():
-    """docs/real-models.md and the README say how many of the cross-family study's runs are
-    finished; that number must be the result files kept beside it (each with its run's metrics),
-    and the study grid's size."""
-    page = (REPO / "docs" / "real-models.md").read_text() + (REPO / "README.md").read_text()
+def _study(name: str) -> tuple[set[str], set[str]]:
+    """(the grid's run keys, the keys of the result files kept in docs/sweep-<name>/results), each
+    kept result with its run's metrics beside it."""
     sys.path.insert(0, str(REPO / "simulations"))
     from sweep_grid import load_grid
 
-    grid = load_grid(REPO / "simulations" / "sweeps" / "xfamily-rg.yaml", check_configs=False)
+    grid = load_grid(REPO / "simulations" / "sweeps" / f"{name}.yaml", check_configs=False)
     keys = {point.key for point in grid.points}
-    counts = {(int(done), int(total)) for done, total in re.findall(r"(\d+) of (\d+)\s+runs", page)}
-    kept = {p.stem for p in (REPO / "docs" / "sweep-xfamily-rg" / "results").glob("*.json")}
-    assert counts == {(len(kept), len(keys))}, (counts, len(kept), len(keys))
+    kept = {p.stem for p in (REPO / "docs" / f"sweep-{name}" / "results").glob("*.json")}
     assert kept <= keys, kept - keys
     for key in kept:
-        assert (REPO / "docs" / "sweep-xfamily-rg" / "run-data" / key / "metrics.jsonl").is_file(), key
+        assert (REPO / "docs" / f"sweep-{name}" / "run-data" / key / "metrics.jsonl").is_file(), key
+    return keys, kept
+
+
+def test_the_study_progress_the_docs_quote_is_the_results_there_are():
+    """The spell_backward study is complete: every run of its grid is kept. docs/real-models.md and
+    the README say how many of the uppercase study's runs are finished; that number must be the
+    result files kept beside it (each with its run's metrics), and the grid's size."""
+    keys, kept = _study("xfamily-rg")
+    assert kept == keys, keys - kept
+    page = (REPO / "docs" / "real-models.md").read_text() + (REPO / "README.md").read_text()
+    keys, kept = _study("xfamily-upper")
+    counts = {(int(done), int(total)) for done, total in re.findall(r"(\d+) of (\d+)\s+runs", page)}
+    counts |= {(int(done), int(total))
+               for total, done in re.findall(r"Of its (\d+) runs, (\d+) (?:is|are) finished", page)}
+    assert counts == {(len(kept), len(keys))}, (counts, len(kept), len(keys))
