@@ -84,11 +84,6 @@ def _cells(figs: list[dict]) -> list[str]:
             span("ess", lambda v: f"{v:.2f}"), span("merged", lambda v: _pct(v, 1))]
 
 
-def node_row(node: str, rounds: list[dict]) -> list[str]:
-    """One node's metrics rows (training rounds) -> the cells of its table row."""
-    return _cells([node_figures(rounds, node)])
-
-
 def _runs(run_dirs: list[Path]) -> list[tuple[Path, str, list[dict]]]:
     """(run, node, the node's training-round metrics) for every node of every run, in order."""
     out = []
@@ -105,18 +100,19 @@ def config_name(run: Path) -> str:
 
 
 def table(run_dirs: list[Path], by_config: bool = False) -> str:
+    """One row per run and node, or (``by_config``) per configuration and node with the number of
+    runs it folds."""
     first = "| configuration | runs | node | " if by_config else "| run | node | "
     width = len(COLUMNS) + first.count("|") - 1
     lines = [first + " | ".join(COLUMNS) + " |", "| " + " | ".join(["---"] * width) + " |"]
-    if not by_config:
-        for run, node, rounds in _runs(run_dirs):
-            lines.append(f"| {run.name} | {node} | " + " | ".join(node_row(node, rounds)) + " |")
-        return "\n".join(lines)
-    groups: dict[tuple[str, str], list[dict]] = {}
+    groups: dict[tuple[object, str], tuple[str, list[dict]]] = {}
     for run, node, rounds in _runs(run_dirs):
-        groups.setdefault((config_name(run), node), []).append(node_figures(rounds, node))
-    for (config, node), figs in groups.items():
-        lines.append(f"| {config} | {len(figs)} | {node} | " + " | ".join(_cells(figs)) + " |")
+        label = config_name(run) if by_config else run.name
+        key = (label if by_config else run, node)  # without --by-config, one row per run directory
+        groups.setdefault(key, (label, []))[1].append(node_figures(rounds, node))
+    for (_, node), (label, figs) in groups.items():
+        count = f"{len(figs)} | " if by_config else ""
+        lines.append(f"| {label} | {count}{node} | " + " | ".join(_cells(figs)) + " |")
     return "\n".join(lines)
 
 

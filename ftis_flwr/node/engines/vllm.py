@@ -162,8 +162,8 @@ class VLLMEngine:
         if workdir is None:
             for folder in remove_stale_workdirs():
                 log.info("deleted %s, left by an engine whose process is gone", folder)
-        self.workdir = (Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-")) if workdir is None
-                        else Path(workdir))
+            workdir = tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-")
+        self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         base_dir = self.workdir / "base"
         self._write_base(base_dir)

@@ -9,21 +9,13 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from ftis_flwr.node.processes import _pid_alive
+
 __all__ = ["WORKDIR_PREFIX", "remove_stale_workdirs"]
 
 WORKDIR_PREFIX = "ftis-vllm-"
 """An engine's own temporary folder is ``<tmp>/ftis-vllm-<pid>-<random>``: the owner's pid in the
 name lets a later engine find and delete the folder of one that was killed (1 GB or more each)."""
-
-
-def _pid_runs(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: it runs
-        return True
-    return True
 
 
 def remove_stale_workdirs(root: str | Path | None = None) -> list[Path]:
@@ -38,7 +30,7 @@ def remove_stale_workdirs(root: str | Path | None = None) -> list[Path]:
             mine = folder.is_dir() and folder.stat().st_uid == os.getuid()
         except OSError:
             continue
-        if m is None or not mine or _pid_runs(int(m.group(1))):
+        if m is None or not mine or _pid_alive(int(m.group(1))):
             continue
         shutil.rmtree(folder, ignore_errors=True)
         removed.append(folder)
