@@ -26,7 +26,6 @@ import os
 import secrets
 import shutil
 import socket
-import tempfile
 import threading
 import time
 import traceback
@@ -38,6 +37,7 @@ from ftis_flwr.node.handle import HANDSHAKE_TIMEOUT, WorkerError, WorkerHandle
 from ftis_flwr.node.processes import _kill_own_group_but_me
 from ftis_flwr.node.rank_group import RankGroup, run
 from ftis_flwr.node.ranks import Ranks
+from ftis_flwr.node.tempdirs import WORKER_PREFIX, make_owned_tempdir
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +238,7 @@ class _Server:
 
     def serve(self):
         authkey = secrets.token_bytes(32)
-        private = Path(tempfile.mkdtemp(prefix="ftis-worker-"))  # 0700: other users cannot connect
+        private = make_owned_tempdir(WORKER_PREFIX)  # 0700: other users cannot connect
         self.private = private
         path = str(private / "sock")  # short: Unix socket paths are capped at 108 bytes
         listener = Listener(path, family="AF_UNIX")

@@ -37,7 +37,6 @@ import hashlib
 import logging
 import os
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -46,7 +45,7 @@ import numpy as np
 import torch
 
 from ftis_flwr.node.engines.hf import Sample, check_prompts, check_sampling
-from ftis_flwr.node.engines.workdirs import WORKDIR_PREFIX, remove_stale_workdirs
+from ftis_flwr.node.tempdirs import VLLM_PREFIX, make_owned_tempdir
 
 __all__ = ["VLLMEngine", "VLLM_INSTALL", "import_vllm"]
 
@@ -160,9 +159,7 @@ class VLLMEngine:
         self.lora = _is_peft(model)
         self._own_workdir = workdir is None
         if workdir is None:
-            for folder in remove_stale_workdirs():
-                log.info("deleted %s, left by an engine whose process is gone", folder)
-            workdir = tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-")
+            workdir = make_owned_tempdir(VLLM_PREFIX)
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         base_dir = self.workdir / "base"
