@@ -373,7 +373,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--id-split", default="test")
     p.add_argument("--ood-split", default="ood")
     p.add_argument("--g", default="50", help="the reference g of F-TIS (default: the paper's 50)")
-    p.add_argument("--out", default="", help="also write the table to this file")
+    p.add_argument("--out", default="", help="also write the table to this file (a note quoted at the "
+                   "top of the file it replaces, its lines starting with '>', is kept above the table)")
     p.add_argument("--brief", action="store_true",
                    help="only the claims that ran: claim, node, the paired interval, seeds, the paired verdict")
     a = p.parse_args(argv)
@@ -384,7 +385,22 @@ def main(argv: list[str] | None = None) -> None:
     text = "\n".join(brief(rows) if a.brief else rows)
     print(text)
     if a.out:
-        Path(a.out).write_text(text + "\n")
+        out = Path(a.out)
+        out.write_text(leading_note(out) + text + "\n")
+
+
+def leading_note(path: Path) -> str:
+    """The note quoted at the top of ``path`` (its first lines starting with ``>``, and one blank
+    line after them), or ``""``: a page's note (e.g. which reward its runs trained with) survives a
+    redraw of its table."""
+    if not path.is_file():
+        return ""
+    note = []
+    for line in path.read_text().splitlines():
+        if not line.startswith(">"):
+            break
+        note.append(line)
+    return "\n".join(note) + "\n\n" if note else ""
 
 
 if __name__ == "__main__":

@@ -248,3 +248,26 @@ def test_verdicts_table_shows_both_rules_side_by_side():
     a5 = {(r.split(" | ")[1], r.split(" | ")[2]): r.split(" | ")
           for r in five[2:]}[("(a) NoIS ends below alone (ID)", "weak")]
     assert a5[5] == "inconclusive (above in 4/5 seeds)" and a5[9] == "inconclusive |"
+
+
+def test_out_keeps_the_note_quoted_at_the_top_of_the_page_it_redraws(tmp_path, capsys):
+    """A kept page opens with a note (which reward its runs trained with); redrawing its table with
+    ``--out`` replaces the table and keeps the note. A page without one gets the table alone."""
+    import json
+
+    from verdicts import main
+
+    sweep = tmp_path / "sweep"
+    (sweep / "results").mkdir(parents=True)
+    for seed, d in enumerate(SIXTEEN[:5]):
+        for r in (_result("s", "alone", seed, 0.60), _result("s", "nois", seed, 0.60 - d / 100)):
+            (sweep / "results" / f"{r['point']['key']}.json").write_text(json.dumps(r))
+    page = tmp_path / "verdicts.md"
+    page.write_text("> These runs trained with the old reward.\n> Read them as such.\n\n| old | table |\n")
+    main([str(sweep), "--out", str(page)])
+    table = capsys.readouterr().out
+    assert table.startswith("| setup | claim |") and "old | table" not in page.read_text()
+    assert page.read_text() == "> These runs trained with the old reward.\n> Read them as such.\n\n" + table
+    fresh = tmp_path / "fresh.md"
+    main([str(sweep), "--out", str(fresh)])
+    assert fresh.read_text() == capsys.readouterr().out == table
