@@ -1,5 +1,5 @@
 """How far each node's received samples were from it, run by run: what the filter and the truncation
-saw. docs/real-models.md, "The cross-family pair over seeds".
+saw. docs/real-studies.md, "The cross-family pair over seeds".
 
     python simulations/foreign_kl.py docs/sweep-xfamily/run-data/*/
 

@@ -119,7 +119,7 @@ native bfloat16): what a reader needs to tell whether two runs could repeat each
 def machine() -> dict[str, Any]:
     """This machine as a run's result records it: CPU model, cores, the kernel-picking flags of
     :data:`MACHINE_FLAGS` it has, and torch's version. A study spread over machines can then say
-    which runs came from which CPU (docs/real-models.md, "What repeats across CPUs")."""
+    which runs came from which CPU (docs/real-studies.md, "What repeats across CPUs")."""
     import os
     import platform
 

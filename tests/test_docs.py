@@ -103,12 +103,12 @@ def _study(name: str) -> tuple[set[str], set[str]]:
 
 
 def test_the_study_progress_the_docs_quote_is_the_results_there_are():
-    """The spell_backward study is complete: every run of its grid is kept. docs/real-models.md and
+    """The spell_backward study is complete: every run of its grid is kept. docs/real-studies.md and
     the README say how many of the uppercase study's runs are finished; that number must be the
     result files kept beside it (each with its run's metrics), and the grid's size."""
     keys, kept = _study("xfamily-rg")
     assert kept == keys, keys - kept
-    page = (REPO / "docs" / "real-models.md").read_text() + (REPO / "README.md").read_text()
+    page = (REPO / "docs" / "real-studies.md").read_text() + (REPO / "README.md").read_text()
     keys, kept = _study("xfamily-upper")
     counts = {(int(done), int(total)) for done, total in re.findall(r"(\d+) of (\d+)\s+runs", page)}
     counts |= {(int(done), int(total))

@@ -1,7 +1,7 @@
 """Greedy answers that stopped depending on the problem, read from the rows of metrics.jsonl.
 
 Why: a model can end on one answer for every problem and still score, when the task pays part
-of a wrong answer. In the cross-family study (docs/real-models.md) Gemma answered the worked
+of a wrong answer. In the cross-family study (docs/real-studies.md) Gemma answered the worked
 example's ``rotule`` to all 128 test problems in two runs and ended on 5.46% from partial
 credit alone, and no model of that study spelled a single word backward; nothing in the
 accuracy said so. Each evaluation logs the share of distinct answers (``eval/<split>/distinct``)
