@@ -159,6 +159,20 @@ def mdd(d: list[float], level: float = LEVEL, power: float = POWER) -> float | N
     return (t_quantile(1 - (1 - level) / 2, n - 1) + t_quantile(power, n - 1)) * sd / math.sqrt(n)
 
 
+def seeds_for(d: list[float], target: float, level: float = LEVEL, power: float = POWER,
+              most: int = 10_000) -> int | None:
+    """How many seeds would bring the MDD (``mdd``) down to ``target`` points, if the per-seed
+    differences kept the spread of ``d``: the smallest n >= 2 with (t_{1-(1-level)/2, n-1} +
+    t_{power, n-1}) * sd(d) / sqrt(n) <= target. None with fewer than 2 seeds, or above ``most``."""
+    if len(d) < 2 or target <= 0:
+        return None
+    sd = float(np.std(np.asarray(d, dtype=float), ddof=1))
+    for n in range(2, most + 1):
+        if (t_quantile(1 - (1 - level) / 2, n - 1) + t_quantile(power, n - 1)) * sd / math.sqrt(n) <= target:
+            return n
+    return None
+
+
 def judge(lo: float, hi: float, kind: str, margin: float = LEVEL_MARGIN) -> str:
     """The verdict an interval [lo, hi] gives a claim of ``kind`` "above" (d > 0 claimed) or
     "level" (|d| <= margin claimed)."""

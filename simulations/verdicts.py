@@ -3,6 +3,7 @@
     python simulations/verdicts.py runs/sweep-main            # markdown to stdout
     python simulations/verdicts.py runs/sweep-main --out runs/sweep-main/verdicts.md
     python simulations/verdicts.py runs/sweep-main --brief   # the claims that ran, paired rule only
+    python simulations/verdicts.py runs/sweep-main --plan 2  # + the seeds an MDD of 2 points needs
 
 Each claim compares two configurations of one setup on the same seeds (same models, prompts and
 sampling seed), one node at a time, on the final evaluation: d_s = 100 * (acc_A - acc_B) in
@@ -65,7 +66,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from paired import HEADER, NOT_RUN, cells  # noqa: E402
+from paired import HEADER, NOT_RUN, cells, seeds_for  # noqa: E402
 from sweep_report import config_label, load_results  # noqa: E402
 
 MIN_SEEDS = 5
@@ -161,9 +162,14 @@ def verdict(d: list[float], kind: str) -> str:
     return f"inconclusive (mean {mean:+.1f} points, seeds split {above}/{below})"
 
 
-def both(d: list[float], kind: str) -> str:
-    """Today's rule's verdict, then the paired rule's cells (``paired.cells``), for one claim."""
-    return f"{verdict(d, kind)} | {cells(d, kind)}"
+def both(d: list[float], kind: str, plan: float | None = None) -> str:
+    """Today's rule's verdict, then the paired rule's cells (``paired.cells``), for one claim;
+    with ``plan``, last, the seeds whose MDD would be ``plan`` points (``paired.seeds_for``)."""
+    text = f"{verdict(d, kind)} | {cells(d, kind)}"
+    if plan is not None:
+        n = seeds_for(d, plan)
+        text += f" | {'-' if n is None else n}"
+    return text
 
 
 def fmt_points(d: list[float]) -> str:
@@ -194,26 +200,32 @@ def _g_value(label: str) -> float:
 
 
 def claims(results: list[dict], id_split: str = "test", ood_split: str = "ood",
-           reference_g: str = "50") -> list[str]:
+           reference_g: str = "50", plan: float | None = None) -> list[str]:
     """Markdown rows: setup, claim, node, paired difference mean (min..max), n, today's rule's
-    verdict, then the paired rule's mean [95% interval], Wilcoxon p, MDD and verdict."""
-    rows = [f"| setup | claim | node | difference, points: mean (min..max) | seeds | today's rule | {HEADER} |",
-            "|" + " --- |" * 10]
+    verdict, then the paired rule's mean [95% interval], Wilcoxon p, MDD and verdict; with
+    ``plan``, a last column: how many seeds would bring the MDD down to ``plan`` points."""
+    extra = "" if plan is None else f" seeds for an MDD of {plan:g} |"
+    rows = [f"| setup | claim | node | difference, points: mean (min..max) | seeds | today's rule | {HEADER} |{extra}",
+            "|" + " --- |" * (10 if plan is None else 11)]
+    not_run = NOT_RUN if plan is None else NOT_RUN + " | -"
+
+    def judge(d: list[float], kind: str) -> str:
+        return both(d, kind, plan)
     labels = {config_label(r["point"]) for r in results}
     ftis = reference_ftis(labels, reference_g)
     setups = list(dict.fromkeys(r["point"]["setup"] for r in results))
     for setup in setups:
         nodes = list(starts(results, setup, id_split))
         if setup.endswith(RULE_SUFFIX) and setup[:-len(RULE_SUFFIX)] in setups:
-            rows += _variant_rows(results, setup, setup[:-len(RULE_SUFFIX)], nodes, ftis, id_split,
+            rows += _variant_rows(results, setup, setup[:-len(RULE_SUFFIX)], nodes, ftis, id_split, judge,
                                   '(rule) "or" level with "and" (ID)', "level", variant_first=True)
             continue
         if setup.endswith(RATIO_SUFFIX) and setup[:-len(RATIO_SUFFIX)] in setups:
-            rows += _variant_rows(results, setup, setup[:-len(RATIO_SUFFIX)], nodes, ftis, id_split,
+            rows += _variant_rows(results, setup, setup[:-len(RATIO_SUFFIX)], nodes, ftis, id_split, judge,
                                   "(ratio) chunk ratios above a sequence ratio (ID)", "above", variant_first=False)
             continue
         if setup.endswith(WORD_SUFFIX) and setup[:-len(WORD_SUFFIX)] in setups:
-            rows += _variant_rows(results, setup, setup[:-len(WORD_SUFFIX)], nodes, ftis, id_split,
+            rows += _variant_rows(results, setup, setup[:-len(WORD_SUFFIX)], nodes, ftis, id_split, judge,
                                   "(ratio) word-boundary chunks above chunk ratios (ID)", "above", variant_first=True)
             continue
         alone_id, alone_ood = finals(results, setup, "alone", id_split), finals(results, setup, "alone", ood_split)
@@ -222,28 +234,28 @@ def claims(results: list[dict], id_split: str = "test", ood_split: str = "ood",
             for node in nodes:
                 d = paired(alone_id, nois_id, node)
                 rows.append(f"| {setup} | (a) NoIS ends below alone (ID) | {node} | {fmt_points(d)} | {len(d)} | "
-                            f"{both(d, 'above')} |")
+                            f"{judge(d, 'above')} |")
         else:
-            rows.append(f"| {setup} | (a) NoIS ends below alone (ID) | - | - | 0 | not run | {NOT_RUN} |")
+            rows.append(f"| {setup} | (a) NoIS ends below alone (ID) | - | - | 0 | not run | {not_run} |")
         if ftis is None or not alone_id:
-            rows.append(f"| {setup} | (c), (d) | - | - | 0 | not run (no f-tis vertical or alone) | {NOT_RUN} |")
+            rows.append(f"| {setup} | (c), (d) | - | - | 0 | not run (no f-tis vertical or alone) | {not_run} |")
             continue
         ftis_id, ftis_ood = finals(results, setup, ftis, id_split), finals(results, setup, ftis, ood_split)
         if nois_id:
             for node in nodes:
                 d = paired(ftis_id, nois_id, node)
                 rows.append(f"| {setup} | (a') F-TIS ends above NoIS (ID) | {node} | {fmt_points(d)} | {len(d)} | "
-                            f"{both(d, 'above')} |")
+                            f"{judge(d, 'above')} |")
         for node in nodes:
             d = paired(ftis_id, alone_id, node)
             rows.append(f"| {setup} | (c) F-TIS level with alone (ID) | {node} | {fmt_points(d)} | {len(d)} | "
-                        f"{both(d, 'level')} |")
+                        f"{judge(d, 'level')} |")
         start = starts(results, setup, id_split)
         weaker = weaker_partner(start, alone_id)
         d = paired(ftis_ood, alone_ood, weaker)
         rows.append(f"| {setup} | (d) F-TIS above alone (OOD), weaker partner | {weaker} "
-                    f"(ID {start[weaker]:.3f} at round 0) | {fmt_points(d)} | {len(d)} | {both(d, 'above')} |")
-        rows += _more(results, setup, nodes, labels, ftis, id_split)
+                    f"(ID {start[weaker]:.3f} at round 0) | {fmt_points(d)} | {len(d)} | {judge(d, 'above')} |")
+        rows += _more(results, setup, nodes, labels, ftis, id_split, judge)
     def has(part: str) -> bool:
         return any(part in lab for lab in labels)
 
@@ -254,7 +266,7 @@ def claims(results: list[dict], id_split: str = "test", ood_split: str = "ood",
                                bool(_g_compared(labels, ftis)))):
         if not ran:
             rows.append(f"| all | {claim} | - | - | 0 | not run (needs {needs} runs: sweeps/extra-*.yaml) | "
-                        f"{NOT_RUN} |")
+                        f"{not_run} |")
     return rows
 
 
@@ -264,7 +276,7 @@ WORD_SUFFIX = "-word"
 
 
 def _variant_rows(results: list[dict], setup: str, base: str, nodes: list[str], ftis: str | None,
-                  id_split: str, claim: str, kind: str, variant_first: bool) -> list[str]:
+                  id_split: str, judge, claim: str, kind: str, variant_first: bool) -> list[str]:
     """A claim between setup ``<base>`` and its variant ``setup`` (same seeds), F-TIS's final ID
     accuracy per node; ``variant_first``: the difference is variant - base, else base - variant.
     (rule): ``<base>-or`` level with ``<base>``; (ratio): ``<base>`` above ``<base>-seq``."""
@@ -275,12 +287,12 @@ def _variant_rows(results: list[dict], setup: str, base: str, nodes: list[str], 
     rows = []
     for node in nodes:
         d = paired(a, b, node)
-        rows.append(f"| {base} | {claim} | {node} | {fmt_points(d)} | {len(d)} | {both(d, kind)} |")
+        rows.append(f"| {base} | {claim} | {node} | {fmt_points(d)} | {len(d)} | {judge(d, kind)} |")
     return rows
 
 
 def _more(results: list[dict], setup: str, nodes: list[str], labels: set[str], ftis: str,
-          id_split: str) -> list[str]:
+          id_split: str, judge) -> list[str]:
     """Rows of (b), (e), (f) and (g) where their runs exist (see the module's docstring)."""
     rows = []
     nois = finals(results, setup, "nois vertical", id_split)
@@ -295,7 +307,7 @@ def _more(results: list[dict], setup: str, nodes: list[str], labels: set[str], f
             share = (f"; recovers {sum(d) / sum(lost):.0%} of NoIS's loss to alone"
                      if lost and sum(lost) > 0 and len(lost) == len(d) else "")
             rows.append(f"| {setup} | (b) F-NoIS ends above NoIS (ID) | {node} | {fmt_points(d)}{share} | {len(d)} | "
-                        f"{both(d, 'above')} |")
+                        f"{judge(d, 'above')} |")
     fvis_label = next((lab for lab in sorted(labels) if lab.startswith("f-vis vertical")), None)
     early = first_eval_after_start(results, setup, id_split)
     if fvis_label and ftis and early is not None and finals(results, setup, fvis_label, id_split):
@@ -304,18 +316,18 @@ def _more(results: list[dict], setup: str, nodes: list[str], labels: set[str], f
         for node in nodes:
             d = paired(fvis_e, ftis_e, node)
             rows.append(f"| {setup} | (f) F-VIS above F-TIS early (ID, round {early}) | {node} | {fmt_points(d)} | "
-                        f"{len(d)} | {both(d, 'above')} |")
+                        f"{len(d)} | {judge(d, 'above')} |")
             d = paired(ftis_l, fvis_l, node)
             rows.append(f"| {setup} | (f) F-VIS below F-TIS at the end (ID) | {node} | {fmt_points(d)} | {len(d)} | "
-                        f"{both(d, 'above')} |")
+                        f"{judge(d, 'above')} |")
     horizontal = next((lab for lab in sorted(labels) if lab.startswith("f-tis horizontal")), None)
     vert, hor = (finals(results, setup, lab, id_split) if lab else {} for lab in (ftis, horizontal))
     if vert and hor:  # a setup the horizontal grid left out has no row
         for node in nodes:
             d = paired(vert, hor, node)
             rows.append(f"| {setup} | (e) vertical F-TIS ends above horizontal (ID) | {node} | {fmt_points(d)} | "
-                        f"{len(d)} | {both(d, 'above')} |")
-    rows += _g_rows(results, setup, nodes, labels, ftis, id_split, early)
+                        f"{len(d)} | {judge(d, 'above')} |")
+    rows += _g_rows(results, setup, nodes, labels, ftis, id_split, early, judge)
     return rows
 
 
@@ -329,7 +341,7 @@ def _g_compared(labels: set[str], ftis: str | None) -> list[str]:
 
 
 def _g_rows(results: list[dict], setup: str, nodes: list[str], labels: set[str], ftis: str | None,
-            id_split: str, early: int | None) -> list[str]:
+            id_split: str, early: int | None, judge) -> list[str]:
     """(g): every schedule and smaller constant g above the reference early; the reference above
     every smaller constant g at the end."""
     if ftis is None or early is None:
@@ -344,26 +356,33 @@ def _g_rows(results: list[dict], setup: str, nodes: list[str], labels: set[str],
         for node in nodes:
             d = paired(finals(results, setup, lab, id_split, at=early), ref_e, node)
             rows.append(f"| {setup} | (g) {g} above {ref} early (ID, round {early}) | {node} | {fmt_points(d)} | "
-                        f"{len(d)} | {both(d, 'above')} |")
+                        f"{len(d)} | {judge(d, 'above')} |")
         if lab.startswith("f-tis vertical g=lin"):
             continue  # a schedule ends at the reference g: "late" compares constants only
         for node in nodes:
             d = paired(ref_l, finals(results, setup, lab, id_split), node)
             rows.append(f"| {setup} | (g) {ref} above {g} at the end (ID) | {node} | {fmt_points(d)} | "
-                        f"{len(d)} | {both(d, 'above')} |")
+                        f"{len(d)} | {judge(d, 'above')} |")
     return rows
 
 
 def brief(rows: list[str]) -> list[str]:
     """The claims that ran, in four columns for a short table (a README's): claim, node, the
     paired mean difference with its 95% interval, seeds, and the paired rule's verdict."""
-    out = ["| claim | node | difference, points: mean [95% interval] | seeds | paired rule |",
-           "| --- | --- | --- | --- | --- |"]
+    def split(row: str) -> list[str]:
+        return [c.strip() for c in row.strip().strip("|").split(" | ")]
+
+    def tail(cells: list[str]) -> str:  # claims(plan=...)'s last column, where it is there
+        return "".join(f" {c} |" for c in cells[10:])
+
+    head = split(rows[0])
+    out = ["| claim | node | difference, points: mean [95% interval] | seeds | paired rule |" + tail(head),
+           "| --- | --- | --- | --- | --- |" + " --- |" * len(head[10:])]
     for row in rows[2:]:
-        cells = [c.strip() for c in row.strip().strip("|").split(" | ")]
+        cells = split(row)
         if cells[5].startswith("not run"):
             continue
-        out.append(f"| {cells[1]} | {cells[2]} | {cells[6]} | {cells[4]} | {cells[9]} |")
+        out.append(f"| {cells[1]} | {cells[2]} | {cells[6]} | {cells[4]} | {cells[9]} |" + tail(cells))
     return out
 
 
@@ -377,11 +396,16 @@ def main(argv: list[str] | None = None) -> None:
                    "top of the file it replaces, its lines starting with '>', is kept above the table)")
     p.add_argument("--brief", action="store_true",
                    help="only the claims that ran: claim, node, the paired interval, seeds, the paired verdict")
+    p.add_argument("--plan", type=float, default=None, metavar="POINTS",
+                   help="add a column: how many seeds would bring the minimum detectable difference "
+                   "down to POINTS, if the per-seed differences kept their spread")
     a = p.parse_args(argv)
+    if a.plan is not None and a.plan <= 0:
+        p.error(f"--plan {a.plan:g}: a difference in points above 0")
     results = load_results(Path(a.sweep))
     if not results:
         raise SystemExit(f"{a.sweep}: no finished run under results/")
-    rows = claims(results, a.id_split, a.ood_split, a.g)
+    rows = claims(results, a.id_split, a.ood_split, a.g, plan=a.plan)
     text = "\n".join(brief(rows) if a.brief else rows)
     print(text)
     if a.out:

@@ -271,3 +271,42 @@ def test_out_keeps_the_note_quoted_at_the_top_of_the_page_it_redraws(tmp_path, c
     fresh = tmp_path / "fresh.md"
     main([str(sweep), "--out", str(fresh)])
     assert fresh.read_text() == capsys.readouterr().out == table
+
+
+def test_seeds_for_a_target_mdd():
+    """sd 1 ([0, sqrt 2]): the MDD is (t_{.975,n-1} + t_{.8,n-1}) / sqrt(n): 1.267 at 7 seeds and
+    1.153 at 8, so an MDD of 1.2 needs 8 seeds. The MDD a study has is reached at its own seed
+    count; no spread needs 2 seeds; one seed, or a target of 0, says nothing."""
+    from paired import seeds_for
+
+    one = [0.0, math.sqrt(2.0)]
+    assert seeds_for(one, 1.2) == 8
+    assert seeds_for(one, 1.27) == 7
+    assert seeds_for(SIXTEEN, mdd(SIXTEEN)) == 16
+    assert seeds_for(SIXTEEN, mdd(SIXTEEN) / 2) > 16 * 3  # half the MDD: about four times the seeds
+    assert seeds_for([2.0] * 5, 0.5) == 2
+    assert seeds_for([1.0], 2.0) is None and seeds_for(one, 0.0) is None
+    assert seeds_for(one, 1e-3, most=100) is None
+
+
+def test_the_plan_column_says_how_many_seeds_would_reach_the_mdd(capsys):
+    """verdicts.py --plan P adds a last column, in the full and the brief table: the seeds whose
+    MDD would be P points for each claim that ran (paired.seeds_for), "-" for one that did not."""
+    from paired import seeds_for
+    from verdicts import brief, claims
+
+    results = []
+    for seed, d in enumerate(SIXTEEN):
+        results += [_result("s", "alone", seed, 0.60), _result("s", "nois", seed, 0.60 - d / 100),
+                    _result("s", "f-tis", seed, 0.60)]
+    rows = claims(results, plan=2.0)
+    assert rows[0].endswith("| paired rule | seeds for an MDD of 2 |") and all(r.count("|") == 12 for r in rows)
+    by = {(r.split(" | ")[1], r.split(" | ")[2]): r.split(" | ") for r in rows[2:]}
+    assert by[("(a) NoIS ends below alone (ID)", "weak")][10] == f"{seeds_for(SIXTEEN, 2.0)} |"
+    assert by[("(b) F-NoIS recovers most of NoIS's loss", "-")][9:] == ["not run", "- |"]
+    plain = claims(results)  # without --plan: the same rows, less the last column
+    assert len(plain) == len(rows) and all(b.startswith(a) and b.count("|") == a.count("|") + 1
+                                           for a, b in zip(plain, rows))
+    short = brief(rows)
+    assert short[0].endswith("| paired rule | seeds for an MDD of 2 |")
+    assert all(r.count("|") == 7 for r in short)
