@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -71,6 +72,8 @@ from sweep_report import config_label, load_results  # noqa: E402
 
 MIN_SEEDS = 5
 LEVEL_POINTS = 2.0
+Judge = Callable[[list[float], str], str]
+"""A claim's verdict cells from its per-seed differences and kind ("above" / "level"): ``both``."""
 
 
 def finals(results: list[dict], setup: str, label: str, split: str, at: int | None = None
@@ -211,6 +214,7 @@ def claims(results: list[dict], id_split: str = "test", ood_split: str = "ood",
 
     def judge(d: list[float], kind: str) -> str:
         return both(d, kind, plan)
+
     labels = {config_label(r["point"]) for r in results}
     ftis = reference_ftis(labels, reference_g)
     setups = list(dict.fromkeys(r["point"]["setup"] for r in results))
@@ -276,7 +280,7 @@ WORD_SUFFIX = "-word"
 
 
 def _variant_rows(results: list[dict], setup: str, base: str, nodes: list[str], ftis: str | None,
-                  id_split: str, judge, claim: str, kind: str, variant_first: bool) -> list[str]:
+                  id_split: str, judge: Judge, claim: str, kind: str, variant_first: bool) -> list[str]:
     """A claim between setup ``<base>`` and its variant ``setup`` (same seeds), F-TIS's final ID
     accuracy per node; ``variant_first``: the difference is variant - base, else base - variant.
     (rule): ``<base>-or`` level with ``<base>``; (ratio): ``<base>`` above ``<base>-seq``."""
@@ -292,7 +296,7 @@ def _variant_rows(results: list[dict], setup: str, base: str, nodes: list[str], 
 
 
 def _more(results: list[dict], setup: str, nodes: list[str], labels: set[str], ftis: str,
-          id_split: str, judge) -> list[str]:
+          id_split: str, judge: Judge) -> list[str]:
     """Rows of (b), (e), (f) and (g) where their runs exist (see the module's docstring)."""
     rows = []
     nois = finals(results, setup, "nois vertical", id_split)
@@ -341,7 +345,7 @@ def _g_compared(labels: set[str], ftis: str | None) -> list[str]:
 
 
 def _g_rows(results: list[dict], setup: str, nodes: list[str], labels: set[str], ftis: str | None,
-            id_split: str, early: int | None, judge) -> list[str]:
+            id_split: str, early: int | None, judge: Judge) -> list[str]:
     """(g): every schedule and smaller constant g above the reference early; the reference above
     every smaller constant g at the end."""
     if ftis is None or early is None:
