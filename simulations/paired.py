@@ -155,7 +155,11 @@ def mdd(d: list[float], level: float = LEVEL, power: float = POWER) -> float | N
     n = len(d)
     if n < 2:
         return None
-    sd = float(np.std(np.asarray(d, dtype=float), ddof=1))
+    return _mdd(float(np.std(np.asarray(d, dtype=float), ddof=1)), n, level, power)
+
+
+def _mdd(sd: float, n: int, level: float, power: float) -> float:
+    """The MDD of n seeds whose differences have standard deviation ``sd``."""
     return (t_quantile(1 - (1 - level) / 2, n - 1) + t_quantile(power, n - 1)) * sd / math.sqrt(n)
 
 
@@ -167,10 +171,7 @@ def seeds_for(d: list[float], target: float, level: float = LEVEL, power: float 
     if len(d) < 2 or target <= 0:
         return None
     sd = float(np.std(np.asarray(d, dtype=float), ddof=1))
-    for n in range(2, most + 1):
-        if (t_quantile(1 - (1 - level) / 2, n - 1) + t_quantile(power, n - 1)) * sd / math.sqrt(n) <= target:
-            return n
-    return None
+    return next((n for n in range(2, most + 1) if _mdd(sd, n, level, power) <= target), None)
 
 
 def judge(lo: float, hi: float, kind: str, margin: float = LEVEL_MARGIN) -> str:
