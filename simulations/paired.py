@@ -167,11 +167,18 @@ def seeds_for(d: list[float], target: float, level: float = LEVEL, power: float 
               most: int = 10_000) -> int | None:
     """How many seeds would bring the MDD (``mdd``) down to ``target`` points, if the per-seed
     differences kept the spread of ``d``: the smallest n >= 2 with (t_{1-(1-level)/2, n-1} +
-    t_{power, n-1}) * sd(d) / sqrt(n) <= target. None with fewer than 2 seeds, or above ``most``."""
+    t_{power, n-1}) * sd(d) / sqrt(n) <= target (it falls as n grows, so a bisection finds it).
+    None with fewer than 2 seeds, or above ``most``."""
     if len(d) < 2 or target <= 0:
         return None
     sd = float(np.std(np.asarray(d, dtype=float), ddof=1))
-    return next((n for n in range(2, most + 1) if _mdd(sd, n, level, power) <= target), None)
+    if _mdd(sd, most, level, power) > target:
+        return None
+    lo, hi = 1, most  # the MDD falls as n grows: bisect for the first n at or under the target
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if _mdd(sd, mid, level, power) <= target else (mid, hi)
+    return hi
 
 
 def judge(lo: float, hi: float, kind: str, margin: float = LEVEL_MARGIN) -> str:

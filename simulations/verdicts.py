@@ -404,7 +404,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="add a column: how many seeds would bring the minimum detectable difference "
                    "down to POINTS, if the per-seed differences kept their spread")
     a = p.parse_args(argv)
-    if a.plan is not None and a.plan <= 0:
+    if a.plan is not None and not (0 < a.plan < float("inf")):
         p.error(f"--plan {a.plan:g}: a difference in points above 0")
     results = load_results(Path(a.sweep))
     if not results:
