@@ -1,4 +1,5 @@
-"""The built wheel: the library and its presets, no top-level `clients` or `server_app` packages."""
+"""The built wheel: the library and its presets, no top-level `clients` or `server_app` packages.
+The Flower app bundle `flwr run` uploads: the apps, not the docs' study data."""
 
 import subprocess
 import sys
@@ -27,3 +28,20 @@ def test_only_the_library_is_a_top_level_package(wheel):
 def test_presets_and_shipped_models_are_in_the_wheel(wheel):
     assert "ftis_flwr/config/presets/cpu-pair.yaml" in wheel  # no force-include: they live in the package
     assert any(n.startswith("ftis_flwr/assets/tiny/") and n.endswith(".safetensors") for n in wheel)
+
+
+def test_the_flower_app_bundle_holds_the_apps_and_stays_far_below_flowers_limit():
+    """`flwr run` refuses a bundle over 10 MiB; the docs' study data alone passed 9 MB, so
+    pyproject's `fab-exclude` leaves docs/, tests/ and benchmarks/ out. A quarter of the limit
+    leaves room to grow and fails here, not in every `flwr run` test at once."""
+    import io
+
+    from flwr.cli.build import build_fab_from_disk
+    from flwr.common.constant import FAB_MAX_SIZE
+
+    fab = build_fab_from_disk(REPO)
+    names = zipfile.ZipFile(io.BytesIO(fab)).namelist()
+    assert {"server_app/server_app.py", "clients/client_app.py", "pyproject.toml"} <= set(names)
+    assert "ftis_flwr/config/presets/cpu-pair.yaml" in names
+    assert not [n for n in names if n.split("/")[0] in ("docs", "tests", "benchmarks")]
+    assert len(fab) < FAB_MAX_SIZE / 4, f"the bundle is {len(fab):,} bytes"
