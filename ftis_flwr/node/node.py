@@ -25,7 +25,7 @@ import torch
 from ftis_flwr.config.choices import AdvantageMode, CardDtype, CrossTokenizerRatio
 from ftis_flwr.config.dtypes import resolve_dtypes
 from ftis_flwr.config.plan import memory_warning
-from ftis_flwr.config.schema import ExperimentConfig, ModelCard
+from ftis_flwr.config.schema import ExperimentConfig, LossConfig, ModelCard
 from ftis_flwr.maths.advantages import frac_zero_std_groups, g_for_round, pooled_advantages, pooled_rewards
 from ftis_flwr.maths.loss import LossInputs, compute_loss
 from ftis_flwr.maths.loss_metrics import LossStats, clip_frac, loss_metrics, own_gap
@@ -253,39 +253,7 @@ class Node:
         batches = micro_batches(samples, cfg.train.micro_batch_size, self.ranks)
         old: list[torch.Tensor | None] = []  # per micro-batch pi_old log-probs (CPU), for updates >= 1
         for update in range(n_updates):
-            self.optimizer.zero_grad(set_to_none=True)
-            denominator = 0.0
-            stats: list[LossStats] = []
-            for k, part in enumerate(batches):
-                if not part:  # a rank with fewer samples still runs every forward and backward
-                    out = compute_loss(self._loss_inputs(samples[:1]), loss_cfg, metrics=False)
-                    (out.loss_sum * 0.0).backward()  # (FSDP2 gathers and reduces in lockstep)
-                    if update == 0 and n_updates > 1:
-                        old.append(None)
-                    continue
-                inputs = self._loss_inputs(part, old[k] if update else None)
-                out = compute_loss(inputs, loss_cfg, metrics=False)
-                if out.denominator > 0 or self.ranks.sharded:
-                    out.loss_sum.backward()
-                denominator += out.denominator
-                stats.append(out.stats)
-                if update == 0 and n_updates > 1:  # the forward the first update trains on
-                    old.append(inputs.logprobs.detach().to("cpu", copy=True))
-            denominator = self.ranks.all_sum(denominator)
-            if denominator > 0:
-                # FSDP2 averages gradients over the ranks: the sum over every sample is world x that
-                scale = denominator / self.ranks.world if self.ranks.sharded else denominator
-                for p in self.params:
-                    if p.grad is not None:
-                        p.grad.div_(scale)
-            grad_norm = norm_value(torch.nn.utils.clip_grad_norm_(self.params, cfg.train.grad_clip))
-            if update in (0, n_updates - 1):  # the stats the metrics describe: every rank's
-                stats = self.ranks.gather(stats)
-            if denominator > 0 and math.isfinite(grad_norm):
-                self.optimizer.step()
-            elif not math.isfinite(grad_norm):
-                log.warning("node %s: non-finite grad norm, step skipped", self.card.name)
-                metrics["steps_skipped_nonfinite"] = metrics.get("steps_skipped_nonfinite", 0.0) + 1
+            denominator, grad_norm, stats = self._step(samples, batches, loss_cfg, old, update, metrics)
             if update == 0:  # the round-start policy: what the filter and the weights saw
                 whole = LossStats.concat(stats)
                 metrics.update(loss_metrics(whole, loss_cfg.trunc_c))
@@ -318,6 +286,49 @@ class Node:
             "updates": float(self.updates),
         })
         return metrics
+
+    def _step(self, samples: list[Sample], batches: list[list[Sample]], loss_cfg: LossConfig,
+              old: list[torch.Tensor | None], update: int,
+              metrics: dict[str, float]) -> tuple[float, float, list[LossStats]]:
+        """One optimiser step over every micro-batch: returns the loss denominator summed over
+        ranks, the clipped gradient norm, and the micro-batches' stats (every rank's on the first
+        and last update, the ones the metrics describe). The first update fills ``old`` with its
+        log-probs when more updates follow; the later ones take their ratios against them."""
+        n_updates = self.cfg.train.updates_per_round
+        self.optimizer.zero_grad(set_to_none=True)
+        denominator = 0.0
+        stats: list[LossStats] = []
+        for k, part in enumerate(batches):
+            if not part:  # a rank with fewer samples still runs every forward and backward
+                out = compute_loss(self._loss_inputs(samples[:1]), loss_cfg, metrics=False)
+                (out.loss_sum * 0.0).backward()  # (FSDP2 gathers and reduces in lockstep)
+                if update == 0 and n_updates > 1:
+                    old.append(None)
+                continue
+            inputs = self._loss_inputs(part, old[k] if update else None)
+            out = compute_loss(inputs, loss_cfg, metrics=False)
+            if out.denominator > 0 or self.ranks.sharded:
+                out.loss_sum.backward()
+            denominator += out.denominator
+            stats.append(out.stats)
+            if update == 0 and n_updates > 1:  # the forward the first update trains on
+                old.append(inputs.logprobs.detach().to("cpu", copy=True))
+        denominator = self.ranks.all_sum(denominator)
+        if denominator > 0:
+            # FSDP2 averages gradients over the ranks: the sum over every sample is world x that
+            scale = denominator / self.ranks.world if self.ranks.sharded else denominator
+            for p in self.params:
+                if p.grad is not None:
+                    p.grad.div_(scale)
+        grad_norm = norm_value(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.train.grad_clip))
+        if update in (0, n_updates - 1):  # the stats the metrics describe: every rank's
+            stats = self.ranks.gather(stats)
+        if denominator > 0 and math.isfinite(grad_norm):
+            self.optimizer.step()
+        elif not math.isfinite(grad_norm):
+            log.warning("node %s: non-finite grad norm, step skipped", self.card.name)
+            metrics["steps_skipped_nonfinite"] = metrics.get("steps_skipped_nonfinite", 0.0) + 1
+        return denominator, grad_norm, stats
 
     def _group_keys(self, groups: list[Group]) -> list[str]:
         """Groups sharing a key share advantage statistics (only horizontal mode pools)."""
