@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
             scores = task.rewards(texts, problems)
             full = float(np.mean([s >= 1.0 for s in scores]))
             prompts = tok.batch_decode(ids, skip_special_tokens=True)
-            copies = float(np.mean([copied(t, q) for t, q in zip(texts, prompts)]))
+            copies = float(np.mean([copied(t, q, not task.answer_case_matters) for t, q in zip(texts, prompts)]))
             share, refused = multi_share(tok, other, texts)
             print(f"| {task_name} | {name} | {float(np.mean(scores)):.2f} | {full:.2f} | {copies:.2f} | "
                   f"{100 * share:.1f}% | {100 * refused:.0f}% | {time.perf_counter() - t0:.0f} |", flush=True)

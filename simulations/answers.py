@@ -12,7 +12,8 @@ held-out split, this prints:
 - how many answers get full credit (a task with partial credit, such as reasoning-gym's
   ``spell_backward``, pays for part of a wrong answer);
 - how many ``<answer>`` texts stand word for word in the prompt (the question or a worked
-  example's answer, copied instead of worked out);
+  example's answer, copied instead of worked out; case aside, unless the task's reward reads
+  case, as ``uppercase``'s does);
 - how many answers are distinct, and the most common ones with their counts;
 - ``--show`` examples: the question, the reference answer, the model's answer and its score.
 
@@ -111,26 +112,29 @@ def reported(rows: list[dict], node: str, split: str) -> tuple[int, float] | Non
     return found[-1] if found else None
 
 
-def copied(text: str, prompt: str) -> bool:
+def copied(text: str, prompt: str, ignore_case: bool = True) -> bool:
     """Whether the completion's ``<answer>`` text (strict format) stands word for word in the
-    prompt, case aside: a model that copies the question (its operands, the word to spell
-    backward) or a worked example's answer instead of answering."""
+    prompt: a model that copies the question (its operands, the word to spell backward) or a
+    worked example's answer instead of answering. Case aside unless ``ignore_case`` is False,
+    as for a task whose reward reads case (``Task.answer_case_matters``: on ``uppercase`` the
+    right answer is the question's word in capitals, not a copy)."""
     from ftis_flwr.tasks.rewards import parse_strict_answer
 
     answer = parse_strict_answer(text)
-    return answer is not None and re.search(rf"(?<!\w){re.escape(answer)}(?!\w)", prompt, re.I) is not None
+    flags = re.I if ignore_case else 0
+    return answer is not None and re.search(rf"(?<!\w){re.escape(answer)}(?!\w)", prompt, flags) is not None
 
 
 def describe(problems: list, texts: list[str], scores: list[float], prompts: list[str] | None = None,
-             common: int = 3) -> dict:
+             common: int = 3, ignore_case: bool = True) -> dict:
     """Accuracy, full-credit answers, answers copied from the prompt (``prompts``; the question
-    alone without them), the distinct answers and the most common ones (stripped of surrounding
-    space)."""
+    alone without them; :func:`copied`'s ``ignore_case``), the distinct answers and the most
+    common ones (stripped of surrounding space)."""
     prompts = prompts or [p.question for p in problems]
     counts = Counter(t.strip() for t in texts)
     return {"problems": len(texts), "accuracy": sum(scores) / len(scores) if scores else math.nan,
             "full_credit": sum(1 for s in scores if s >= 1.0),
-            "copied": sum(copied(t, q) for q, t in zip(prompts, texts)), "distinct": len(counts),
+            "copied": sum(copied(t, q, ignore_case) for q, t in zip(prompts, texts)), "distinct": len(counts),
             "most_common": counts.most_common(common),
             "answers": [{"id": p.id, "question": p.question, "gold": p.gold, "answer": t, "score": s}
                         for p, t, s in zip(problems, texts, scores)]}
@@ -210,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     for node in chosen:
         got = greedy_answers(run_dir, node, task, args.threads, args.start, args.split or None)
         for split, (problems, prompts, texts) in got.items():
-            d = describe(problems, texts, list(task.rewards(list(texts), problems)), prompts)
+            d = describe(problems, texts, list(task.rewards(list(texts), problems)), prompts,
+                         ignore_case=not task.answer_case_matters)
             everything.setdefault(node["name"], {})[split] = d
             print("\n".join(report(rows, node["name"], split, d, args.show, args.start)), flush=True)
     if args.json:

@@ -45,3 +45,27 @@ def test_a_split_is_described_by_its_scores_copies_and_distinct_answers():
     assert lines[0] == "gemma, test (its starting model, 4 problems, greedy): accuracy 30.00%"
     assert "full credit (score 1): 1 of 4; answer copied from the prompt: 1; distinct answers: 3" in lines[1]
     assert len(lines) == 3 and "score 1.00" in lines[2]
+
+
+def test_on_a_task_whose_reward_reads_case_only_the_word_as_written_is_a_copy():
+    """On ``uppercase`` the right answer is the question's word in capitals: counted case aside,
+    every right answer would be a copy. The task says its reward reads case, and answers.py's
+    count follows it."""
+    import pytest
+
+    pytest.importorskip("reasoning_gym")
+    from ftis_flwr.config.schema import TaskConfig
+    from ftis_flwr.tasks import make_task
+    from ftis_flwr.tasks.uppercase import QUESTION
+
+    task = make_task(TaskConfig(name="uppercase", shots=1))
+    assert task.answer_case_matters and not make_task(TaskConfig(name="basic-math")).answer_case_matters
+    problems = task.problems("test")[:3]
+    prefix, suffix = QUESTION.split("{word}")
+    words = [p.question[len(prefix):-len(suffix)] for p in problems]
+    texts = [_tagged(words[0].upper()), _tagged(words[1]), _tagged("?")]  # right, the word as written, neither
+    scores = list(task.rewards(texts, problems))
+    assert scores == [1.0, 0.0, 0.0]
+    assert answers.describe(problems, texts, scores)["copied"] == 2  # case aside: the right one too
+    d = answers.describe(problems, texts, scores, ignore_case=not task.answer_case_matters)
+    assert d["copied"] == 1 and d["full_credit"] == 1

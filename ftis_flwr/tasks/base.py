@@ -36,7 +36,8 @@ class Task(abc.ABC):
     and :meth:`prompt_text`.
 
     Class attributes a subclass sets: ``name``, ``eval_splits`` (the splits evaluated, in
-    reporting order) and ``max_new_tokens`` (a completion-length hint for the engines).
+    reporting order), ``max_new_tokens`` (a completion-length hint for the engines) and, where
+    the reward reads letter case, ``answer_case_matters``.
     """
 
     name: str = "task"
@@ -45,6 +46,9 @@ class Task(abc.ABC):
     max_new_tokens: int = 640
     shuffle_seed: int = 0
     """Seed of the train-index permutation (subclasses derive it from their config)."""
+    answer_case_matters: bool = False
+    """Whether the reward tells ``FROCK`` from ``frock``. Analysis tools read it: an answer counts
+    as copied from the prompt only letter case included where it does (simulations/answers.py)."""
 
     def __init__(self) -> None:
         self._cache: dict[str, list[Problem]] = {}

@@ -67,6 +67,7 @@ class UppercaseTask(Task):
 
     name = "uppercase"
     eval_splits = ("test", "ood")
+    answer_case_matters = True  # the word as the question writes it is the copy that scores 0
     max_new_tokens = 64
 
     def __init__(self, seed: int = 1234, shots: int = 0) -> None:
