@@ -11,6 +11,7 @@ next) and logs it to a file.
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -77,6 +78,43 @@ def simulate(preset: str, overrides: Mapping[str, Any], *, experiment: Any = Non
     if "run_dir" not in result:
         raise SystemExit(f"{preset}: the run did not finish (see the log above)")
     return result["run_dir"]
+
+
+def incomplete(run_dir: str | Path, order: list[str]) -> list[str]:
+    """Why a finished run is unfit for a study's tables, one line per node of ``order`` that never
+    replied or failed the last round (so the run has no final figures from it); empty when every
+    node replied in the last round. The federation goes on without a failed node, as it should,
+    but a node whose model cannot be built (a missing package, a bad adapter setting) fails every
+    round, and a run without it must not stand in a table as if both had trained."""
+    from ftis_flwr.server.summary import load_events, load_metrics
+
+    rows = load_metrics(run_dir)
+    if not rows:
+        return [f"{run_dir}: no metrics rows"]
+    last = rows[-1]["round"]
+    why = {}
+    for e in load_events(run_dir):
+        if e.get("event") == "node_failed" and e.get("node") not in why:
+            why[e.get("node")] = _last_error_line(str(e.get("reason", "")))
+    out = []
+    for name in order:
+        replied = [r["round"] for r in rows if name in r.get("nodes", {})]
+        if not replied:
+            out.append(f"node {name} failed every one of the run's {len(rows)} rounds")
+        elif replied[-1] != last:
+            out.append(f"node {name} failed the last round ({last}): the run has no final figures from it")
+        else:
+            continue
+        if why.get(name):
+            out[-1] += f"; its first failure: {why[name]}"
+    return out
+
+
+def _last_error_line(reason: str) -> str:
+    """The line of a failure's text (a traceback, as Ray passes it on) that names the error."""
+    lines = [ln.strip() for ln in reason.splitlines() if re.match(r"\s*[\w.]*(Error|Exception)\b", ln)]
+    text = lines[-1] if lines else reason.strip().splitlines()[0] if reason.strip() else ""
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def _num(x: Any) -> float | None:

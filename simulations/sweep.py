@@ -7,7 +7,9 @@ The grid file is described in ``sweep_grid.py``. Each run is one Flower simulati
 (``flwr.simulation.run_simulation`` with the project's ServerApp and ClientApp) in its own
 process, logged to ``<out>/logs/<key>.log``; a finished run writes ``<out>/results/<key>.json``
 and is never run again, so an interrupted sweep resumes where it stopped. A failed run is
-reported with its log and the sweep goes on (it is retried next time). Tiny models are
+reported with its log and the sweep goes on (it is retried next time); so is a run in which a
+node failed every round or the last one (the federation goes on without it, but such a run has
+no final figures from that node and is not written as a result). Tiny models are
 warm-started once, before the first run, into the shared cache (``FTIS_CACHE``, else
 ``~/.cache/ftis-flwr``: keyed by everything that determines them), so no run warm-starts.
 At the end (and with ``--report-only``): ``results.csv``, ``results.md`` and PNG figures in
@@ -70,6 +72,18 @@ def models(grid: Grid) -> list[tuple[str, str, str]]:
                 state = "local file or folder" if local else "hub id, fetched by its node at the first run"
                 out.append((s["name"], card.name, f"{card.source}: {state}"))
     return out
+
+
+def missing(grid: Grid) -> list[str]:
+    """What the grid's points need and this machine lacks (a named source's package, a tracker's),
+    one line each: found before the first run, not after each of them has failed."""
+    from ftis_flwr.cli import missing_packages
+    from ftis_flwr.config.merge import load_experiment
+
+    used = {p.setup for p in grid.points}
+    return list(dict.fromkeys(f"{s['name']}: {line}" for s in grid.setups if s["name"] in used
+                              for line in missing_packages(load_experiment(s["preset"], s["overrides"],
+                                                                           import_registries=False))))
 
 
 def warm_all(grid: Grid) -> None:
@@ -145,7 +159,7 @@ def dry_run(grid: Grid, out: Path) -> None:
 
 def run_point(grid_path: Path, key: str, out: Path) -> None:
     """The child process: run one grid point and write its result file (atomically)."""
-    from runs import card_order, machine, simulate, summarize
+    from runs import card_order, incomplete, machine, simulate, summarize
 
     grid = load_grid(grid_path)
     point = next((p for p in grid.points if p.key == key), None)
@@ -157,10 +171,15 @@ def run_point(grid_path: Path, key: str, out: Path) -> None:
     tmp.write_text("")  # fails now, not after the run, when the result cannot be written
     t0 = time.perf_counter()
     run_dir = simulate(point.preset, dict(point.overrides, run_dir=str(out / "runs" / key)))
+    order = card_order(point.preset, dict(point.overrides))
+    if problems := incomplete(run_dir, order):
+        tmp.unlink()
+        raise SystemExit(f"{key}: no result written (the run in {run_dir} is incomplete):\n  "
+                         + "\n  ".join(problems))
     result = {"point": {"key": key, "setup": point.setup, "method": point.method, "mode": point.mode,
                         "g": point.g, "seed": point.seed, "preset": point.preset},
               "overrides": dict(point.overrides), "wall_s": time.perf_counter() - t0,
-              "machine": machine(), "summary": summarize(run_dir, card_order(point.preset, dict(point.overrides)))}
+              "machine": machine(), "summary": summarize(run_dir, order)}
     tmp.write_text(json.dumps(result, indent=1))
     os.replace(tmp, final)
 
@@ -242,6 +261,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.dry_run:
         dry_run(grid, out)
         return 0
+    if not a.report_only and to_run(grid, out) and (lacking := missing(grid)):
+        print("error: the grid's runs need packages this machine lacks; nothing was run:\n  "
+              + "\n  ".join(lacking), file=sys.stderr)
+        return 2
     out.mkdir(parents=True, exist_ok=True)
     failed = [] if a.report_only else sweep(grid_path, grid, out, grid.nice if a.nice is None else a.nice,
                                          max(0, a.retries))

@@ -118,15 +118,20 @@ def test_run_asks_a_superlink_that_does_not_answer_again_until_its_wait_is_over(
 def test_a_model_package_missing_here_stops_a_simulation_before_it_starts(monkeypatch, capsys):
     """A simulation runs every node on this machine: a named source whose package is not installed
     is named with its install command, and nothing is started; ``check`` (the nodes may run
-    elsewhere) only notes it. The seam: the package lookup is made to find no Gemma package."""
-    import importlib.util
+    elsewhere) only notes it. The seam: importing the Gemma package is made to fail."""
+    import importlib
 
     import ftis_flwr.cli as cli
     from ftis_flwr.config.named_sources import GEMMA3_INSTALL, GEMMA3_PACKAGE
 
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == GEMMA3_PACKAGE else real(name, *a))
+    real = importlib.import_module
+
+    def no_gemma(name, *a):
+        if name == GEMMA3_PACKAGE:
+            raise ImportError(f"No module named {name!r}")
+        return real(name, *a)
+
+    monkeypatch.setattr(importlib, "import_module", no_gemma)
     monkeypatch.setattr(cli, "_run", lambda *a: pytest.fail("a run was started"))
     assert main(["run", str(REPO), "--run-config", "preset='cpu-xfamily'"]) == 2
     err = capsys.readouterr().err

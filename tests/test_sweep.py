@@ -253,6 +253,54 @@ def test_real_sweep_resumes_and_reports_a_failure(tmp_path):
     assert (out / "final.png").is_file() and (out / "accuracy-size.png").is_file()
 
 
+def test_a_run_without_one_of_its_nodes_is_not_written_as_a_result(tmp_path):
+    """A node whose model cannot be built (here LoRA on a module the model lacks; in a study it was
+    Gemma's package installed without its chunk packages) fails every round while the federation
+    goes on without it. Such a run is a failure of the sweep, with the node and its error named,
+    and no result file: a study must not count it as a run of both nodes."""
+    grid = _grid(tmp_path, SMOKE.replace("  - {name: size, preset: cpu-pair}",
+                                         "  - {name: broken, preset: cpu-pair, modes: [vertical], methods: [f-tis],\n"
+                                         "     overrides: {nodes.1.lora: true, "
+                                         "nodes.1.lora_config.target_modules: [no_such_module]}}"))
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "simulations/sweep.py", str(grid), "--out", str(out), "--nice", "0",
+                           "--retries", "0"], cwd=REPO, capture_output=True, text=True)
+    key = "broken__f-tis__vertical__g-50__seed-0"
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"{key} FAILED (exit 1, 1 attempts)" in proc.stdout and f"failed: {key}" in proc.stdout
+    log = (out / "logs" / f"{key}.log").read_text()
+    assert f"{key}: no result written" in log
+    assert "node large failed every one of the run's 3 rounds; its first failure:" in log
+    assert "no_such_module" in log.split("its first failure:")[1]
+    assert not list((out / "results").glob("*"))  # neither the result nor its temporary file
+
+
+def test_a_grid_whose_model_package_is_missing_runs_nothing(tmp_path, monkeypatch, capsys):
+    """A named source's package missing here (Gemma's chunk packages, say) is found before the first
+    run, with its install command, instead of after every run has failed. The seam: importing the
+    Gemma package is made to fail, as where it is not installed."""
+    import importlib
+
+    import sweep
+    from ftis_flwr.config.named_sources import GEMMA3_INSTALL, GEMMA3_PACKAGE
+
+    real = importlib.import_module
+
+    def no_gemma(name, *a):
+        if name == GEMMA3_PACKAGE:
+            raise ImportError(f"No module named {name!r}")
+        return real(name, *a)
+
+    monkeypatch.setattr(importlib, "import_module", no_gemma)
+    monkeypatch.setattr(sweep, "run_child", lambda *a, **k: pytest.fail("a run was started"))
+    out = tmp_path / "out"
+    assert sweep.main(["simulations/sweeps/xfamily.yaml", "--out", str(out), "--only", "seed-0"]) == 2
+    err = capsys.readouterr().err
+    assert "nothing was run" in err
+    assert f"xfamily: node gemma: source 'gemma3-270m' needs `{GEMMA3_INSTALL}`" in err
+    assert not out.exists()
+
+
 def _verdict_result(setup: str, method: str, mode: str, seed: int, ood: dict, test: dict,
                     g: str = "") -> dict:
     """A hand-written result file: two nodes, accuracy at round 0 (0.5 / 0.6) and the final one."""

