@@ -92,22 +92,19 @@ def incomplete(run_dir: str | Path, order: list[str]) -> list[str]:
     if not rows:
         return [f"{run_dir}: no metrics rows"]
     last = rows[-1]["round"]
-    why = {}
-    for e in load_events(run_dir):
-        if e.get("event") == "node_failed" and e.get("node") not in why:
-            why[e.get("node")] = _last_error_line(str(e.get("reason", "")))
-    out = []
+    out = {}
     for name in order:
         replied = [r["round"] for r in rows if name in r.get("nodes", {})]
         if not replied:
-            out.append(f"node {name} failed every one of the run's {len(rows)} rounds")
+            out[name] = f"node {name} failed every one of the run's {len(rows)} rounds"
         elif replied[-1] != last:
-            out.append(f"node {name} failed the last round ({last}): the run has no final figures from it")
-        else:
-            continue
-        if why.get(name):
-            out[-1] += f"; its first failure: {why[name]}"
-    return out
+            out[name] = f"node {name} failed the last round ({last}): the run has no final figures from it"
+    events = Path(run_dir) / "events.jsonl"
+    for e in load_events(run_dir) if out and events.is_file() else []:
+        name = e.get("node")
+        if e.get("event") == "node_failed" and name in out and "first failure" not in out[name]:
+            out[name] += f"; its first failure: {_last_error_line(str(e.get('reason', '')))}"
+    return list(out.values())
 
 
 def _last_error_line(reason: str) -> str:
