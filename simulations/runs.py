@@ -107,6 +107,13 @@ def incomplete(run_dir: str | Path, order: list[str]) -> list[str]:
     return list(out.values())
 
 
+def require_complete(run_dir: str | Path, order: list[str], label: str) -> None:
+    """SystemExit naming what :func:`incomplete` finds, so that no result is written for the run."""
+    if problems := incomplete(run_dir, order):
+        raise SystemExit(f"{label}: no result written (the run in {run_dir} is incomplete):\n  "
+                         + "\n  ".join(problems))
+
+
 def _last_error_line(reason: str) -> str:
     """The line of a failure's text (a traceback, as Ray passes it on) that names the error."""
     lines = [ln.strip() for ln in reason.splitlines() if re.match(r"\s*[\w.]*(Error|Exception)\b", ln)]

@@ -25,14 +25,12 @@ from runs import run_missing, seed_list  # noqa: E402
 
 def run_one(preset: str, seed: int, sets: dict[str, str], out: Path) -> None:
     """One simulation in this process; writes ``seed-<seed>.json`` with first/last accuracies."""
-    from runs import card_order, incomplete, simulate, summarize
+    from runs import card_order, require_complete, simulate, summarize
 
     overrides = dict(sets, **{"rounds.seed": seed, "run_dir": str(out / "runs")})
     run_dir = simulate(preset, overrides)
     order = card_order(preset, overrides)
-    if problems := incomplete(run_dir, order):
-        raise SystemExit(f"seed {seed}: no result written (the run in {run_dir} is incomplete):\n  "
-                         + "\n  ".join(problems))
+    require_complete(run_dir, order, f"seed {seed}")
     acc = {}
     for node, data in summarize(run_dir, order)["nodes"].items():
         series = [tuple(p) for p in data["accuracy"].get("test", [])]

@@ -159,7 +159,7 @@ def dry_run(grid: Grid, out: Path) -> None:
 
 def run_point(grid_path: Path, key: str, out: Path) -> None:
     """The child process: run one grid point and write its result file (atomically)."""
-    from runs import card_order, incomplete, machine, simulate, summarize
+    from runs import card_order, machine, require_complete, simulate, summarize
 
     grid = load_grid(grid_path)
     point = next((p for p in grid.points if p.key == key), None)
@@ -172,10 +172,11 @@ def run_point(grid_path: Path, key: str, out: Path) -> None:
     t0 = time.perf_counter()
     run_dir = simulate(point.preset, dict(point.overrides, run_dir=str(out / "runs" / key)))
     order = card_order(point.preset, dict(point.overrides))
-    if problems := incomplete(run_dir, order):
+    try:
+        require_complete(run_dir, order, key)
+    except SystemExit:
         tmp.unlink()
-        raise SystemExit(f"{key}: no result written (the run in {run_dir} is incomplete):\n  "
-                         + "\n  ".join(problems))
+        raise
     result = {"point": {"key": key, "setup": point.setup, "method": point.method, "mode": point.mode,
                         "g": point.g, "seed": point.seed, "preset": point.preset},
               "overrides": dict(point.overrides), "wall_s": time.perf_counter() - t0,
