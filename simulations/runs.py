@@ -115,9 +115,11 @@ def require_complete(run_dir: str | Path, order: list[str], label: str) -> None:
 
 
 def _last_error_line(reason: str) -> str:
-    """The line of a failure's text (a traceback, as Ray passes it on) that names the error."""
+    """The line of a failure's text (a traceback, as Ray passes it on) that names the error, without
+    the quote and bracket that close Ray's wrapping of it."""
     lines = [ln.strip() for ln in reason.splitlines() if re.match(r"\s*[\w.]*(Error|Exception)\b", ln)]
     text = lines[-1] if lines else reason.strip().splitlines()[0] if reason.strip() else ""
+    text = re.sub(r"'>$", "", text)
     return text if len(text) <= 300 else text[:297] + "..."
 
 
