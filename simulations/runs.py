@@ -99,12 +99,13 @@ def incomplete(run_dir: str | Path, order: list[str]) -> list[str]:
             out[name] = f"node {name} failed every one of the run's {len(rows)} rounds"
         elif replied[-1] != last:
             out[name] = f"node {name} failed the last round ({last}): the run has no final figures from it"
+    first: dict[str, str] = {}
     events = Path(run_dir) / "events.jsonl"
     for e in load_events(run_dir) if out and events.is_file() else []:
-        name = e.get("node")
-        if e.get("event") == "node_failed" and name in out and "first failure" not in out[name]:
-            out[name] += f"; its first failure: {_last_error_line(str(e.get('reason', '')))}"
-    return list(out.values())
+        if e.get("event") == "node_failed" and e.get("node") in out:
+            first.setdefault(e["node"], str(e.get("reason", "")))
+    return [line + (f"; its first failure: {_last_error_line(first[name])}" if name in first else "")
+            for name, line in out.items()]
 
 
 def require_complete(run_dir: str | Path, order: list[str], label: str) -> None:
