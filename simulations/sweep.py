@@ -14,7 +14,9 @@ warm-started once, before the first run, into the shared cache (``FTIS_CACHE``, 
 ``~/.cache/ftis-flwr``: keyed by everything that determines them), so no run warm-starts.
 At the end (and with ``--report-only``): ``results.csv``, ``results.md`` and PNG figures in
 ``<out>``. ``--dry-run`` prints the grid, the number of runs and a time estimate, and builds,
-downloads and runs nothing.
+downloads and runs nothing. ``--pause`` asks a running sweep in ``<out>`` to stop after its current
+run (the run finishes and lands; no other starts), so a long study pauses without losing a run;
+running the sweep again goes on.
 """
 
 from __future__ import annotations
@@ -137,6 +139,20 @@ def result_file(out: Path, key: str) -> Path:
     return out / "results" / f"{key}.json"
 
 
+def pause_file(out: Path) -> Path:
+    """The file that asks the sweep in ``out`` to stop after its current run (``--pause`` writes it)."""
+    return out / "PAUSE"
+
+
+def request_pause(out: Path) -> str:
+    """Ask the sweep running in ``out`` to stop after its current run; returns what to tell the user."""
+    if not out.is_dir():
+        raise FileNotFoundError(f"{out} is not a sweep's output folder (no such folder)")
+    pause_file(out).write_text("stop after the current run\n")
+    return (f"asked the sweep in {out} to stop after its current run (it finishes and lands; no other "
+            f"starts). Run the sweep again, without --pause, to go on.")
+
+
 def to_run(grid: Grid, out: Path) -> list:
     """The grid's unfinished points, in :func:`run_order`."""
     return [p for p in run_order(grid.points) if not result_file(out, p.key).is_file()]
@@ -204,11 +220,21 @@ def sweep(grid_path: Path, grid: Grid, out: Path, nice: int, retries: int = 1) -
     before = finished_walls(grid, out)
     if todo and before:  # a resumed sweep: the runs it already has say how long one takes
         print(estimate_line(grid, todo, before), flush=True)
+    if pause_file(out).exists():  # asked before this sweep started: running it again means go on
+        pause_file(out).unlink()
     if todo:
+        script = os.path.relpath(Path(__file__).resolve())
+        print(f"to stop after the current run: python {script} {os.path.relpath(grid_path)} --out "
+              f"{os.path.relpath(out)} --pause", flush=True)
         warm_all(grid)
     failed: list[tuple[str, Path]] = []
     t0, walls = time.perf_counter(), []
     for i, p in enumerate(todo):
+        if pause_file(out).exists():
+            pause_file(out).unlink()
+            print(f"paused, as asked (--pause): {i} runs done by this sweep, {len(todo) - i} left; run the "
+                  "same command to go on", flush=True)
+            break
         k = order.index(p) + 1
         log = out / "logs" / f"{p.key}.log"
         started, rc = time.perf_counter(), 0
@@ -241,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nice", type=int, default=None, help="niceness of the runs (default: the grid's, 15)")
     ap.add_argument("--only", default="", help="run only the points whose key contains every one "
                     "of these comma-separated strings (e.g. 'expertise__,seed-0')")
+    ap.add_argument("--pause", action="store_true", help="ask the sweep running in --out to stop after "
+                    "its current run, and return at once (run the sweep again to go on)")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     grid_path = Path(a.grid).resolve()
@@ -261,6 +289,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if a.dry_run:
         dry_run(grid, out)
+        return 0
+    if a.pause:
+        try:
+            print(request_pause(out))
+        except FileNotFoundError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         return 0
     if not a.report_only and to_run(grid, out) and (lacking := missing(grid)):
         print("error: the grid's runs need packages this machine lacks; nothing was run:\n  "

@@ -276,6 +276,48 @@ def test_a_run_without_one_of_its_nodes_is_not_written_as_a_result(tmp_path):
     assert not list((out / "results").glob("*"))  # neither the result nor its temporary file
 
 
+def test_pause_lets_the_current_run_land_and_starts_no_other(tmp_path, monkeypatch, capsys):
+    """``--pause`` (a second command, as from another terminal) while a run is under way: that run
+    lands, no other starts, and the sweep says how to go on; running it again goes on with the runs
+    left and drops the request. The seam: each run is a stand-in that writes a hand-written result
+    (what a real run writes is tested above); what is tested is which runs the sweep starts."""
+    import sweep
+
+    grid = _grid(tmp_path, SMOKE)
+    out = tmp_path / "out"
+    started: list[str] = []
+
+    def stand_in_run(args, log, nice):
+        key = args[args.index("--one") + 1]
+        started.append(key)
+        if len(started) == 1:  # the user pauses during the first run
+            assert sweep.main([str(grid), "--out", str(out), "--pause"]) == 0
+        setup, method, mode, g, seed = key.split("__")
+        _, result = _result(setup, method, mode, g[2:], int(seed[5:]), (0.1, 0.2, 0.0, 0.0), (0.1, 0.2, 0.0, 0.0))
+        (out / "results").mkdir(parents=True, exist_ok=True)
+        (out / "results" / f"{key}.json").write_text(json.dumps(dict(result, point=dict(result["point"], key=key))))
+        return 0
+
+    monkeypatch.setattr(sweep, "run_child", stand_in_run)
+    assert sweep.main([str(grid), "--out", str(out), "--nice", "0"]) == 0
+    said = capsys.readouterr().out
+    assert "to stop after the current run: python " in said and " --pause" in said
+    assert "asked the sweep in" in said and "paused, as asked (--pause): 1 runs done by this sweep, 2 left" in said
+    assert len(started) == 1 and [f.stem for f in (out / "results").glob("*.json")] == started
+    assert not (out / "PAUSE").exists()
+    assert sweep.main([str(grid), "--out", str(out), "--nice", "0"]) == 0  # going on
+    assert "1 finished before, 2 to run" in capsys.readouterr().out
+    assert len(started) == 3 == len(set(started)) == len(list((out / "results").glob("*.json")))
+
+
+def test_pause_without_a_sweep_folder_says_so(tmp_path, capsys):
+    import sweep
+
+    assert sweep.main([str(_grid(tmp_path, SMOKE)), "--out", str(tmp_path / "nowhere"), "--pause"]) == 2
+    assert "is not a sweep's output folder" in capsys.readouterr().err
+    assert not (tmp_path / "nowhere").exists()
+
+
 def test_a_grid_whose_model_package_is_missing_runs_nothing(tmp_path, monkeypatch, capsys):
     """A named source's package missing here (Gemma's chunk packages, say) is found before the first
     run, with its install command, instead of after every run has failed. The seam: importing the
