@@ -150,7 +150,7 @@ def request_pause(out: Path) -> str:
         raise FileNotFoundError(f"{out} is not a sweep's output folder (no such folder)")
     pause_file(out).write_text("stop after the current run\n")
     return (f"asked the sweep in {out} to stop after its current run (it finishes and lands; no other "
-            f"starts). Run the sweep again, without --pause, to go on.")
+            "starts). Run the sweep again, without --pause, to go on.")
 
 
 def to_run(grid: Grid, out: Path) -> list:
@@ -220,8 +220,7 @@ def sweep(grid_path: Path, grid: Grid, out: Path, nice: int, retries: int = 1) -
     before = finished_walls(grid, out)
     if todo and before:  # a resumed sweep: the runs it already has say how long one takes
         print(estimate_line(grid, todo, before), flush=True)
-    if pause_file(out).exists():  # asked before this sweep started: running it again means go on
-        pause_file(out).unlink()
+    pause_file(out).unlink(missing_ok=True)  # asked before this sweep started: running it again goes on
     if todo:
         script = os.path.relpath(Path(__file__).resolve())
         print(f"to stop after the current run: python {script} {os.path.relpath(grid_path)} --out "

@@ -295,7 +295,7 @@ def test_pause_lets_the_current_run_land_and_starts_no_other(tmp_path, monkeypat
         setup, method, mode, g, seed = key.split("__")
         _, result = _result(setup, method, mode, g[2:], int(seed[5:]), (0.1, 0.2, 0.0, 0.0), (0.1, 0.2, 0.0, 0.0))
         (out / "results").mkdir(parents=True, exist_ok=True)
-        (out / "results" / f"{key}.json").write_text(json.dumps(dict(result, point=dict(result["point"], key=key))))
+        (out / "results" / f"{key}.json").write_text(json.dumps(result))
         return 0
 
     monkeypatch.setattr(sweep, "run_child", stand_in_run)
