@@ -106,6 +106,13 @@ class Engine(StrEnum):
     VLLM = "vllm"
 
 
+class WeightSync(StrEnum):
+    """``nodes.N.vllm_weight_sync``: how a full node's updated weights reach its vLLM engine."""
+
+    FILE = "file"
+    IPC = "ipc"
+
+
 class TinySize(StrEnum):
     """``nodes.N.tiny_size``: the offline tiny models' sizes (:data:`ftis_flwr.node.tiny.TINY_SIZES`)."""
 
@@ -151,6 +158,7 @@ NO_SELECTION = SelectRule.ALL.value
 SELECT_RULES = names(SelectRule)
 SCHEDULES = names(Schedule)
 ENGINES = names(Engine)
+WEIGHT_SYNCS = names(WeightSync)
 TINY_SIZES = names(TinySize)
 TINY_TOKENIZERS = names(TinyTokenizer)
 CARD_DTYPES = names(CardDtype)
@@ -184,6 +192,7 @@ EXPERIMENT_CHOICES: dict[str, tuple] = {
 
 CARD_CHOICES: dict[str, tuple] = {
     "engine": ENGINES,
+    "vllm_weight_sync": WEIGHT_SYNCS,
     "tiny_size": TINY_SIZES,
     "tiny_tokenizer": TINY_TOKENIZERS,
     "g.kind": G_KINDS,

@@ -288,17 +288,34 @@ class ModelCard:
     the SuperNode whose key the SuperLink reports may claim the card; another is left out and
     named. Needs an authenticated deployment (SuperLink ``--enable-supernode-auth``): a simulation
     has no node keys, so a pinned card is never served there. Default "": any SuperNode."""
-    vllm_gpu_memory_utilization: float = field(default=0.9, metadata={"gt": 0, "le": 1})
-    """engine=vllm only: fraction of the GPU's memory vLLM may take for weights, activations and
-    KV cache (vLLM's ``gpu_memory_utilization``). Default 0.9; lower it when two nodes or a
-    learner share one GPU (e.g. 0.3 with the learner on the same device). The worker's
-    ``CUDA_VISIBLE_DEVICES`` pinning still decides which GPU."""
+    vllm_gpu_memory_utilization: float = field(default=0.0, metadata={"ge": 0, "le": 1, "note": "0: planned"})
+    """engine=vllm only: fraction of the GPU's memory vLLM may take for its weights, activations
+    and KV cache (vLLM's ``gpu_memory_utilization``; vLLM refuses to start unless that much of the
+    card is free). Default 0: planned at start from what the learner leaves on its device: the
+    free memory less what the learner still allocates (gradients, AdamW's state and, without
+    ``vllm_sleep``, its activations), refused with the numbers when the engine's weights and KV
+    cache do not fit (docs/vllm.md, "Memory"). A value in (0, 1] is used as given."""
     vllm_max_model_len: int = field(default=0, metadata={"ge": 0, "note": "0: the model's"})
     """engine=vllm only: longest prompt + completion vLLM plans for (its ``max_model_len``).
     Default 0: the model's own limit (large for Qwen2.5, which costs KV-cache memory)."""
-    vllm_kv_cache_gib: float = field(default=0.0, metadata={"ge": 0, "note": "0: vLLM decides"})
-    """engine=vllm only: KV-cache size in GiB (vLLM's ``kv_cache_memory_bytes``). Default 0:
-    vLLM sizes it (on a GPU from vllm_gpu_memory_utilization; on a CPU from its own rules)."""
+    vllm_kv_cache_gib: float = field(default=0.0, metadata={"ge": 0, "note": "0: the round's"})
+    """engine=vllm only: KV-cache size in GiB (vLLM's ``kv_cache_memory_bytes``). Default 0: on a
+    GPU, what the round's sequences need (``rollout.prompts_per_node`` x ``rollout.group_size``
+    sequences of the longest prompt plus ``rollout.max_new_tokens``); on a CPU, vLLM's own rule."""
+    vllm_dtype: str = ""
+    """engine=vllm only: the dtype vLLM samples in. Default "": the card's ``compute_dtype`` (else
+    ``dtype``), except a LoRA card on a GPU in float32, which samples in bfloat16 (vLLM's GPU LoRA
+    kernels take float16 or bfloat16 only). π_gen is the distribution sampled in that dtype, so
+    the importance weight corrects the difference to the learner (docs/vllm.md, "Dtypes")."""
+    vllm_sleep: bool = True
+    """engine=vllm on a GPU only: put the engine to sleep during the update (vLLM's sleep mode:
+    a LoRA node's base weights move to host memory, a full node's are discarded and reloaded with
+    the update; the KV cache is freed), so the learner's activations can use that memory.
+    Default True. Ignored on a CPU (vLLM's CPU build has no sleep mode)."""
+    vllm_weight_sync: str = "file"
+    """engine=vllm, full fine-tuning only: how the updated weights reach the engine. "file"
+    (default, the path that has run: one safetensors file that vLLM's worker reloads) or "ipc"
+    (vLLM 0.33's weight-transfer API over CUDA IPC, no disk; GPU only and not yet run: docs/vllm.md)."""
     vllm_enforce_eager: bool = True
     """engine=vllm only: run without CUDA graphs / torch.compile (vLLM's ``enforce_eager``).
     Default True: faster start and no compile step; False can be faster for long runs on a GPU."""
