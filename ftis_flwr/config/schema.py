@@ -373,6 +373,12 @@ class TaskConfig:
     size: int = field(default=0, metadata={"ge": 0, "note": "0 = the task's own size"})
     """Generated tasks (``reasoning-gym:<generator>``): problems in the train split; 0 (default)
     = the task's own default size."""
+    partial_credit: bool = True
+    """``reasoning-gym:<generator>``: score an answer with the generator's checker as it is, partial
+    credit included (default; ``spell_backward`` pays per letter in place, so the word's last letter
+    repeated earns about 0.18). False: 1.0 only for an answer the checker gives full credit, else 0
+    (an exact answer). ``ftis-flwr check`` warns when a cheap answer earns more than a tenth of the
+    gold's score (:mod:`ftis_flwr.tasks.reward_probe`)."""
 
 
 @dataclass

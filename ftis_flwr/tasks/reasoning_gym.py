@@ -25,7 +25,11 @@ Reward: the paper's strict ``<think>…</think><answer>…</answer>`` format is 
 without it); the ``<answer>`` text is scored by the generator's own ``score_answer(answer,
 entry)``, a float in [0, 1]: many generators give partial credit (``spell_backward`` per letter
 in place, ``word_sorting`` per word in place), so ``eval/<split>/accuracy`` is a mean score.
-Any exception there scores 0.0 (model output is arbitrary).
+Any exception there scores 0.0 (model output is arbitrary). Partial credit can pay for answers
+that are no attempt at all (``spell_backward``: the word's last letter repeated earns ~0.18,
+above what trained small models earned, #55), so ``task.partial_credit: false`` keeps only full
+credit: 1.0 when the checker returns exactly 1.0, else 0.0 (an exact answer, case as the checker
+reads it). ``ftis-flwr check`` probes the reward either way (:mod:`ftis_flwr.tasks.reward_probe`).
 
 Worked examples (``task.shots``, 0..2): problems of the same generator from a third seed,
 answered ``<think> DEMO_THINK </think><answer> gold </answer>``: they show the format and the
@@ -94,7 +98,8 @@ class ReasoningGymTask(Task):
     eval_splits = ("test", "ood")
     max_new_tokens = 256
 
-    def __init__(self, generator: str, seed: int = 1234, size: int = 0, shots: int = 0) -> None:
+    def __init__(self, generator: str, seed: int = 1234, size: int = 0, shots: int = 0,
+                 partial_credit: bool = True) -> None:
         super().__init__()
         self.name = f"reasoning-gym:{generator}"
         if not _GENERATOR.fullmatch(generator or ""):
@@ -105,6 +110,7 @@ class ReasoningGymTask(Task):
         if not 0 <= int(shots) <= MAX_SHOTS:
             raise TaskError(f"task {self.name!r}: task.shots={shots} must be in 0..{MAX_SHOTS}")
         self.generator, self.seed, self.shots = generator, int(seed), int(shots)
+        self.partial_credit = bool(partial_credit)
         self.size = int(size) or DEFAULT_SIZE
         self.shuffle_seed = self.seed + 1
         self.ood_config: dict[str, Any] = dict(HARDER.get(generator, {}))
@@ -219,7 +225,10 @@ class ReasoningGymTask(Task):
 
     def reward(self, completion_text: str, problem: Problem) -> float:
         """The generator's ``score_answer`` of the ``<answer>`` text (in [0, 1]) under the strict
-        format, 0.0 without it or when the checker raises."""
+        format, 0.0 without it or when the checker raises; without ``partial_credit``, 1.0 only
+        for the checker's full credit, exactly 1.0 (``spell_backward``'s per-letter sum for the
+        word with junk after it is 0.9999999999999998 for seven letters and 1.0000000000000002
+        for nine, which the clip below would round to full credit), else 0.0."""
         from ftis_flwr.tasks.rewards import parse_strict_answer
 
         answer = parse_strict_answer(completion_text)
@@ -232,9 +241,12 @@ class ReasoningGymTask(Task):
         except Exception:  # noqa: BLE001 - a checker failing on arbitrary model output scores 0
             log.debug("task %s: score_answer failed on %r", self.name, answer[:80], exc_info=True)
             return 0.0
-        return min(1.0, max(0.0, score)) if math.isfinite(score) else 0.0
+        if not math.isfinite(score):
+            return 0.0
+        return min(1.0, max(0.0, score)) if self.partial_credit else float(score == 1.0)
 
 
 def reasoning_gym_task(cfg: Any, generator: str) -> Task:
     """``task.name=reasoning-gym:<generator>``: the factory registered for the prefix."""
-    return ReasoningGymTask(generator, seed=cfg.seed, size=cfg.size, shots=cfg.shots)
+    return ReasoningGymTask(generator, seed=cfg.seed, size=cfg.size, shots=cfg.shots,
+                            partial_credit=cfg.partial_credit)
