@@ -167,3 +167,23 @@ def test_a_state_saved_on_one_rank_resumes_on_two_and_back(cache, tmp_path):
     for i in mine:
         torch.testing.assert_close(theirs[i]["exp_avg"], mine[i]["exp_avg"], rtol=1e-4, atol=1e-9)
         assert float(theirs[i]["step"]) == float(mine[i]["step"]) == 2
+
+
+def test_a_cuda_rank_takes_its_own_device_before_it_joins_nccl(monkeypatch):
+    """NCCL's first collective runs on ``torch.cuda.current_device()``: each rank must make
+    ``cuda:<rank>`` current and name it to the group before joining, or every rank sits on cuda:0
+    and NCCL refuses them. CUDA and NCCL cannot exist here: the two calls are recorded instead,
+    the one seam replaced; the order and the arguments are what is checked."""
+    import torch.distributed as dist
+
+    from ftis_flwr.node import rank_group
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: calls.append(("set_device", str(device))))
+    monkeypatch.setattr(dist, "init_process_group",
+                        lambda backend, **kw: calls.append(("init", backend, str(kw.get("device_id")), kw["rank"])))
+    rank_group.join(1, 2, 29_999, "cuda")
+    assert calls == [("set_device", "cuda:1"), ("init", "nccl", "cuda:1", 1)]
+    calls.clear()
+    rank_group.join(1, 2, 29_999, "cpu")  # gloo: no device
+    assert calls == [("init", "gloo", "None", 1)]

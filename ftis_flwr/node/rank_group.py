@@ -63,10 +63,7 @@ def build_node(spec: dict[str, Any], ranks: Any) -> Any:
     card = card_from_dict(spec["card"])
     if card.device.startswith("cuda"):
         card.device = "cuda"  # CUDA_VISIBLE_DEVICES already pins the chosen GPU(s)
-        if ranks.sharded:
-            import torch
-
-            torch.cuda.set_device(ranks.rank)
+        if ranks.sharded:  # join() already made cuda:<rank> current
             card.device = f"cuda:{ranks.rank}"
     return Node(card, experiment, cache_dir=Path(spec["cache_dir"]), ranks=ranks)
 
@@ -110,12 +107,30 @@ def _free_port() -> int:
 
 
 def join(rank: int, world: int, port: int, device: str) -> None:
-    """Join the node's process group (gloo on the CPU, NCCL on CUDA), over the loopback."""
+    """Join the node's process group (gloo on the CPU, NCCL on CUDA), over the loopback.
+
+    On CUDA each rank first makes ``cuda:<rank>`` its current device and names it to the group
+    (``device_id``): NCCL's object collectives (``broadcast_object_list``, the first thing the
+    ranks do) run on ``torch.cuda.current_device()``, which is ``cuda:0`` on every rank until it
+    is set, and NCCL refuses two ranks on one GPU."""
     import torch.distributed as dist
 
+    kwargs = {}
+    if device.startswith("cuda"):
+        kwargs["device_id"] = rank_device(rank)
     dist.init_process_group("nccl" if device.startswith("cuda") else "gloo",
                             init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+                            timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S), **kwargs)
+
+
+def rank_device(rank: int) -> Any:
+    """``cuda:<rank>`` among the visible GPUs, made this process's current device (before the
+    rank joins its NCCL group: :func:`join`)."""
+    import torch
+
+    device = torch.device("cuda", rank)
+    torch.cuda.set_device(device)
+    return device
 
 
 class RankGroup:
