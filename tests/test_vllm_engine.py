@@ -192,7 +192,8 @@ def test_seeded_sampling_is_reproducible_and_greedy_works(full_setup, prompts):
     flat = lambda gs: [s.tokens.tolist() for g in gs for s in g]  # noqa: E731
     assert flat(a) == flat(b) and flat(a) != flat(c)
     greedy = engine.greedy(prompts, max_new_tokens=8, batch_size=4)
-    assert len(greedy) == len(prompts) and all(1 <= len(g) <= 8 for g in greedy)
+    assert len(greedy) == len(prompts) and all(len(g) <= 8 for g in greedy)
+    assert not any(np.isin(g, engine.eos_token_ids).any() for g in greedy)  # stripped, as the HF engine's
 
 
 def one_step(model, prompts, groups, pad_id, lr):
@@ -266,5 +267,54 @@ def test_make_engine_builds_vllm_from_a_card(smollm2_dir, tokenizer):
         assert isinstance(engine, VLLMEngine) and engine.dtype == "float32"
         assert engine.llm.llm_engine.vllm_config.model_config.max_model_len == 256
         assert engine.llm.llm_engine.vllm_config.model_config.logprobs_mode == "processed_logprobs"
+    finally:
+        engine.close()
+
+
+def test_the_recorded_request_caps_are_the_installed_vllm_s():
+    """ftis_flwr/node/engines/vllm_limits.py records Model Runner V2's per-request caps from vLLM
+    0.33.0's source; where the installed vLLM declares the same constants, they agree (a vLLM that
+    changed one fails here, and the recorded value is updated from its source)."""
+    import importlib
+
+    from ftis_flwr.node.engines.vllm_limits import _SOURCES, VLLM_033_LIMITS
+
+    found = {}
+    for key, (module, name) in _SOURCES.items():
+        try:
+            found[key] = int(getattr(importlib.import_module(module), name))
+        except Exception:  # noqa: BLE001 - a build without the GPU runner's modules
+            continue
+    if not found:
+        pytest.skip("the installed vLLM declares none of the GPU sampler's caps")
+    assert found == {k: VLLM_033_LIMITS[k] for k in found}
+
+
+def test_a_model_with_spare_output_rows_never_samples_them(smollm2_dir, tokenizer, prompts):
+    """Spare output rows (Qwen2.5 has 271) made the likeliest on purpose: the engine serves a model
+    cut to the tokenizer, so no sampled id is past it, and its recorded log-probs are the learner's
+    over the tokenizer's rows (what ``completion_logprobs`` scores)."""
+    model = load_model(smollm2_dir)
+    vocab = len(tokenizer)
+    model.resize_token_embeddings(vocab + 64, mean_resizing=False)
+    with torch.no_grad():  # the spare rows point along the first prompt's last hidden state
+        h = model.model(input_ids=torch.tensor([prompts[0]])).last_hidden_state[0, -1]
+        out = model.get_output_embeddings().weight
+        out[vocab:] = h / h.norm() * out[:vocab].norm(dim=-1).max() * 4
+    engine = build_engine(model, tokenizer)
+    try:
+        groups = engine.sample(prompts, N, max_new_tokens=MAX_NEW, batch_size=8, generator_seed=3)
+        flat = [s for g in groups for s in g]
+        assert all(int(s.tokens.max()) < vocab for s in flat)
+        with torch.no_grad():
+            for s in flat:
+                ids = torch.tensor([list(prompts[s.prompt_index]) + s.tokens.tolist()])
+                logits = model(input_ids=ids).logits[0, :, :vocab].float()
+                start = len(prompts[s.prompt_index]) - 1
+                lp = torch.log_softmax(logits[start: start + len(s.tokens)], dim=-1)
+                ref = lp.gather(-1, torch.from_numpy(s.tokens).long()[:, None])[:, 0].numpy()
+                assert float(np.max(np.abs(s.logprobs - ref))) < TOL
+            full = torch.softmax(model(input_ids=torch.tensor([prompts[0]])).logits[0, -1].float(), -1)
+        assert float(full[vocab:].sum()) > 0.5  # the learner's spare rows would have dominated a sampler
     finally:
         engine.close()

@@ -300,7 +300,7 @@ class ModelCard:
     Default 0: the model's own limit (large for Qwen2.5, which costs KV-cache memory)."""
     vllm_kv_cache_gib: float = field(default=0.0, metadata={"ge": 0, "note": "0: the round's"})
     """engine=vllm only: KV-cache size in GiB (vLLM's ``kv_cache_memory_bytes``). Default 0: on a
-    GPU, what the round's sequences need (``rollout.prompts_per_node`` x ``rollout.group_size``
+    GPU, what the round's sequences need (``rounds.prompts_per_node`` x ``rollout.group_size``
     sequences of the longest prompt plus ``rollout.max_new_tokens``); on a CPU, vLLM's own rule."""
     vllm_dtype: str = ""
     """engine=vllm only: the dtype vLLM samples in. Default "": the card's ``compute_dtype`` (else

@@ -31,6 +31,7 @@ from ftis_flwr.maths.loss import LossInputs, compute_loss
 from ftis_flwr.maths.loss_metrics import LossStats, clip_frac, loss_metrics, own_gap
 from ftis_flwr.node.batch import Sample, loss_inputs
 from ftis_flwr.node.engines import make_engine
+from ftis_flwr.node.engines.vllm_memory import engine_plan_options
 from ftis_flwr.node.intake import Received, usable  # noqa: F401 (Received: the node's input type)
 from ftis_flwr.node.models import compute_context, load_policy, save_policy, stop_token_ids
 from ftis_flwr.node.ranks import SINGLE, Ranks, micro_batches
@@ -125,7 +126,8 @@ class Node:
         """Ids that end a completion; the first is this node's end-of-turn token in aligned text."""
         self.engine = make_engine(card.engine, self.engine_model, self.tokenizer, vocab_size=self.vocab_size,
                                   eos_token_ids=self.stop_ids, card=card,
-                                  share_prompts=experiment.rollout.share_prompts)
+                                  share_prompts=experiment.rollout.share_prompts,
+                                  **engine_plan_options(card, experiment, self.engine_model))
         self.compute = compute_context(card)
         self.generate_metrics: dict[str, float] = {}
         self.fingerprint = tokenizer_fingerprint(self.tokenizer)
@@ -248,6 +250,9 @@ class Node:
         for pg in self.optimizer.param_groups:
             pg["lr"] = self.base_lr * self._lr_scale()
 
+        release = getattr(self.engine, "release_memory", None)  # an engine that sleeps (vLLM on a GPU)
+        if release is not None:  # frees its memory for the update; sync_weights wakes it
+            release()
         self.model.train()
         n_updates = cfg.train.updates_per_round
         batches = micro_batches(samples, cfg.train.micro_batch_size, self.ranks)

