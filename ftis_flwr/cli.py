@@ -370,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         c.add_argument("app", nargs="?", default=".", type=Path, help="the Flower app's folder (default: .)")
         c.add_argument("--run-config", action="append", default=[], help="as for flwr run (may repeat)")
+        c.add_argument("--no-reward-probe", action="store_true",
+                       help="do not score cheap answers with the task's reward (ftis_flwr.tasks.reward_probe)")
         if name == "run":
             c.add_argument("--wait", type=float, default=60.0, metavar="S",
                            help="while the SuperLink does not answer (it may be starting), ask again for up to "
@@ -399,6 +401,11 @@ def main(argv: list[str] | None = None) -> int:
     what = "resume" if exp is None else f"{len(exp.nodes)} nodes ({', '.join(c.name for c in exp.nodes)}), " \
         f"{exp.rounds.num_rounds} rounds, {exp.advantage.mode} {exp.loss.method}"
     print(f"ftis-flwr: configuration valid: {what}", flush=True)
+    if exp is not None and not args.no_reward_probe:  # warnings only: the exit code is the same
+        from ftis_flwr.tasks.reward_probe import probe_lines
+
+        for line in probe_lines(exp):
+            print(f"ftis-flwr: {line}", file=sys.stderr, flush=True)
     missing = [] if exp is None else missing_packages(exp)
     if missing and local and args.command == "run":  # a simulation: every node runs here
         print("ftis-flwr: a simulation runs every node and the server on this machine, and a package it needs "

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ftis_flwr.config.imports import ImportPathError
+from ftis_flwr.tasks.base import Task
 from ftis_flwr.tasks.dataset import DatasetError, DatasetTask
 from ftis_flwr.tasks.registry import TaskError, make_task
 from ftis_flwr.tasks.reward_funcs import RewardError, signature_fault
@@ -17,6 +18,9 @@ if TYPE_CHECKING:
 
 BUILTIN_CHECKED = ("arithmetic", "arithmetic-heldout", "basic-math", "basic-math-20")
 """Built-in generated tasks: nothing to read, so a check builds nothing for them."""
+_BUILT: dict[str, Task] = {}
+"""The last task :func:`task_errors` built without a problem, by its settings' ``repr``: the reward
+probe (:mod:`ftis_flwr.tasks.reward_probe`) reuses it, its train split already generated or read."""
 
 
 def _named(cfg: TaskConfig, exc: Exception, what: str) -> str:
@@ -26,6 +30,9 @@ def _named(cfg: TaskConfig, exc: Exception, what: str) -> str:
 
 def task_errors(cfg: TaskConfig) -> list[str]:
     """Every problem with ``cfg`` that shows before a run, each naming its key; [] when none."""
+    if not cfg.partial_credit and not cfg.name.startswith("reasoning-gym:"):
+        return [f"task.partial-credit=false applies to reasoning-gym:<generator> tasks (their checkers' "
+                f"partial credit); task {cfg.name!r} scores with its own reward: leave it true"]
     if cfg.name in BUILTIN_CHECKED and not (cfg.reward or cfg.rewards):
         return []
     if cfg.name in ("gsm8k", "math500") and not (cfg.reward or cfg.rewards):
@@ -57,4 +64,12 @@ def task_errors(cfg: TaskConfig) -> list[str]:
             if why:
                 key = "task.rewards" if cfg.rewards else "task.reward"
                 errors.append(f"{key}={name!r} cannot be called with these rows: {why}")
+    _BUILT.clear()
+    if not errors:
+        _BUILT[repr(cfg)] = task
     return errors
+
+
+def built_task(cfg: TaskConfig) -> Task:
+    """The task :func:`task_errors` built for these settings, else a new one."""
+    return _BUILT.get(repr(cfg)) or make_task(cfg)
