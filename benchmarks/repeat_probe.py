@@ -43,8 +43,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 PRESET = "cpu-xfamily-rg"
-STUDY = {"nodes.smollm2.compute_dtype": "float32", "nodes.gemma.dtype": "float32"}
-"""The study's overrides (simulations/sweeps/xfamily-rg.yaml): float32 on every machine."""
+STUDY = {"nodes.smollm2.compute_dtype": "float32", "nodes.gemma.dtype": "float32", "task.partial_credit": True}
+"""The study's overrides (simulations/sweeps/xfamily-rg.yaml): float32 on every machine, and the
+checker's partial credit (the preset pays only the exact word since #55)."""
 PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE"}
 SETTINGS: dict[str, dict[str, str]] = {
     "baseline": {}, "aten-avx2": {"ATEN_CPU_CAPABILITY": "avx2"}, "aten-default": {"ATEN_CPU_CAPABILITY": "default"},
