@@ -2,6 +2,7 @@
 
     maths   <- config <- tasks, wire <- xtok <- node        (node: one institution's model)
                       <-------------- server                (server: the strategy and its rounds)
+              config, tasks <-------- cli                   (ftis-flwr: the check composes both)
 
 A static check reads every ``import`` (also those inside functions) and fails on an edge that is not
 allowed; then fresh interpreters check what importing a part really pulls in: the node and the
@@ -25,7 +26,7 @@ ALLOWED = {
     "xtok": {"config", "wire"},
     "node": {"maths", "config", "tasks", "wire", "xtok"},
     "server": {"config", "wire"},
-    "cli": {"config", "local_superlink"},
+    "cli": {"config", "tasks", "local_superlink"},  # the check runs the task's reward probe
     "local_superlink": set(),
 }
 """Part -> the other parts it may import (``ftis_flwr.<part>``)."""
