@@ -10,7 +10,8 @@ The package is cut along the architecture; each part imports only the parts belo
 - :mod:`ftis_flwr.xtok`: aligning samples between different tokenizers;
 - :mod:`ftis_flwr.node`: one institution's model, its worker process, engines and tiny models;
 - :mod:`ftis_flwr.server`: the Flower strategy, its rounds, replies and reports;
-- :mod:`ftis_flwr.cli`: ``ftis-flwr check|run`` (its check composes the configuration's rules and the task's reward probe).
+- :mod:`ftis_flwr.cli`: ``ftis-flwr check|run`` (the check composes the configuration's rules
+  and the task's reward probe).
 
 The Flower app itself (``clients/client_app.py``, ``server_app/server_app.py``) lives beside the
 package, in the app bundle.
