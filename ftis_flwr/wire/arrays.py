@@ -9,6 +9,8 @@ the reference the compact format is measured against. Layout, n groups, c comple
   ``rewards`` float32 [c] (logging only: receivers recompute rewards from text).
 - optional, together (cross-tokenizer payloads): ``text`` uint8 (the completions' UTF-8 texts,
   concatenated) and ``byte_lengths`` int32 (one per completion token, see ``Group.byte_lengths``).
+- optional (episodes, algorithm §13): ``sampled`` uint8, one per completion token, 1 where the
+  model sampled it (``Group.sampled_masks``); ``logprobs`` holds 0 on the others.
 - meta: ``format_version``, ``token_dtype`` (uint8 / uint16 / int32, the smallest that holds the
   vocabulary), ``logprob_dtype`` (fp32 / fp16 / bf16; bf16 travels as the uint16 upper half of
   the fp32 bit pattern, rounded to nearest even), and per-group lists of str ``prompt_id``,
@@ -64,10 +66,11 @@ def token_dtype_for(vocab_size: int) -> str:
 
 
 def encode(groups: list[Group], completions: list[np.ndarray], flat_lp: np.ndarray,
-           logprob_dtype: str, tok_dtype: str, text: tuple[np.ndarray, np.ndarray] | None = None
-           ) -> tuple[ArrayRecord, ConfigRecord]:
+           logprob_dtype: str, tok_dtype: str, text: tuple[np.ndarray, np.ndarray] | None = None,
+           sampled: np.ndarray | None = None) -> tuple[ArrayRecord, ConfigRecord]:
     """Checked groups -> format 1 records (the caller validated every group); ``text``: the
-    flat (text, byte_lengths) of a cross-tokenizer payload."""
+    flat (text, byte_lengths) of a cross-tokenizer payload; ``sampled``: the flat sampled mask of
+    a payload with episodes."""
     arrays = {
         "prompt_ids": _flat([g.prompt_tokens for g in groups], tok_dtype),
         "prompt_offsets": _offsets([len(g.prompt_tokens) for g in groups]),
@@ -79,6 +82,8 @@ def encode(groups: list[Group], completions: list[np.ndarray], flat_lp: np.ndarr
     }
     if text is not None:
         arrays["text"], arrays["byte_lengths"] = text[0].astype(np.uint8), text[1].astype(np.int32)
+    if sampled is not None:
+        arrays["sampled"] = np.asarray(sampled).astype(np.uint8)
     record = ArrayRecord({k: Array.from_numpy_ndarray(v) for k, v in arrays.items()})
     meta: dict = {
         "format_version": FORMAT_VERSION,
@@ -130,7 +135,8 @@ def read(arrays: ArrayRecord, meta: ConfigRecord, wire: WireConfig) -> Fields:
                   completion_offsets=a["completion_offsets"], group_offsets=a["group_offsets"],
                   logprobs=decode_logprobs(a["logprobs"], lp_dtype), rewards=a["rewards"],
                   text=a.get("text"),
-                  byte_lengths=None if "byte_lengths" not in a else a["byte_lengths"].astype(np.int64))
+                  byte_lengths=None if "byte_lengths" not in a else a["byte_lengths"].astype(np.int64),
+                  sampled=a.get("sampled"))
 
 
 def declared_length(arrays: ArrayRecord, key: str) -> int:
@@ -149,7 +155,7 @@ def _read_arrays(arrays: ArrayRecord, tok_dtype: str, lp_dtype: str) -> dict[str
     text_keys = {"text", "byte_lengths"} & keys
     if text_keys and len(text_keys) != 2:
         raise PayloadError(f"arrays have {sorted(text_keys)} without {sorted({'text', 'byte_lengths'} - text_keys)}")
-    extra = sorted(keys - set(_ARRAY_KEYS) - text_keys)
+    extra = sorted(keys - set(_ARRAY_KEYS) - text_keys - {"sampled"})
     if extra:
         raise PayloadError(f"arrays have unexpected keys {extra}")
     want = {
@@ -163,6 +169,8 @@ def _read_arrays(arrays: ArrayRecord, tok_dtype: str, lp_dtype: str) -> dict[str
     }
     if text_keys:
         want.update({"text": np.dtype(np.uint8), "byte_lengths": np.dtype(np.int32)})
+    if "sampled" in keys:
+        want["sampled"] = np.dtype(np.uint8)
     out = {}
     for key, dtype in want.items():
         try:

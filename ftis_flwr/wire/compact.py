@@ -27,6 +27,12 @@ sections after the rewards: each completion token's byte length (bit-packed; a f
 end-of-turn token's is 0) and the completions' UTF-8 texts, concatenated (each completion's
 share is the sum of its tokens' lengths).
 
+Sampled masks (flag bit 4, episodes: algorithm §13): a 4-byte extension after the header and the
+text extension (``<I``: how many tokens the model sampled), one more body section at the end (a
+bit per completion token, 1 = sampled), and the log-prob section holds the sampled tokens' only:
+the context between turns (tool results, template markers) has log-prob 0 by definition, so it
+costs its ids and a bit per token.
+
 This module is pure bytes <-> :class:`Fields`; the semantic checks (offsets, vocabulary, log-prob
 signs, caps per group) are format-independent and live in :mod:`ftis_flwr.wire.rollouts`.
 """
@@ -39,19 +45,31 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ftis_flwr.config.choices import COMPRESSORS, Compressor, LogprobCodec  # noqa: F401 (implemented here)
+from ftis_flwr.config.choices import COMPRESSORS, Compressor  # noqa: F401 (implemented here)
 from ftis_flwr.config.schema import WireConfig
+from ftis_flwr.wire.bits import (  # noqa: F401 (re-exported: the container's numbers)
+    _LP_WIRE,
+    LP_CODECS,
+    bf16_bits,
+    bf16_to_fp32,
+    bits_for,
+    decode_logprobs,
+    encode_logprobs,
+    pack_bits,
+    packed_len,
+    unpack_bits,
+)
 from ftis_flwr.wire.groups import PayloadError
 
 MAGIC = b"FTWC"
 VERSION = 2
 HEADER = struct.Struct("<4sBBBB9I")
-LP_CODECS = ("fp32", "fp16", "bf16")
-"""The log-prob codecs in wire order: the index is the container's codec flag, so never reorder
-(the set is ``config.choices.LOGPROB_CODECS``, checked by a test)."""
 STR_KEYS = ("prompt_id", "node", "model_id", "tokenizer_fp")
 _ZLIB = 4
 _TEXT = 8
+_MASK = 16
+MASK_EXT = struct.Struct("<I")
+"""The sampled-mask extension after the header (and the text extension): sampled tokens."""
 EXT = struct.Struct("<2I")
 """The text extension after the header: text bytes, bits per token byte length."""
 _MAX_WIDTH = 32
@@ -78,77 +96,9 @@ class Fields:
     """uint8: the completions' texts, concatenated (cross-tokenizer payloads only)."""
     byte_lengths: np.ndarray | None = None
     """int64, one per completion token: the bytes of the text it covers (with ``text``)."""
-
-
-# ---- numbers: bit packing and 16-bit log-probs -------------------------------------------------
-
-
-def bits_for(max_value: int) -> int:
-    """Bits that hold every value in [0, max_value] (0 when max_value is 0)."""
-    return int(max_value).bit_length()
-
-
-def pack_bits(values: np.ndarray, width: int) -> bytes:
-    """Values (< 2**width, width <= 32) as ``width``-bit fields, most significant bit first,
-    zero padded to a whole byte."""
-    v = np.asarray(values).ravel()
-    if width == 0 or len(v) == 0:
-        return b""
-    bits = np.unpackbits(v.astype(">u4").view(np.uint8).reshape(-1, 4), axis=1)
-    return np.packbits(bits[:, 32 - width :].ravel()).tobytes()
-
-
-def packed_len(count: int, width: int) -> int:
-    return (count * width + 7) // 8
-
-
-def unpack_bits(buf: memoryview, count: int, width: int, what: str) -> np.ndarray:
-    """Inverse of :func:`pack_bits` (int64); PayloadError if a padding bit is set."""
-    if width == 0 or count == 0:
-        return np.zeros(count, np.int64)
-    bits = np.unpackbits(np.frombuffer(buf, np.uint8))
-    if bits[count * width :].any():
-        raise PayloadError(f"compact payload: section {what!r} has non-zero padding bits")
-    padded = np.zeros((count, 32), np.uint8)
-    padded[:, 32 - width :] = bits[: count * width].reshape(count, width)
-    return np.packbits(padded, axis=1).view(">u4").ravel().astype(np.int64)
-
-
-def bf16_bits(x: np.ndarray) -> np.ndarray:
-    """fp32 -> upper 16 bits of the bit pattern, rounded to nearest even (as torch does)."""
-    bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    return rounded.astype(np.uint16)
-
-
-def bf16_to_fp32(bits: np.ndarray) -> np.ndarray:
-    return (bits.astype(np.uint32) << 16).view(np.float32)
-
-
-def encode_logprobs(flat: np.ndarray, codec: str, *, check: bool = True) -> np.ndarray:
-    """fp32 log-probs in the wire codec's numpy dtype; PayloadError if a value overflows it
-    (``check``: what an honest sender wants; a forger's packer casts whatever it is given)."""
-    if codec == LogprobCodec.FP32:
-        return flat.astype(np.float32)
-    if codec == LogprobCodec.FP16:
-        with np.errstate(over="ignore"):  # reported below, as a PayloadError
-            out = flat.astype(np.float16)
-    elif codec == LogprobCodec.BF16:
-        out = bf16_bits(flat)
-    else:
-        raise ValueError(f"logprob_dtype must be one of {LP_CODECS}, got {codec!r}")
-    if check and not np.all(np.isfinite(decode_logprobs(out, codec))):
-        raise PayloadError(f"log-probs overflow {codec} (smallest {flat.min()})")
-    return out
-
-
-def decode_logprobs(wire: np.ndarray, codec: str) -> np.ndarray:
-    if codec == LogprobCodec.BF16:
-        return bf16_to_fp32(wire)
-    return wire.astype(np.float32)
-
-
-_LP_WIRE = {"fp32": np.dtype("<f4"), "fp16": np.dtype("<f2"), "bf16": np.dtype("<u2")}
+    sampled: np.ndarray | None = None
+    """uint8, one per completion token: 1 where the model sampled it, 0 on an episode's context
+    (``logprobs`` there are 0); None: every token was sampled (single-turn groups)."""
 
 
 # ---- container -----------------------------------------------------------------------------------
@@ -172,10 +122,10 @@ def _section_sizes(h: dict) -> list[tuple[str, int]]:
         ("completion lengths", packed_len(c, wc)),
         ("prompt ids", packed_len(p, h["id_bits"])),
         ("completion ids", packed_len(t, h["id_bits"])),
-        ("log-probs", t * _LP_WIRE[h["codec"]].itemsize),
+        ("log-probs", (h["sampled"] if h["mask"] else t) * _LP_WIRE[h["codec"]].itemsize),
         ("rewards", 4 * k + packed_len(c, bits_for(max(k - 1, 0))) if k else 4 * c),
     ] + ([("byte lengths", packed_len(t, h["length_bits"])), ("text", h["text_bytes"])]
-         if h["text"] else [])
+         if h["text"] else []) + ([("sampled mask", packed_len(t, 1))] if h["mask"] else [])
 
 
 def pack(fields: Fields, *, id_bits: int, codec: str = "fp32", compress: str = "none",
@@ -210,7 +160,11 @@ def pack(fields: Fields, *, id_bits: int, codec: str = "fp32", compress: str = "
         reward_bytes = palette.astype("<u4").tobytes() + pack_bits(idx, bits_for(max(k - 1, 0)))
     else:
         reward_bytes = rewards.astype("<f4").tobytes()
-    lp = encode_logprobs(np.asarray(fields.logprobs, np.float32), codec, check=check_range)
+    flat_lp = np.asarray(fields.logprobs, np.float32)
+    sampled = None if fields.sampled is None else np.asarray(fields.sampled).astype(bool)
+    if sampled is not None:  # context tokens' log-probs are 0 by definition: not sent
+        flat_lp = flat_lp[sampled]
+    lp = encode_logprobs(flat_lp, codec, check=check_range)
     lp = lp.astype(_LP_WIRE[codec])
     body = b"".join([
         pack_bits(str_lens, widths[3]),
@@ -231,10 +185,14 @@ def pack(fields: Fields, *, id_bits: int, codec: str = "fp32", compress: str = "
         text = np.asarray(fields.text, np.uint8).tobytes()
         ext = EXT.pack(len(text), length_bits)
         body += pack_bits(lengths, length_bits) + text
+    if sampled is not None:
+        ext += MASK_EXT.pack(int(sampled.sum()))
+        body += pack_bits(sampled.astype(np.int64), 1)
     packed = zlib.compress(body, level) if compress == Compressor.ZLIB else body
     if len(packed) >= len(body):  # zlib only where it pays: tiny or random bodies go as they are
         packed = body
-    flags = LP_CODECS.index(codec) | (_ZLIB if packed is not body else 0) | (_TEXT if ext else 0)
+    flags = (LP_CODECS.index(codec) | (_ZLIB if packed is not body else 0)
+             | (_TEXT if fields.text is not None else 0) | (_MASK if sampled is not None else 0))
     header = HEADER.pack(MAGIC, VERSION, flags, id_bits, 0, n, len(clen),
                          len(fields.completion_ids), len(fields.prompt_ids), len(table),
                          int(str_lens.sum()), k if use_palette else 0, len(body),
@@ -253,25 +211,32 @@ def read_header(buf: bytes | memoryview) -> dict:
         raise PayloadError(f"compact payload: magic {magic!r}, expected {MAGIC!r}")
     if version != VERSION:
         raise PayloadError(f"compact payload: version {version}, this receiver reads {VERSION}")
-    if flags & ~(_ZLIB | _TEXT | 3) or (flags & 3) >= len(LP_CODECS) or zero:
+    if flags & ~(_ZLIB | _TEXT | _MASK | 3) or (flags & 3) >= len(LP_CODECS) or zero:
         raise PayloadError(f"compact payload: unknown flags {flags:#04x} / reserved byte {zero}")
     w = tuple((widths >> sh) & 0xFF for sh in (0, 8, 16, 24))
     if id_bits > _MAX_ID_BITS or max(w) > _MAX_WIDTH:
         raise PayloadError(f"compact payload: bit widths {id_bits} (ids) / {w} exceed "
                            f"{_MAX_ID_BITS} / {_MAX_WIDTH}")
-    text_bytes, length_bits = 0, 0
-    if flags & _TEXT:
-        if len(buf) < HEADER.size + EXT.size:
+    text_bytes, length_bits, sampled, at = 0, 0, 0, HEADER.size
+    for flag, ext, what in ((_TEXT, EXT, "text"), (_MASK, MASK_EXT, "sampled-mask")):
+        if flags & flag and len(buf) < at + ext.size:
             raise PayloadError(f"compact payload: {len(buf)} bytes, shorter than its header and "
-                               f"{EXT.size}-byte text extension")
-        text_bytes, length_bits = EXT.unpack_from(buf, HEADER.size)
+                               f"{ext.size}-byte {what} extension")
+    if flags & _TEXT:
+        text_bytes, length_bits = EXT.unpack_from(buf, at)
+        at += EXT.size
         if length_bits > _MAX_WIDTH:
             raise PayloadError(f"compact payload: {length_bits} bits per byte length exceed {_MAX_WIDTH}")
+    if flags & _MASK:
+        (sampled,) = MASK_EXT.unpack_from(buf, at)
+        at += MASK_EXT.size
+        if sampled > t:
+            raise PayloadError(f"compact payload: {sampled} sampled tokens of {t}")
     return {"codec": LP_CODECS[flags & 3], "zlib": bool(flags & _ZLIB), "id_bits": id_bits,
             "groups": n, "completions": c, "tokens": t, "prompt_tokens": p, "strings": s,
             "string_bytes": sb, "palette": k, "body_bytes": body, "widths": w,
             "text": bool(flags & _TEXT), "text_bytes": text_bytes, "length_bits": length_bits,
-            "header_bytes": HEADER.size + (EXT.size if flags & _TEXT else 0)}
+            "mask": bool(flags & _MASK), "sampled": sampled, "header_bytes": at}
 
 
 def check_token_cap(tokens: int, wire: WireConfig) -> None:
@@ -354,6 +319,15 @@ def unpack(buf: bytes | memoryview, wire: WireConfig) -> Fields:
     completion_ids = unpack_bits(sec["completion ids"], t, h["id_bits"], "completion ids")
     lp_wire = np.frombuffer(sec["log-probs"], _LP_WIRE[h["codec"]])
     logprobs = decode_logprobs(lp_wire.astype(lp_wire.dtype.newbyteorder("=")), h["codec"])
+    sampled = None
+    if h["mask"]:
+        sampled = unpack_bits(sec["sampled mask"], t, 1, "sampled mask").astype(np.uint8)
+        if int(sampled.sum()) != h["sampled"]:
+            raise PayloadError(f"compact payload: the sampled mask marks {int(sampled.sum())} tokens, the "
+                               f"header declares {h['sampled']}")
+        full = np.zeros(t, np.float32)
+        full[sampled.astype(bool)] = logprobs
+        logprobs = full
     k = h["palette"]
     if k:
         palette = np.frombuffer(sec["rewards"][: 4 * k], "<u4").astype(np.uint32)
@@ -371,7 +345,7 @@ def unpack(buf: bytes | memoryview, wire: WireConfig) -> Fields:
     return Fields(strings=fields_str, prompt_ids=prompt_ids, prompt_offsets=offsets(plen),
                   completion_ids=completion_ids, completion_offsets=offsets(clen),
                   group_offsets=offsets(gsize), logprobs=logprobs, rewards=rewards,
-                  text=text, byte_lengths=byte_lengths)
+                  text=text, byte_lengths=byte_lengths, sampled=sampled)
 
 
 def offsets(lengths) -> np.ndarray:

@@ -7,6 +7,10 @@ token (a model always emits at least one token, EOS or a token cut by the length
 completion can only be a fault); log-probs are finite and <= ``LOGPROB_TOLERANCE`` (1e-4:
 log-softmax rounding may give tiny positive values, anything larger is not a log-probability);
 ids lie in [0, vocab_size); rewards are finite.
+
+Episodes (algorithm §13: multi-turn, with tools) are groups whose completions interleave tokens the
+model sampled with tokens it did not (the template's role markers, the tools' results): their
+``sampled_masks`` say which (:func:`mask_fault` gives the rules).
 """
 
 from __future__ import annotations
@@ -52,6 +56,10 @@ class Group:
     the text's bytes, else why not (a key of :data:`ftis_flwr.xtok.represent.REASONS`). A refused
     completion has no tokens and is never trained on; its reward still counts in its group's
     advantages."""
+    sampled_masks: list[np.ndarray] | None = None
+    """Episodes (algorithm §13): per completion, 1 on each token the model sampled and 0 on the
+    context between its turns (template markers, tool results), whose log-prob is exactly 0.0 and
+    which never enter the loss (:func:`mask_fault`). None: a single turn, every token sampled."""
     source_texts: list[str] | None = None
     """Receiver side only, after alignment: the completions' texts as the sender sent them; the
     receiver scores its rewards on these (a refused completion has no tokens to decode)."""
@@ -103,6 +111,16 @@ class Group:
             )
         if not np.all(np.isfinite(rewards)):
             raise PayloadError(f"{where}: rewards contain non-finite values")
+        if self.sampled_masks is not None:
+            if not isinstance(self.sampled_masks, list) or len(self.sampled_masks) != len(self.completions):
+                raise PayloadError(f"{where}: sampled_masks must be a list of one array per completion "
+                                   f"({len(self.completions)})")
+            if self.texts is not None:
+                raise PayloadError(f"{where}: {EPISODE_TEXT_NOTE}")
+            for i, (mask, lps) in enumerate(zip(self.sampled_masks, self.logprobs)):
+                why = mask_fault(np.asarray(mask), np.asarray(lps))
+                if why:
+                    raise PayloadError(f"{where}: completion {i}: {why}")
         if (self.texts is None) != (self.byte_lengths is None):
             raise PayloadError(f"{where}: texts and byte_lengths come together or not at all")
         if self.texts is not None:
@@ -113,6 +131,33 @@ class Group:
                 why = text_fault(text, np.asarray(lengths), len(ids))
                 if why:
                     raise PayloadError(f"{where}: completion {i}: {why}")
+
+
+EPISODE_TEXT_NOTE = ("an episode (sampled masks) cannot carry texts yet: peers of another tokenizer do not "
+                     "train on episodes")
+"""Why a group with ``sampled_masks`` and ``texts`` is refused: the text path (:mod:`ftis_flwr.xtok`)
+does not split a completion into its sampled spans yet, so it would train on tool text."""
+
+
+def mask_fault(mask: np.ndarray, logprobs: np.ndarray) -> str:
+    """Why one episode's sampled mask breaks the wire rules, or "" when it meets them: one 0/1
+    entry per token; the first and the last token are the model's (an episode starts with the
+    model's turn and ends with one: context after the last turn conditions nothing); the log-prob
+    of every token the model did not sample is exactly 0.0 (a mask that lies about a sampled token
+    would hide its log-prob from the loss; one that lies about a context token shows a number the
+    sender did not sample)."""
+    if mask.ndim != 1 or mask.dtype.kind not in "biu" or len(mask) != len(logprobs):
+        return f"sampled mask must be a 1-D 0/1 array of {len(logprobs)} entries (one per token)"
+    if len(mask) and ((mask != 0) & (mask != 1)).any():
+        return f"sampled mask holds {int(mask[(mask != 0) & (mask != 1)][0])} (only 0 and 1)"
+    if not len(mask) or not mask[0] or not mask[-1]:
+        return "its first and last tokens must be sampled (an episode starts and ends with the model's turn)"
+    context = np.asarray(logprobs)[mask == 0]
+    if (context != 0).any():
+        pos = int(np.flatnonzero((mask == 0) & (np.asarray(logprobs) != 0))[0])
+        return (f"token {pos} is not sampled but has log-prob {float(logprobs[pos])} (context tokens "
+                "carry exactly 0.0)")
+    return ""
 
 
 def text_fault(text: bytes, lengths: np.ndarray, n_tokens: int) -> str:

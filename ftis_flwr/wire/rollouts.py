@@ -39,7 +39,7 @@ from ftis_flwr.wire.arrays import (  # noqa: F401 (re-exported: format 1's names
 from ftis_flwr.wire.compact import Fields
 from ftis_flwr.wire.compact import flat as _flat
 from ftis_flwr.wire.compact import offsets as _offsets
-from ftis_flwr.wire.groups import Group, PayloadError, _first_bad_logprob, text_fault
+from ftis_flwr.wire.groups import EPISODE_TEXT_NOTE, Group, PayloadError, _first_bad_logprob, mask_fault, text_fault
 
 FORMATS = WIRE_FORMATS
 WIRE_KEY = "wire"
@@ -70,6 +70,10 @@ def encode_groups(
     if with_text == {True}:
         text = (np.frombuffer(b"".join(t for g in groups for t in g.texts), np.uint8),
                 _flat([np.asarray(b) for g in groups for b in g.byte_lengths], np.int64))
+    sampled = None  # episodes: one flat mask, all ones for the payload's single-turn groups
+    if any(g.sampled_masks is not None for g in groups):
+        sampled = _flat([np.asarray(m, np.uint8) for g in groups
+                         for m in (g.sampled_masks or [np.ones(len(c), np.uint8) for c in g.completions])], np.uint8)
     completions = [c for g in groups for c in g.completions]
     flat_lp = _flat([np.asarray(lp, np.float32) for g in groups for lp in g.logprobs], np.float32)
     if format == WireFormat.COMPACT:
@@ -83,12 +87,13 @@ def encode_groups(
             logprobs=flat_lp,
             rewards=_flat([np.asarray(g.rewards) for g in groups], np.float32),
             text=None if text is None else text[0], byte_lengths=None if text is None else text[1],
+            sampled=sampled,
         )
         blob = wire_compact.pack(fields, id_bits=wire_compact.bits_for(vocab_size - 1),
                                  codec=logprob_dtype, compress=compress, check_range=True)
         return ArrayRecord({WIRE_KEY: Array.from_numpy_ndarray(np.frombuffer(blob, np.uint8))}), \
             ConfigRecord()
-    return wire_arrays.encode(groups, completions, flat_lp, logprob_dtype, tok_dtype, text)
+    return wire_arrays.encode(groups, completions, flat_lp, logprob_dtype, tok_dtype, text, sampled)
 
 
 def _group_at(group_offsets: np.ndarray, completion: int) -> int:
@@ -246,6 +251,8 @@ def check_fields(f: Fields, wire: WireConfig, *, vocab_size: int | None = None) 
     if not np.all(np.isfinite(f.rewards)):
         c = int(np.argmax(~np.isfinite(f.rewards)))
         raise PayloadError(f"{name(_group_at(g_off, c))}: non-finite reward")
+    if f.sampled is not None:
+        _check_sampled(f, n_comp, name_completion)
     if (f.text is None) != (f.byte_lengths is None):
         raise PayloadError("a payload carries texts and byte lengths together or neither")
     if f.text is not None:
@@ -261,6 +268,26 @@ def check_fields(f: Fields, wire: WireConfig, *, vocab_size: int | None = None) 
             why = text_fault(text[at[lo]:at[hi]], f.byte_lengths[lo:hi], hi - lo)
             if why:
                 raise PayloadError(f"{name_completion(c)}: {why}")
+
+
+def _check_sampled(f: Fields, n_comp: int, name_completion) -> None:
+    """The episodes' sampled masks (:func:`ftis_flwr.wire.groups.mask_fault`), found vectorised and
+    named per completion."""
+    c_off = f.completion_offsets
+    if len(f.sampled) != len(f.completion_ids):
+        raise PayloadError(f"{len(f.sampled)} sampled-mask entries for {len(f.completion_ids)} completion tokens")
+    if f.text is not None:
+        raise PayloadError(f"a payload with sampled masks carries texts: {EPISODE_TEXT_NOTE}")
+    mask = np.asarray(f.sampled)
+    bad = (mask > 1) | ((mask == 0) & (f.logprobs != 0))
+    ends = np.zeros(len(mask), bool)
+    if n_comp:
+        ends[c_off[:-1]] = ends[c_off[1:] - 1] = True
+    bad |= ends & (mask == 0)
+    if bad.any():
+        c = int(np.searchsorted(c_off, int(np.argmax(bad)), side="right") - 1)
+        lo, hi = int(c_off[c]), int(c_off[c + 1])
+        raise PayloadError(f"{name_completion(c)}: {mask_fault(mask[lo:hi], f.logprobs[lo:hi])}")
 
 
 def _build(f: Fields) -> list[Group]:
@@ -287,6 +314,10 @@ def _build(f: Fields) -> list[Group]:
             cs = range(int(g_off[g]), int(g_off[g + 1]))
             group.texts = [text[at[c_off[c]]:at[c_off[c + 1]]] for c in cs]
             group.byte_lengths = [f.byte_lengths[c_off[c]:c_off[c + 1]].copy() for c in cs]
+    if f.sampled is not None:  # a group whose every token was sampled is a single turn: None
+        for g, group in enumerate(groups):
+            masks = [f.sampled[c_off[c]:c_off[c + 1]].astype(np.uint8) for c in range(int(g_off[g]), int(g_off[g + 1]))]
+            group.sampled_masks = None if all(m.all() for m in masks) else masks
     return groups
 
 

@@ -33,6 +33,13 @@ _V1_ARRAYS = ("prompt_ids", "prompt_offsets", "completion_ids", "completion_offs
               "group_offsets", "logprobs", "rewards")
 _TEXT_ARRAYS = ("text", "byte_lengths")
 """Present together or not at all (cross-tokenizer payloads): cut per completion like the rest."""
+_MASK = "sampled"
+"""Episodes' sampled masks (one entry per completion token), cut per completion like the rest."""
+
+
+def _optional(has) -> tuple[str, ...]:
+    """The optional arrays a payload holds (``has(key)``), in their order."""
+    return (_TEXT_ARRAYS if has("text") else ()) + ((_MASK,) if has(_MASK) else ())
 
 
 class WireSelectError(ValueError):
@@ -42,7 +49,7 @@ class WireSelectError(ValueError):
 def _v1(arrays: ArrayRecord, meta: ConfigRecord) -> tuple[dict[str, np.ndarray], int]:
     """Format 1's arrays as numpy, in their wire dtypes (a cut keeps them), and the group count;
     only after :func:`ftis_flwr.wire.rollouts.read_payload` has checked keys, dtypes and offsets."""
-    keys = _V1_ARRAYS + (_TEXT_ARRAYS if "text" in arrays.keys() else ())
+    keys = _V1_ARRAYS + _optional(lambda k: k in arrays.keys())
     return {k: arrays[k].numpy() for k in keys}, len(meta["prompt_id"])
 
 
@@ -55,7 +62,7 @@ def _v2(arrays: ArrayRecord, meta: ConfigRecord, wire: WireConfig
         f = wc.unpack(blob, wire)
     except PayloadError as exc:
         raise WireSelectError(f"compact payload cannot be read: {exc}") from None
-    a = {k: getattr(f, k) for k in _V1_ARRAYS + (_TEXT_ARRAYS if f.text is not None else ())}
+    a = {k: getattr(f, k) for k in _V1_ARRAYS + _optional(lambda k: getattr(f, k) is not None)}
     return a, len(f.group_offsets) - 1, header, f
 
 
@@ -138,6 +145,8 @@ class Cuttable:
             at = wc.offsets(a["byte_lengths"])  # byte position of each token's start
             out["byte_lengths"] = cut(a["byte_lengths"], tokens)
             out["text"] = cut(a["text"], [(at[lo], at[hi]) for lo, hi in tokens])
+        if _MASK in a:
+            out[_MASK] = cut(a[_MASK], tokens)
         return _repack(self, out, [self._per_group(g) for g in keep])
 
     def _per_group(self, g: int) -> dict[str, object]:
@@ -179,7 +188,7 @@ def merge(reads: list[Cuttable]) -> tuple[ArrayRecord, ConfigRecord]:
     def shape(r: Cuttable) -> tuple:
         head = None if r._compact is None else tuple(r._compact[0][k] for k in ("id_bits", "codec", "zlib"))
         keys = tuple(sorted(r._per_group(0))) if r.n else None
-        return head, tuple(r._a[k].dtype.str for k in _V1_ARRAYS), keys, "text" in r._a
+        return head, tuple(r._a[k].dtype.str for k in _V1_ARRAYS), keys, "text" in r._a, _MASK in r._a
 
     shapes = {shape(r) for r in reads if r.n}
     if len(shapes) > 1:
@@ -188,7 +197,7 @@ def merge(reads: list[Cuttable]) -> tuple[ArrayRecord, ConfigRecord]:
     like = next((r for r in reads if r.n), first)
     used = [r for r in reads if r.n] or [first]  # an empty payload adds nothing (may lack text)
     out = {}
-    for key in ("prompt_ids", "completion_ids", "logprobs", "rewards") + (_TEXT_ARRAYS if "text" in like._a else ()):
+    for key in ("prompt_ids", "completion_ids", "logprobs", "rewards") + _optional(lambda k: k in like._a):
         out[key] = np.concatenate([r._a[key] for r in used]).astype(like._a[key].dtype, copy=False)
     for key in ("prompt_offsets", "completion_offsets", "group_offsets"):
         lengths = np.concatenate([np.diff(r._a[key]) for r in used]).astype(np.int64)
