@@ -98,3 +98,26 @@ def test_foreign_groups_survive_nothing_they_are_not_state(cache, tmp_path):
     restored = _node(cache, 0)
     load_state(restored, tmp_path)
     assert {g.node for g in restored.pending} == {"a"}
+
+
+def test_an_episodes_sampled_masks_are_saved_and_reach_the_loss(cache, tmp_path):
+    """An own group of episodes (``Group.sampled_masks``, algorithm §13) keeps its masks through a
+    save and a restore, and the node's batch takes them: the loss counts the sampled tokens only
+    (the three tool tokens between two model turns are context), and the update runs on it."""
+    node = _node(cache, 0)
+    node.step(StepRequest(0, 4, [0], 4, False))
+    g = node.pending[0]
+    tool, ones = np.array([20, 21, 22], np.int64), [np.ones(len(c), np.uint8) for c in g.completions]
+    g.sampled_masks = [np.concatenate([m, np.zeros(3, np.uint8), m]) for m in ones]
+    g.completions = [np.concatenate([c, tool, c]) for c in g.completions]
+    g.logprobs = [np.concatenate([lp, np.zeros(3, np.float32), lp]) for lp in g.logprobs]
+    g.validate(node.vocab_size)
+    save_state(node, tmp_path, 0)
+    fresh = _node(cache, 0)
+    load_state(fresh, tmp_path)
+    assert [m.tolist() for m in fresh.pending[0].sampled_masks] == [m.tolist() for m in g.sampled_masks]
+    samples = fresh._samples(fresh.pending, [np.array([1.0, 0.0, 0.0, 1.0], np.float32)])
+    assert [s.sampled.tolist() for s in samples] == [m.tolist() for m in g.sampled_masks]
+    inputs = fresh._loss_inputs(samples)
+    assert int(inputs.mask.sum()) == sum(int(m.sum()) for m in g.sampled_masks)
+    assert np.isfinite(fresh.train(fresh.pending, 1, 4)["loss"])

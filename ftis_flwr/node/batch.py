@@ -1,7 +1,8 @@
 """The learner's batch: a round's samples, and one micro-batch's forward laid out for the loss.
 
 Why apart from the node: what the loss sees of a micro-batch (the learner's log-probs, pi_gen's,
-the mask, the chunk ids of the text path, a sequence ratio's per-token pi_gen) is one pure
+the mask, the chunk ids of the text path, a sequence ratio's per-token pi_gen, an episode's sampled
+tokens) is one pure
 construction from the samples and the model, whatever the node's ranks or engine.
 """
 
@@ -32,6 +33,9 @@ class Sample(NamedTuple):
     """The node that generated it."""
     chunks: np.ndarray | None
     """Chunk id per token on the text path; None on the token path."""
+    sampled: np.ndarray | None = None
+    """An episode's sampled mask (``Group.sampled_masks``, algorithm §13): only its 1 tokens enter
+    the loss (ratio, weight, the filter's KL, the token mean); None: every token (a single turn)."""
 
 
 def loss_inputs(model: Any, chunk: Sequence[Sample], old: torch.Tensor | None = None, *, pad_id: int,
@@ -39,7 +43,7 @@ def loss_inputs(model: Any, chunk: Sequence[Sample], old: torch.Tensor | None = 
                 compute: Callable[[], Any]) -> LossInputs:
     """One micro-batch's forward through ``model`` (under ``compute()``, its autocast), as the loss
     takes it; ``old``: its pi_old log-probs from the round's first update (updates after the first)."""
-    prompts, comps, gens, advs, foreign, sources, chunks = zip(*chunk)
+    prompts, comps, gens, advs, foreign, sources, chunks, sampled = zip(*chunk)
     device = model.device
     with compute():
         if share_prompts:  # each distinct prompt runs once (ftis_flwr/node/logprobs_shared.py)
@@ -49,6 +53,12 @@ def loss_inputs(model: Any, chunk: Sequence[Sample], old: torch.Tensor | None = 
             batch = pack_batch(list(prompts), list(comps), pad_id=pad_id)
             lp = completion_logprobs(model, batch.to(device), temperature=temperature, vocab_size=vocab_size)
             mask = batch.completion_mask.to(device).bool()
+    if any(s is not None for s in sampled):  # an episode's context tokens are not the model's
+        model_tokens = torch.ones(mask.shape, dtype=torch.bool)
+        for i, s in enumerate(sampled):
+            if s is not None:
+                model_tokens[i, : len(s)] = torch.from_numpy(np.asarray(s, dtype=bool))
+        mask = mask & model_tokens.to(mask.device)
     gen = torch.zeros_like(lp, dtype=torch.float32)
     for i, g in enumerate(gens):
         gen[i, : len(g)] = torch.from_numpy(np.asarray(g, dtype=np.float32))

@@ -352,9 +352,10 @@ class Node:
             foreign = g.node != self.card.name
             chunks = g.chunks if g.chunks is not None else [None] * g.size
             refused = g.refused if g.refused is not None else [""] * g.size
-            for c, lp, a, ch, why in zip(g.completions, g.logprobs, adv, chunks, refused):
+            masks = g.sampled_masks if g.sampled_masks is not None else [None] * g.size  # episodes
+            for c, lp, a, ch, why, m in zip(g.completions, g.logprobs, adv, chunks, refused, masks):
                 if not why:
-                    samples.append(Sample(g.prompt_tokens, c, lp, float(a), foreign, g.node, ch))
+                    samples.append(Sample(g.prompt_tokens, c, lp, float(a), foreign, g.node, ch, m))
         return samples
 
     def _loss_inputs(self, chunk: list[Sample], old: torch.Tensor | None = None) -> LossInputs:

@@ -93,6 +93,8 @@ def save_state(node, root: Path, round_idx: int) -> SaveInfo:
         for j, (c, lp) in enumerate(zip(g.completions, g.logprobs)):
             arrays[f"c{i}_{j}"] = np.asarray(c)
             arrays[f"l{i}_{j}"] = np.asarray(lp, dtype=np.float32)
+            if g.sampled_masks is not None:  # an episode's sampled tokens (Group.sampled_masks)
+                arrays[f"m{i}_{j}"] = np.asarray(g.sampled_masks[j], dtype=np.uint8)
         groups.append({"prompt_id": g.prompt_id, "node": g.node, "model_id": g.model_id,
                        "tokenizer_fp": g.tokenizer_fp, "size": g.size})
     np.savez(tmp / "pending.npz", **arrays)
@@ -152,7 +154,8 @@ def load_state(node, root: Path, at_most: int | None = None) -> int | None:
             prompt_id=g["prompt_id"], prompt_tokens=z[f"p{i}"],
             completions=[z[f"c{i}_{j}"] for j in range(g["size"])],
             logprobs=[z[f"l{i}_{j}"] for j in range(g["size"])], rewards=z[f"r{i}"],
-            node=g["node"], model_id=g["model_id"], tokenizer_fp=g["tokenizer_fp"])
+            node=g["node"], model_id=g["model_id"], tokenizer_fp=g["tokenizer_fp"],
+            sampled_masks=[z[f"m{i}_{j}"] for j in range(g["size"])] if f"m{i}_0" in z else None)
             for i, g in enumerate(info["groups"])]
     node.updates = int(info["updates"])
     node.round = int(info["round"])
