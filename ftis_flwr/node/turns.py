@@ -183,7 +183,8 @@ def tool_turn_ids(tokenizer: Any, results: Sequence[Any], stop_ids: Sequence[int
     before = list(tokenizer.apply_chat_template(head, add_generation_prompt=False, tokenize=True, return_dict=False))
     after = list(tokenizer.apply_chat_template(head + tools, add_generation_prompt=True, tokenize=True,
                                                return_dict=False))
-    ends = [i for i, t in enumerate(before) if t in set(stop_ids)]
+    stops = {int(t) for t in stop_ids}
+    ends = [i for i, t in enumerate(before) if t in stops]
     if not ends:
         raise ValueError("the chat template's assistant turn does not end with one of the stop tokens "
                          f"{list(stop_ids)}: its tool turns cannot be appended after the model's")
