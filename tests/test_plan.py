@@ -187,3 +187,19 @@ def test_the_plan_imports_no_torch():
     proc = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("[]"), proc.stdout[-500:] + proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("preset", ["cpu-pair", "cpu-xtok"])
+def test_the_shipped_tiny_models_are_sized_offline(preset, capsys):
+    """#56: `plan cpu-pair` printed `?` in every cell ('architecture unknown offline') for models
+    the package ships; their shape is known (ftis_flwr.config.tiny_models, the node's numbers)."""
+    main([preset])
+    out = capsys.readouterr().out
+    assert "?" not in out and "unknown" not in out, out
+    exp = load_experiment(preset)
+    for card in exp.nodes:
+        e = estimate(card, exp)
+        assert e.params == e.trainable and e.params < 2e6 and 0 < e.total < 2 * GIB  # 64 positions at most
+        assert f"| {card.name} | tiny | {e.params / 1e6:.2f} M |" in out
+    small = estimate(exp.nodes[0], exp)
+    assert small.kv_cache == 2 * 2 * 2 * 32 * 64 * exp.rollout.batch_size * 4  # 2 layers, 2 kv heads, 64 positions

@@ -9,7 +9,8 @@ generation batch (``rollout.batch_size`` sequences of prompt + ``max_new_tokens`
 learner's largest activation (the float32 logits of one micro-batch over the vocabulary, which
 dominates at Qwen's 151,936 rows) plus the saved activations of one micro-batch
 (:data:`ACTIVATION_ELEMENTS`). Architectures are read from the hub config when the model is
-cached locally, else from :data:`KNOWN` (the Qwen2.5 family of the paper's presets). The figures
+cached locally, else from :data:`KNOWN` (the Qwen2.5 family of the paper's presets); the shipped
+tiny models' from :mod:`ftis_flwr.config.tiny_models` (their sequences: 64 positions). The figures
 are estimates: the framework's own buffers and fragmentation come on top (allow ~20%). The
 activations are those of the packed path (every sample runs its prompt); with
 ``train.share_prompts`` (the default) the learner runs fewer tokens, so the estimate is an upper
@@ -35,6 +36,7 @@ from ftis_flwr.config.dtypes import resolve_dtypes, warn_slow_bf16
 from ftis_flwr.config.engine_memory import DTYPE_BYTES as _BYTES
 from ftis_flwr.config.engine_memory import GIB, PLAN_NOTE, PROMPT_TOKENS, engine_parts, fixes, vllm_part
 from ftis_flwr.config.schema import ConfigError, ExperimentConfig, ModelCard
+from ftis_flwr.config.tiny_models import TINY_MAX_POSITIONS, TINY_SIZES, TINY_VOCAB
 
 ACTIVATION_ELEMENTS = 26
 """Saved activation elements per token, layer and hidden unit in the learner's backward:
@@ -57,6 +59,8 @@ class Arch:
     tied: bool
     head_size: int = 0
     """Attention head size where it is not ``hidden // heads`` (Gemma 3: 256)."""
+    positions: int = 0
+    """The longest sequence the model takes, where it bounds a batch's (the tiny models' 64); 0: none."""
 
     @property
     def head_dim(self) -> int:
@@ -86,6 +90,17 @@ KNOWN: dict[str, Arch] = {
     "smollm2": Arch(576, 30, 9, 3, 1536, 49152, True),
     "gemma3-270m": Arch(640, 18, 4, 1, 2048, 262144, True, head_size=256),
 }
+
+
+def card_architecture(card: ModelCard) -> Arch | None:
+    """A card's architecture: a shipped tiny model's from :mod:`ftis_flwr.config.tiny_models` (the
+    numbers of ``node.tiny.tiny_config``: a tied Qwen2 over its tokenizer), else its source's."""
+    if card.source != "tiny":
+        return architecture(card.source)
+    shape, vocab = TINY_SIZES.get(card.tiny_size), TINY_VOCAB.get(card.tiny_tokenizer)
+    return None if shape is None or vocab is None else Arch(
+        shape["hidden_size"], shape["num_hidden_layers"], shape["num_attention_heads"], shape["num_key_value_heads"],
+        shape["intermediate_size"], vocab, True, positions=TINY_MAX_POSITIONS)
 
 
 def architecture(source: str) -> Arch | None:
@@ -169,7 +184,7 @@ class Estimate:
 def estimate(card: ModelCard, exp: ExperimentConfig, arch: Arch | None = None) -> Estimate | None:
     """Bytes one rank of a node needs (see the module docstring); None for an unknown architecture
     (``arch``: the card's, default :func:`architecture` of its source)."""
-    arch = arch or architecture(card.source)
+    arch = arch or card_architecture(card)
     if arch is None:
         return None
     card, _ = resolve_dtypes(card)  # "auto" as this machine resolves it
@@ -179,6 +194,7 @@ def estimate(card: ModelCard, exp: ExperimentConfig, arch: Arch | None = None) -
         if card.lora else total
     tw = 4 if card.lora else w  # peft keeps adapters in float32
     seq = PROMPT_TOKENS + exp.rollout.max_new_tokens
+    seq = min(seq, arch.positions) if arch.positions else seq
     kv = 2 * arch.layers * arch.kv_heads * arch.head_dim * seq * exp.rollout.batch_size * w
     mb = exp.train.micro_batch_size
     logits = 2 * mb * exp.rollout.max_new_tokens * arch.vocab * 4  # fp32 logits + log-softmax
@@ -349,9 +365,11 @@ def report(exp: ExperimentConfig, device_gib: float | None = None) -> str:
         if e is None:
             rows.append(f"| {card.name} | {card.source} | ? | ? | {card.ranks} |" + " ? |" * (8 if vllm else 7))
             continue
-        g = lambda b: f"{b / GIB:.1f} GiB"  # noqa: E731
+        digits = 4 if e.params < 1e8 else 1  # a tiny model's weights are megabytes: 0.0020 GiB, not 0.0
+        g = lambda b, d=digits: f"{b / GIB:.{d}f} GiB"  # noqa: E731
+        params = f"{e.params / 1e9:.2f} B" if e.params >= 1e8 else f"{e.params / 1e6:.2f} M"
         rows.append(f"| {card.name} | {card.source}{' (LoRA)' if card.lora else ''}{' (vllm)' if e.vllm else ''} | "
-                    f"{e.params / 1e9:.2f} B | {e.trainable / 1e6:.1f} M | {e.ranks} | {g(e.weights)} | "
+                    f"{params} | {e.trainable / 1e6:.1f} M | {e.ranks} | {g(e.weights)} | "
                     f"{g(e.gradients)} | {g(e.optimizer)} | {g(e.engine_copy)} | {g(e.kv_cache)} | "
                     f"{g(e.engine_runtime) + ' | ' if vllm else ''}{g(e.activations)} | {g(e.total)} |")
     note = ("Each rank holds 1/ranks of the weights, grads and AdamW state (FSDP2 shards them) and whole: "
