@@ -207,3 +207,167 @@ def test_sample_rows_in_a_reply_are_read_safely():
     many = read_samples(json.dumps(rows * 40))
     assert len(many) == MAX_SAMPLES
     assert len(read_samples(json.dumps([{**rows[0], "completion": "x" * 5000}]))[0]["completion"]) == 2000
+
+
+# ------------------------------------------------ the first hour's traps (#56): each stopped by check
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCS_RUN = ("task.dataset='json' task.data-files.train='docs/own-task/train.jsonl' "
+            "task.data-files.test='docs/own-task/test.jsonl' task.reward='docs/own-task/reward.py:reward'")
+
+
+def _check(capsys, run_config: str) -> tuple[int, str]:
+    from ftis_flwr.cli import main
+
+    code = main(["check", REPO, "--run-config", run_config, "--no-reward-probe"])
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def test_the_docs_own_task_command_without_task_name_is_refused_naming_the_task_that_reads_it(capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    code, out = _check(capsys, DOCS_RUN)
+    assert code == 2, out
+    assert ("task.dataset='json', task.data_files.train='docs/own-task/train.jsonl', task.data_files.test="
+            "'docs/own-task/test.jsonl': read only by task.name='dataset'; task.name='arithmetic' does not read "
+            "them, so the run would train 'arithmetic' and ignore them: set task.name='dataset'") in out
+    code, out = _check(capsys, "task.name='dataset' " + DOCS_RUN)
+    assert code == 0 and "configuration valid" in out
+
+
+def test_keys_of_other_tasks_are_named_and_a_presets_own_are_not_the_users(files):
+    flat = {"task.name": "dataset", "task.dataset": "json", "task.data_files.train": str(files / "train.jsonl")}
+    msg = _errors({"task.train_path": str(files / "train.jsonl"), "task.shots": 1, "task.size": 9})
+    assert "task.train_path='" in msg and "read only by task.name='gsm8k' or 'math500'" in msg
+    assert "task.shots=1: read only by task.name='basic-math' or " in msg
+    assert "task.size=9: read only by task.name='reasoning-gym:<generator>'" in msg and "(3 errors)" in msg
+    exp = load_experiment("cpu-smollm2", flat)  # the preset's shots: 1 is basic-math's, not the user's
+    assert exp.task.shots == 1 and exp.task.name == "dataset"
+    with pytest.raises(ConfigError, match=r"task.shots=2: read only by task.name='basic-math'"):
+        load_experiment("cpu-smollm2", {**flat, "task.shots": 2})
+
+
+def _user_files(tmp_path, questions: list[str]) -> str:
+    rows = [{"question": q, "product": "84"} for q in questions]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "reward.py").write_text("def reward(completions, product, **kw):\n"
+                                        "    return [float(c.strip() == p) for c, p in zip(completions, product)]\n")
+    return (f"task.name='dataset' task.dataset='json' task.data-files.train='{tmp_path}/train.jsonl' "
+            f"task.prompt-field='question' task.reward='{tmp_path}/reward.py:reward'")
+
+
+def test_prompts_the_tiny_models_cannot_read_are_refused_naming_the_row_the_nodes_and_the_limit(tmp_path, capsys):
+    """The issue's natural prompt: capitals (not in the char vocabulary) and 73 characters (64 positions)."""
+    natural = "What is the product of twelve and seven? Answer with the number, please!!"
+    assert len(natural) == 73
+    code, out = _check(capsys, _user_files(tmp_path, ["what is 12 times 7?", natural]))
+    assert code == 2, out
+    head = "nodes[small], nodes[large] (tiny models, char tokenizer, 64 positions): the prompt of row 2 of " \
+        "task.data_files.train"
+    assert (f"{head} is 73 tokens as the node renders it, and an answer needs one more: 74 positions, more than "
+            "the model's 64; 1 of the 2 rows checked (the longest: 73 tokens): shorten the prompts to at most 63 "
+            "tokens (one per character), or use a real model's preset, e.g. preset='cpu-smollm2'") in out
+    assert (f"{head} has characters the tokenizer cannot represent: 'W', 'A' (its tokens stand for '<unk>hat is "
+            "the product") in out
+    assert "1 of the 2 rows checked: the char tokenizer has digits, lowercase a-z, space, newline and" in out
+    code, out = _check(capsys, _user_files(tmp_path, ["what is 12 times 7?", "what is seven times twelve?"]))
+    assert code == 0, out  # lowercase and short: what the tiny models read
+
+
+def test_answers_a_gold_comparing_reward_needs_must_fit_the_completion_budget(files):
+    rows = [{"prompt": "1+1=", "answer": "two"}, {"prompt": "2+2=", "answer": "the number four, in words"}]
+    (files / "long.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    msg = _errors({"task.name": "dataset", "task.dataset": "json", "task.data_files.train": str(files / "long.jsonl"),
+                   "rollout.max_new_tokens": 6})
+    assert ("row 2 of task.data_files.train has the answer 'the number four, in words', 25 tokens, more than "
+            "rollout.max_new_tokens=6; 1 of the 2 rows checked: raise rollout.max_new_tokens (now 6) to at least 25") \
+        in msg
+
+
+def test_the_answer_column_is_checked_whenever_it_is_set(files):
+    flat = {"task.name": "dataset", "task.dataset": "json", "task.data_files.train": str(files / "train.jsonl")}
+    msg = _errors({**flat, "task.answer_field": "solution", "task.reward": f"{files / 'rewards.py'}:by_level"})
+    assert "task.answer_field='solution': task.data_files.train has no such column" in msg
+    load_experiment(overrides={**flat, "task.answer_field": "ground_truth"})  # a column: fine
+    msg = _errors({"task.reward": f"{files / 'rewards.py'}:needs_column"})  # arithmetic's rows: answer only
+    assert "task.reward=" in msg and "it requires 'difficulty'" in msg
+
+
+def test_a_file_builders_misspelling_fails_at_once_offline_with_did_you_mean(files, capsys, monkeypatch):
+    import time
+
+    from ftis_flwr.tasks import data_faults
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    data_faults.hub_reachable.cache_clear()
+    try:
+        start = time.perf_counter()
+        code, out = _check(capsys, f"task.name='dataset' task.dataset='jsonl' task.data-files.train="
+                                   f"'{files}/train.jsonl' task.data-files.test='{files}/test.jsonl'")
+        took = time.perf_counter() - start
+        assert code == 2 and out.count("task.dataset='jsonl' is not a builder that reads files (json, csv, parquet, "
+                                       "text, arrow) nor a local folder, and the hub cannot be reached") == 1, out
+        assert "did you mean 'json' (it reads .jsonl files)?" in out and took < 20  # was 26-48 s of retries
+        assert data_faults.did_you_mean("csvv", ("json", "csv")) == "; did you mean 'csv'?"
+        assert data_faults.did_you_mean("someone/data", ("json", "csv")) == ""
+    finally:
+        data_faults.hub_reachable.cache_clear()
+    monkeypatch.setattr(data_faults, "hub_reachable", lambda: True)
+    assert data_faults.hub_fault("jsonl", ("json",)) == ""  # the hub answers: datasets is asked
+
+
+def test_a_malformed_line_is_named_by_file_and_1_based_line_with_the_parsers_message(files):
+    rows = [json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) for i in range(50)]
+    rows[41] = rows[41][:-1]  # line 42 loses its closing brace
+    (files / "bad.jsonl").write_text("\n".join(rows) + "\n")
+    msg = _errors({"task.name": "dataset", "task.dataset": "json", "task.data_files.train": str(files / "bad.jsonl")})
+    assert (f"task.data_files.train='{files / 'bad.jsonl'}': line 42, column 35: Expecting ',' delimiter "
+            "(the file does not parse as JSON Lines, one object per line)") in msg
+    from ftis_flwr.tasks.data_faults import json_fault
+
+    (files / "doc.json").write_text('[\n  {"prompt": "1+1=", "answer": "2"},\n  {"prompt": "2+2=" "answer": "4"}\n]\n')
+    assert json_fault(files / "doc.json") == "line 3, column 21: Expecting ',' delimiter"
+    (files / "list.jsonl").write_text('{"prompt": "1+1="}\n[1, 2]\n')
+    assert json_fault(files / "list.jsonl") == "line 2: a row must be a JSON object {...}, got list"
+    assert json_fault(files / "train.jsonl") == ""
+
+
+def test_a_reward_that_needs_what_only_trl_passes_is_named_with_the_docs(files):
+    (files / "trl_state.py").write_text("def reward(completions, trainer_state, **kwargs):\n"
+                                        "    return [float(trainer_state.global_step > 10)] * len(completions)\n")
+    msg = _errors({"task.name": "dataset", "task.dataset": "json", "task.data_files.train": str(files / "train.jsonl"),
+                   "task.reward": f"{files / 'trl_state.py'}:reward"})
+    assert ("it requires 'trainer_state', which the rows do not have (columns: prompt, answer, ground_truth, level) "
+            "(trainer_state: TRL's GRPOTrainer passes it, this project does not: docs/your-own-task.md)") in msg
+
+
+def test_the_messages_docs_your_own_task_quotes_are_what_check_prints(capsys, monkeypatch):
+    """Each `ftis-flwr check` command of "What the check refuses" and "The default models' limits"
+    (those that need no file written first), run as written: its quoted lines are in what it prints,
+    and a command quoted with no output is valid."""
+    import re
+    import shlex
+
+    from ftis_flwr.tasks import data_faults
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    data_faults.hub_reachable.cache_clear()
+    text = open(os.path.join(REPO, "docs", "your-own-task.md")).read()
+    section = text[text.index("## What the check refuses"):text.index("## A procedural task")]
+    blocks = re.findall(r"```bash\n(.*?)```\n(?:\n```\n(.*?)```)?", section, flags=re.DOTALL)
+    ran = 0
+    try:
+        for command, quoted in blocks:
+            if not command.startswith("ftis-flwr check . --run-config") or "\n" in command.strip():
+                continue
+            run_config = shlex.split(command)[-1]
+            code, out = _check(capsys, run_config)
+            lines = [line for line in quoted.splitlines() if line.strip()]
+            assert code == (2 if lines else 0), (command, out)
+            for line in lines:
+                assert line in out, (line, out)
+            ran += 1
+    finally:
+        data_faults.hub_reachable.cache_clear()
+    assert ran == 4

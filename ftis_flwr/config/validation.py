@@ -58,6 +58,7 @@ from ftis_flwr.config.choices import (
 )
 from ftis_flwr.config.engine_memory import device_fit_errors
 from ftis_flwr.config.schema import ConfigError, ExperimentConfig, ModelCard
+from ftis_flwr.config.task_keys import unread_task_keys
 
 
 def _get(cfg: Any, dotted: str) -> Any:
@@ -115,8 +116,11 @@ def resolve_loss_method(name: str, import_registries: bool = True) -> str | None
 
 def task_errors(cfg: ExperimentConfig, import_registries: bool = True) -> list[str]:
     """``task.name`` names a registered task, a prefix's task or an import path; with
-    ``import_registries``, the task is built and its files, columns and rewards checked
-    (:func:`ftis_flwr.tasks.checks.task_errors`, imported by name: checking stays torch-free)."""
+    ``import_registries``, no key is set that the task does not read
+    (:func:`ftis_flwr.config.task_keys.unread_task_keys`), the task is built and its files, columns
+    and rewards checked (:func:`ftis_flwr.tasks.checks.task_errors`), then its prompts against each
+    node's model (:func:`ftis_flwr.tasks.prompt_fit.prompt_errors`); both imported by name:
+    checking stays torch-free."""
     name = cfg.task.name
     prefix, sep, rest = name.partition(":")
     if name not in TASK_NAMES and not (sep and rest and (prefix in TASK_PREFIXES or ":" in name)):
@@ -128,7 +132,8 @@ def task_errors(cfg: ExperimentConfig, import_registries: bool = True) -> list[s
                 f"for the {len(cfg.task.rewards)} task.rewards"]
     if not import_registries:
         return []
-    return importlib.import_module("ftis_flwr.tasks.checks").task_errors(cfg.task)
+    errors = unread_task_keys(cfg) + importlib.import_module("ftis_flwr.tasks.checks").task_errors(cfg.task)
+    return errors or importlib.import_module("ftis_flwr.tasks.prompt_fit").prompt_errors(cfg)
 
 
 # ------------------------------------------------------------------ declared choices and bounds

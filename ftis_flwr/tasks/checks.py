@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 
 BUILTIN_CHECKED = ("arithmetic", "arithmetic-heldout", "basic-math", "basic-math-20")
 """Built-in generated tasks: nothing to read, so a check builds nothing for them."""
+TRL_ONLY = ("completion_ids", "trainer_state", "log_extra", "log_metric", "environments")
+"""Keyword arguments TRL's GRPOTrainer gives a reward function that a node does not (it scores the
+decoded text, outside any trainer)."""
 _BUILT: dict[str, Task] = {}
 """The last task :func:`task_errors` built without a problem, by its settings' ``repr``: the reward
 probe (:mod:`ftis_flwr.tasks.reward_probe`) reuses it, its train split already generated or read."""
@@ -44,9 +47,9 @@ def task_errors(cfg: TaskConfig) -> list[str]:
     except Exception as exc:  # a user's factory failed: named, never a traceback
         return [f"task.name={cfg.name!r}: building the task raised {type(exc).__name__}: {exc}"]
     errors, columns = [], None
-    if not isinstance(task, DatasetTask) and cfg.name not in BUILTIN_CHECKED:  # generated or the user's
+    if not isinstance(task, DatasetTask):  # generated (a reward set on a built-in one too) or the user's
         try:
-            columns = list(task.problems(task.train_split)[0].columns)
+            columns = [*task.problems(task.train_split)[0].columns, "answer"]  # the gold, as RewardSet passes it
         except Exception as exc:
             errors.append(_named(cfg, exc, f"its train split cannot be built: {type(exc).__name__}: "))
     if isinstance(task, DatasetTask):
@@ -54,16 +57,21 @@ def task_errors(cfg: TaskConfig) -> list[str]:
             try:
                 problems = task.problems(split)
             except (DatasetError, ValueError, FileNotFoundError) as exc:
-                errors.append(str(exc))
+                if str(exc) not in errors:  # a source's fault (an unreachable hub id) once, not per split
+                    errors.append(str(exc))
                 continue
-            if columns is None:
-                columns = list(problems[0].columns)
+            if columns is None:  # the gold goes to a reward as ``answer`` where the answer column holds it
+                columns = list(dict.fromkeys([*problems[0].columns, *(["answer"] if task.answer_field in
+                                                                         problems[0].columns else [])]))
     if task.reward_set is not None and columns is not None:
         for name, fn in zip(task.reward_set.names, task.reward_set.fns):
             why = signature_fault(fn, columns)
             if why:
                 key = "task.rewards" if cfg.rewards else "task.reward"
-                errors.append(f"{key}={name!r} cannot be called with these rows: {why}")
+                trl = [n for n in TRL_ONLY if repr(n) in why.split(", which")[0]]
+                note = f" ({', '.join(trl)}: TRL's GRPOTrainer passes {'them' if len(trl) > 1 else 'it'}, this " \
+                    "project does not: docs/your-own-task.md)" if trl else ""
+                errors.append(f"{key}={name!r} cannot be called with these rows: {why}{note}")
     _BUILT.clear()
     if not errors:
         _BUILT[repr(cfg)] = task

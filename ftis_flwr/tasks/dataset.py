@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ftis_flwr.tasks.base import Problem, Task
+from ftis_flwr.tasks.data_faults import did_you_mean, hub_fault, innermost, json_fault
 
 if TYPE_CHECKING:
     from ftis_flwr.config.schema import TaskConfig
@@ -77,12 +78,32 @@ class DatasetTask(Task):
             args, kwargs, key = (self.source,), {"data_files": {split: str(file.resolve())}, "split": split}, \
                 f"task.data_files.{split}={self.files[split]!r}"
         else:
+            if not Path(self.source).expanduser().exists():  # a hub id: told at once when it cannot be read
+                fault = hub_fault(self.source, BUILDERS)
+                if fault:
+                    raise DatasetError(fault)
             args, kwargs, key = (self.source,), {"split": self.files.get(split) or split}, \
                 f"task.dataset={self.source!r}"
+        verbosity = datasets.logging.get_verbosity()
+        datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its stray log line: the error says it all
         try:
             return datasets.load_dataset(*args, **kwargs)
         except Exception as exc:  # datasets' own error (a bad file, an unknown split), named by key
-            raise DatasetError(f"{key}: datasets.load_dataset failed ({type(exc).__name__}: {exc})") from None
+            raise DatasetError(self._load_error(key, split, exc)) from None
+        finally:
+            datasets.logging.set_verbosity(verbosity)
+
+    def _load_error(self, key: str, split: str, exc: Exception) -> str:
+        """``load_dataset``'s failure named by key: a JSON file's first bad line (1-based, the
+        parser's message), else the innermost error's words, with a builder it resembles."""
+        if self.source == "json" and split in self.files:
+            where = json_fault(Path(self.files[split]).expanduser())
+            if where:
+                return f"{key}: {where} (the file does not parse as JSON Lines, one object per line)"
+        inner = innermost(exc)
+        why = f"{type(exc).__name__}: {exc}" + (f"; {type(inner).__name__}: {inner}" if inner is not exc else "")
+        hint = did_you_mean(self.source, BUILDERS) if self.source not in BUILDERS else ""
+        return f"{key}: datasets.load_dataset failed ({why}){hint}"
 
     def _load_split(self, split: str) -> list[Problem]:
         rows = self._rows(split)
@@ -100,8 +121,10 @@ class DatasetTask(Task):
                                f"{', '.join(columns)}")
         from ftis_flwr.tasks.reward_funcs import BUILTIN_REWARDS
 
-        if self.answer_field and self.answer_field not in columns and self.reward_set is not None \
-                and any(n in BUILTIN_REWARDS for n in self.reward_set.names):
+        set_here = self.answer_field != "answer"  # the default: read only by a reward that compares golds
+        if self.answer_field and self.answer_field not in columns and (set_here or self.reward_set is not None
+                                                                       and any(n in BUILTIN_REWARDS
+                                                                               for n in self.reward_set.names)):
             raise DatasetError(f"task.answer_field={self.answer_field!r}: {where} has no such column; its "
                                f"columns: {', '.join(columns)}")
         out = []
