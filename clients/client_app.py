@@ -17,13 +17,14 @@ import json
 import time
 from pathlib import Path
 
-from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
 
 from ftis_flwr.config.merge import card_from_dict, from_dict
 from ftis_flwr.config.plan import build_notes
 from ftis_flwr.config.schema import ExperimentConfig, ModelCard, default_cache_dir, to_dict
-from ftis_flwr.node.handle import PING_TIMEOUT, WorkerTimeout, connect_or_spawn, stop_worker
+from ftis_flwr.node.handle import PING_TIMEOUT, WorkerError, WorkerTimeout, connect_or_spawn, stop_worker
 from ftis_flwr.node.processes import safe_name, worker_dir
 from ftis_flwr.wire import protocol
 
@@ -111,7 +112,23 @@ def step_payload(msg: Message) -> dict:
     }
 
 
+def worker_errors(handler):
+    """A handler whose worker failed (its error, a reward that raised, no answer in time) answers
+    with an error reply carrying the worker's reason, instead of raising: Flower logs a raised
+    exception's traceback through every layer (Ray's and its own), once per node, before the
+    server can say what failed. The traceback is in the worker's log."""
+
+    @functools.wraps(handler)
+    def wrapped(msg: Message, context: Context) -> Message:
+        try:
+            return handler(msg, context)
+        except WorkerError as exc:
+            return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=str(exc)), reply_to=msg)
+    return wrapped
+
+
 @app.train()
+@worker_errors
 def train(msg: Message, context: Context) -> Message:
     """One round: the worker trains on the received groups and answers with its new groups,
     metrics and info (see protocol.ROUND, GROUPS, METRICS, INFO).
@@ -126,9 +143,9 @@ def train(msg: Message, context: Context) -> Message:
         The reply: this node's new groups (``protocol.GROUPS``, ``GROUPS_META``), its metrics
             (``METRICS``, with ``clientapp_seconds``) and ``INFO`` (name, tokenizer, rejections...).
 
-    Raises:
-        WorkerTimeout: The worker did not answer in time; it is killed, and the next message
-            starts a new one, which resumes from its saved state.
+        A worker that failed the round (its error, a reward that raised) or did not answer in
+        time (it is killed; the next message starts a new one, which resumes from its saved
+        state) makes the reply an error with the worker's reason (:func:`worker_errors`).
     """
     t0 = time.perf_counter()
     card, handle, timeout = _worker(msg.content[protocol.ROUND], context)
@@ -207,6 +224,7 @@ def hello(msg: Message, context: Context) -> Message:
 
 
 @app.query("build")
+@worker_errors
 def build(msg: Message, context: Context) -> Message:
     """Start this node's worker if none runs and have it build the model in the background; answer
     at once with how far it is (see protocol.BUILD).
@@ -241,6 +259,7 @@ def checkpoint_dir(server_out_dir: str, run_name: str, card: str, node_config: d
 
 
 @app.query("finish")
+@worker_errors
 def finish(msg: Message, context: Context) -> Message:
     """Have the worker save the final model where this node decides (:func:`checkpoint_dir`) and
     stop; answer with the checkpoint's path (see protocol.FINISH, CHECKPOINT).

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import os
 import re
 import shlex
 import shutil
@@ -48,6 +49,11 @@ on to `flwr run`; `check` takes the same command line and checks what it can.
 exit codes: 0 completed (valid, for check; planned, for plan), 1 the run failed, 2 invalid configuration,
 64 a command line ftis-flwr itself cannot parse"""
 STARTED = re.compile(r"Successfully started run (\d+)")
+FAILED_LINE = "ftis-flwr: the run failed: "
+"""How the ServerApp's line for a failed run begins (``ftis_flwr.server.summary.FAILED_PREFIX``):
+``run`` ends with its reason's first sentence after the run's status."""
+TRACKER_ENV = {"mlflow": "MLFLOW_", "wandb": "WANDB_"}
+"""Tracker -> the prefix of the environment variables it reads where the ServerApp runs."""
 UNREACHABLE = "Connection to the SuperLink is unavailable"  # flwr 1.42's words when nothing answers
 WAIT_STEP = 2.0
 
@@ -244,10 +250,10 @@ def run_status(run_id: str, app: Path, superlink: list[str]) -> str:
         return ""
 
 
-def _stream(cmd: list[str]) -> tuple[int, str, bool]:
+def _stream(cmd: list[str]) -> tuple[int, str, bool, str]:
     """Run ``flwr run``, echoing its output: (exit code, run id or "", whether it could not reach
-    the SuperLink)."""
-    run_id, unreachable = "", False
+    the SuperLink, why the run failed as its ServerApp said it or "")."""
+    run_id, unreachable, why = "", False, ""
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1) as proc:
         try:
             for line in proc.stdout:
@@ -256,11 +262,36 @@ def _stream(cmd: list[str]) -> tuple[int, str, bool]:
                 match = STARTED.search(line)
                 run_id = run_id or (match.group(1) if match else "")
                 unreachable = unreachable or UNREACHABLE in line
+                if line.startswith(FAILED_LINE):
+                    why = line[len(FAILED_LINE):].strip().split(". ")[0].split(" (metrics")[0]
         except KeyboardInterrupt:
             proc.terminate()
             print(f"\nftis-flwr: interrupted; the run may go on in the SuperLink (flwr stop {run_id or '<run id>'})")
-            return 130, run_id, False
-    return proc.returncode, run_id, unreachable
+            return 130, run_id, False, ""
+    return proc.returncode, run_id, unreachable, why
+
+
+def stale_tracker_env(exp: Any, port: int | None = None) -> str:
+    """Why the local SuperLink cannot report as this shell asks, or "": a tracker of ``report.to``
+    reads variables (``MLFLOW_*``, ``WANDB_*``) on which this shell and the running local SuperLink
+    (whose environment its ServerApp gets: that of the command that started it) disagree. Only the
+    names are said: a value may be a secret."""
+    from ftis_flwr import local_superlink
+
+    prefixes = tuple(TRACKER_ENV[t] for t in exp.report.to if t in TRACKER_ENV)
+    port = port or int(os.environ.get("FLWR_LOCAL_SUPERLINK_HTTP_API_PORT", local_superlink.PORT))
+    for pid in local_superlink.listening_pids(port) if prefixes else []:
+        try:
+            pairs = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
+        except OSError:  # not ours to read: nothing to compare
+            continue
+        there = dict(p.partition("=")[::2] for p in pairs if "=" in p)
+        names = sorted(k for k in {*os.environ, *there} if k.startswith(prefixes) and os.environ.get(k) != there.get(k))
+        if names:
+            return (f"the local SuperLink (pid {pid}), whose environment the run's server gets, was started with other "
+                    f"tracker settings than this shell's ({', '.join(names)}). Stop it (`ftis-flwr stop`) and run this "
+                    "command again: the SuperLink starts anew with this shell's environment")
+    return ""
 
 
 def _run(args: argparse.Namespace, given: dict[str, Any]) -> int:
@@ -268,7 +299,7 @@ def _run(args: argparse.Namespace, given: dict[str, Any]) -> int:
     print("ftis-flwr: " + " ".join(cmd), flush=True)
     deadline = time.monotonic() + args.wait
     while True:
-        returncode, run_id, unreachable = _stream(cmd)
+        returncode, run_id, unreachable, why = _stream(cmd)
         # a SuperLink started a moment ago (the deployment recipe) may not answer yet: no run was
         # started, so asking again is safe
         if not (returncode and unreachable and not run_id and time.monotonic() < deadline):
@@ -294,7 +325,8 @@ def _run(args: argparse.Namespace, given: dict[str, Any]) -> int:
               f"`flwr log {run_id}`, see its outcome with `flwr ls --run-id {run_id}`")
         return 0
     ok = status.endswith("completed")
-    print(f"ftis-flwr: run {run_id} {status or 'ended with an unknown status'}",
+    why = f": {why}" if why and not ok else ""
+    print(f"ftis-flwr: run {run_id} {status or 'ended with an unknown status'}{why}",
           file=sys.stdout if ok else sys.stderr)
     return 0 if ok else EXIT_FAILED
 
@@ -414,6 +446,10 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INVALID
     for line in missing:
         print(f"ftis-flwr: note: {line} (needed where that part runs)", flush=True)
+    stale = stale_tracker_env(exp) if local and exp is not None and args.command == "run" else ""
+    if stale:
+        print(f"ftis-flwr: {stale}; nothing was started", file=sys.stderr)
+        return EXIT_INVALID
     if local and exp is not None:
         print(f"ftis-flwr: outputs in {given['run-dir']}", flush=True)
     return 0 if args.command == "check" else _run(args, given)

@@ -8,6 +8,7 @@ is not empty (``""`` means "leave it to the preset").
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Callable
@@ -19,9 +20,11 @@ from flwr.serverapp import Grid, ServerApp
 from ftis_flwr.config.merge import from_dict, load_run_config
 from ftis_flwr.config.schema import ConfigError, to_dict
 from ftis_flwr.server.reporting import PROGRESS_LEGEND, RunReporter, run_name, run_title
+from ftis_flwr.server.roster import FederationError
+from ftis_flwr.server.run_failure import RunFailed, exception_line
 from ftis_flwr.server.state import ServerStateError, load_server_state
 from ftis_flwr.server.strategy import FTISStrategy
-from ftis_flwr.server.summary import final_line, format_summary_table
+from ftis_flwr.server.summary import FAILED_PREFIX, final_line, format_summary_table
 
 log = logging.getLogger("ftis_flwr")
 
@@ -45,6 +48,11 @@ def run(grid: Grid, experiment, *, connect_timeout: float = 120.0,
     ``resume``: a run directory to continue after its last completed round, with the
     configuration saved in it (``experiment`` is then not used). ``after_round(round,
     node_metrics)`` is called after each round is logged (tests use it to kill a worker).
+
+    A run that stops (a reward that failed, too few nodes: ``FederationError``, or anything that
+    raises) still writes its summary and plot, the failure first, prints one line that says why
+    and raises; one in which a node replied in no round writes its outputs, then raises
+    ``RunFailed`` (:mod:`ftis_flwr.server.run_failure`). Raising marks the run failed in Flower.
     """
     state = None
     if resume:
@@ -84,13 +92,32 @@ def run(grid: Grid, experiment, *, connect_timeout: float = 120.0,
                                     rnd, f"samples/{node}", ["round", "node", "prompt", "completion", "reward"],
                                     [[rnd, node, r["prompt"], r["completion"], r["reward"]] for r in rows]),
                                 connect_timeout=connect_timeout, state_dir=str(run_dir))
-        if state is not None:
-            strategy.restore(state)
-        strategy.start(grid)
+        try:
+            if state is not None:
+                strategy.restore(state)
+            strategy.start(grid)
+        except Exception as exc:  # the run stopped: its outputs are written all the same, failure first
+            _finish_failed(reporter, strategy, run_dir, exception_line(exc))
+            raise
         summary = reporter.finish(extra={"checkpoints": strategy.checkpoints})
-    print(format_summary_table(summary), flush=True)
+    print(format_summary_table(dataclasses.replace(summary, failure="")), flush=True)  # the last line says it
     print(final_line(summary, run_dir), flush=True)
+    if summary.failure:  # a node replied in no round: the run did not do what it was asked
+        raise RunFailed(summary.failure)
     return run_dir
+
+
+def _finish_failed(reporter: RunReporter, strategy: FTISStrategy, run_dir: Path, why: str) -> None:
+    """Write a stopped run's summary.md, summary.json and plot.png (why it failed first) and say
+    why on one line, the stream's only account of it (the tables are in summary.md); a failure to
+    write them is warned about and never hides why the run stopped."""
+    try:
+        summary = reporter.finish(extra={"checkpoints": strategy.checkpoints}, failure=why)
+    except Exception as exc:  # noqa: BLE001 - the run's own failure is what must be raised
+        log.warning("could not write the failed run's summary and plot: %s: %s", type(exc).__name__, exc)
+        print(f"{FAILED_PREFIX}{why} (metrics and events in {run_dir})", flush=True)
+        return
+    print(final_line(summary, run_dir), flush=True)
 
 
 def _log_to_console() -> None:
@@ -103,20 +130,27 @@ def _log_to_console() -> None:
         log.propagate = False
 
 
-class _ConfigErrorWithoutTraceback(logging.Filter):
-    """Flower logs a failed ServerApp with its traceback; for a ConfigError the message suffices."""
+class _WithoutTraceback(logging.Filter):
+    """Flower logs a failed ServerApp with its traceback; for a ConfigError, and for a run that
+    stopped because of its federation (a node, a reward), the message printed before suffices."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, (ConfigError, ServerStateError)):
-            record.msg, record.args = f"{record.getMessage()}: invalid configuration (listed above)", ()
+        if isinstance(exc, (ConfigError, ServerStateError, FederationError)):
+            why = ("the run failed (why: the `ftis-flwr: the run failed` line above)"
+                   if isinstance(exc, FederationError) else "invalid configuration (listed above)")
+            record.msg, record.args = f"{record.getMessage()}: {why}", ()
             record.exc_info, record.exc_text = None, None
         return True
+
+
+_FILTER = _WithoutTraceback()
 
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     _log_to_console()
+    logging.getLogger("flwr").addFilter(_FILTER)  # once: adding the same filter again is a no-op
     resume = str(context.run_config.get("resume", "") or "")
     try:
         experiment = None if resume else experiment_from_run_config(dict(context.run_config))
@@ -126,6 +160,8 @@ def main(grid: Grid, context: Context) -> None:
         # One short message listing every error; raising marks the run failed in Flower (`flwr ls`),
         # but `flwr run --stream` still exits 0 in Flower 1.42: it does not check the run's status.
         print(f"ftis-flwr: {exc}", flush=True)
-        logging.getLogger("flwr").addFilter(_ConfigErrorWithoutTraceback())
         raise exc.with_traceback(None) from None
-    run(grid, experiment, resume=resume)
+    try:
+        run(grid, experiment, resume=resume)
+    except FederationError as exc:  # said on one line by run(); raising marks the run failed in Flower
+        raise exc.with_traceback(None) from None

@@ -275,3 +275,66 @@ def test_a_cards_field_set_on_the_command_line_goes_into_overrides():
     assert given["overrides"] == "nodes.large.ranks=2" and "nodes.large.ranks" not in given
     with pytest.raises(CheckError, match=r"nodes\[large\]\.ranks=0 must be >= 1"):
         check(REPO, ["nodes.large.ranks=0"])
+
+
+def _listening_child(env: dict):
+    """A plain listening socket in a child process with ``env``, standing in for a local SuperLink
+    started from another shell (what is tested is reading its environment by its port); its port."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = (f"import socket, time; s = socket.socket(); s.bind(('127.0.0.1', {port})); s.listen(); "
+            "print('up', flush=True); time.sleep(120)")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+    assert child.stdout.readline().strip() == "up"
+    return child, port
+
+
+def test_a_local_superlink_started_with_other_tracker_settings_is_named_and_nothing_starts(monkeypatch, capsys):
+    """Issue #56: the local SuperLink keeps the environment of the command that started it, so a
+    tracking URI set afterwards never reached the run (MLflow then wrote into the repository). `run`
+    compares the trackers' variables of this shell and of the SuperLink listening on the port,
+    names those that differ (never their values) and starts nothing; agreeing ones pass."""
+    import os
+
+    import ftis_flwr.cli as cli
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "WANDB_"))}
+    child, port = _listening_child(base)
+    try:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
+        monkeypatch.setenv("FLWR_LOCAL_SUPERLINK_HTTP_API_PORT", str(port))
+        monkeypatch.setattr(cli, "_run", lambda *a: pytest.fail("a run was started"))
+        assert main(["run", str(REPO), "--run-config", "report.to='mlflow'"]) == 2
+        err = capsys.readouterr().err
+        assert (f"the local SuperLink (pid {child.pid}), whose environment the run's server gets, was started with "
+                "other tracker settings than this shell's (MLFLOW_TRACKING_URI)") in err
+        assert "`ftis-flwr stop`" in err and "nothing was started" in err and "5000" not in err
+        _, exp = check(REPO, ["report.to='tensorboard'"])
+        assert cli.stale_tracker_env(exp, port) == ""  # no tracker that reads them: nothing to compare
+        monkeypatch.delenv("MLFLOW_TRACKING_URI")
+        _, exp = check(REPO, ["report.to='mlflow'"])
+        assert cli.stale_tracker_env(exp, port) == ""  # the same (none) here and there
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_run_ends_with_the_failed_runs_reason_after_its_status(capsys):
+    """The ServerApp's `ftis-flwr: the run failed: ...` line is the reason `run` repeats last, after
+    Flower's status of the run (its first sentence); a stand-in for `flwr run` prints it."""
+    import sys
+
+    from ftis_flwr.cli import FAILED_LINE, _stream
+    from ftis_flwr.server.summary import FAILED_PREFIX
+
+    assert FAILED_LINE == FAILED_PREFIX
+    lines = ["Successfully started run 7", f"{FAILED_PREFIX}round 0: the reward failed on node a: reward 'r' raised "
+             "ValueError: x. The run stopped at once (metrics, plot and summary in /r)"]
+    code, run_id, unreachable, why = _stream([sys.executable, "-c", f"print({chr(10).join(lines)!r})"])
+    assert (code, run_id, unreachable) == (0, "7", False)
+    assert why == "round 0: the reward failed on node a: reward 'r' raised ValueError: x"

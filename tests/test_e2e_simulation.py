@@ -175,15 +175,51 @@ def test_a_supernode_without_a_card_is_left_out_once(federation):
     assert all(r["missing_nodes"] == [] for r in load_metrics(run_dir))
 
 
-def test_a_failing_node_is_logged_and_the_round_goes_on(federation):
-    """One node cannot build its model: every round reports it failed; the other keeps training."""
+def simulate_failing(experiment) -> tuple[Path, str]:
+    """:func:`conftest.simulate` for a run that ends failed: (its run directory, the one line the
+    ServerApp raised it with, "" when it did not fail)."""
+    from flwr.serverapp import ServerApp
+    from flwr.simulation import run_simulation
+
+    from clients.client_app import app as client_app
+    from ftis_flwr.config.schema import default_cache_dir
+    from ftis_flwr.node.processes import kill_workers_of_run
+    from ftis_flwr.server.run_failure import RunFailed
+    from server_app.server_app import run, run_name
+
+    out, server, name = {"failed": ""}, ServerApp(), run_name(experiment)
+
+    @server.main()
+    def main(grid, context):
+        try:
+            run(grid, experiment, connect_timeout=60, name=name)
+        except RunFailed as exc:
+            out["failed"] = str(exc)
+
+    try:
+        run_simulation(server, client_app, num_supernodes=2, backend_config={"client_resources": {"num_cpus": 1}})
+    finally:
+        kill_workers_of_run(default_cache_dir(experiment.cache_dir), name)
+    return Path(experiment.run_dir).resolve() / name, out["failed"]
+
+
+def test_a_failing_node_is_logged_the_rounds_go_on_and_the_run_ends_failed(federation, capsys):
+    """One node cannot build its model: every round reports it failed; the other keeps training;
+    the run's outputs are complete, and then it fails (issue #56: it used to end as completed),
+    its summary saying so first, with the node's reason cut to one line."""
     exp, root, _ = federation
     from ftis_flwr.server.summary import load_events
 
     broken = load_experiment(yaml_text=TINY_FEDERATION, overrides={
         "cache_dir": str(root / "cache"), "run_dir": str(root / "runs-broken"),
         "nodes.1.source": str(root / "no-such-model"), "nodes.1.lora": False})
-    run_dir = simulate(broken)
+    run_dir, failed = simulate_failing(broken)
+    assert failed.startswith("node lora failed every round (rounds 0-2), so the run's results are the other "
+                             "nodes' alone; last reason: lora: code 2: ") and "\n" not in failed
+    assert "could not be built" in failed and "is not an existing directory" in failed and "Traceback" not in failed
+    assert json.loads((run_dir / "summary.json").read_text())["failure"] == failed
+    assert (run_dir / "summary.md").read_text().split("\n\n")[2] == f"**Run failed:** {failed}"
+    assert "Traceback" not in capsys.readouterr().out
     rounds = load_metrics(run_dir)
     assert [r["round"] for r in rounds] == [0, 1, 2]
     for r in rounds:
@@ -192,3 +228,28 @@ def test_a_failing_node_is_logged_and_the_round_goes_on(federation):
     assert rounds[1]["nodes"]["full"]["samples_own"] == 16
     failures = [e for e in load_events(run_dir) if e["event"] == "node_failed"]
     assert len(failures) == 3 and all("could not be built" in e["reason"] for e in failures)
+
+
+def test_a_reward_that_raises_stops_the_run_at_once_with_one_line(federation, tmp_path, capsys):
+    """Issue #56: a reward that raises used to fail the run 30 s later with 275 lines of Ray and Flower
+    tracebacks and no summary. Now round 0 is logged, the run stops with one line naming the nodes, the
+    reward and its exception, the summary and plot are written with it first, and nothing else in the
+    stream repeats it or shows a traceback."""
+    _, root, _ = federation
+    reward = tmp_path / "bad.py"
+    reward.write_text("def reward(completions, answer, **kwargs):\n    raise ValueError('my reward is broken')\n")
+    own = Path(__file__).resolve().parent.parent / "docs" / "own-task"
+    exp = load_experiment(yaml_text=TINY_FEDERATION, overrides={
+        "cache_dir": str(root / "cache"), "run_dir": str(tmp_path / "runs"), "task.name": "dataset",
+        "task.dataset": "json", "task.data_files.train": str(own / "train.jsonl"),
+        "task.data_files.test": str(own / "test.jsonl"), "task.reward": f"{reward}:reward"})
+    run_dir, failed = simulate_failing(exp)
+    assert failed.startswith(f"round 0: the reward failed on nodes full and lora: reward '{reward}:reward' raised "
+                             "ValueError: my reward is broken. The run stopped at once")
+    assert [r["round"] for r in load_metrics(run_dir)] == [0]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["failure"] == failed and (run_dir / "plot.png").is_file()
+    out = capsys.readouterr()
+    said = [line for line in (out.out + out.err).splitlines() if "my reward is broken" in line]
+    assert said == [f"ftis-flwr: the run failed: {failed} (metrics, plot and summary in {run_dir})"], said
+    assert "Traceback" not in out.out + out.err

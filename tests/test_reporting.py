@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from pathlib import Path
 
 import pytest
 
@@ -231,3 +233,98 @@ def test_the_plot_shows_the_received_weights_health():
     assert panels["Effective sample size of received samples' weights"](m) == 0.8
     assert panels["Received |log-ratio| p99, farthest source"](m) == 3.5 == _worst_tail(m)
     assert _worst_tail({"ess": 1.0}) is None
+
+
+# ----------------------------------------------------------------------------- issue #56
+def _xtok_config(task: dict) -> dict:
+    return {"preset": "cpu-xtok", "task": task, "advantage": {"mode": "vertical"}, "loss": {"method": "f-tis"},
+            "nodes": [{"name": "small", "source": "tiny", "tiny_tokenizer": "char", "warmstart_ops": "+-"},
+                      {"name": "bpe", "source": "tiny", "tiny_tokenizer": "bpe", "warmstart_ops": "+-"}]}
+
+
+def test_a_node_whose_reward_stayed_at_zero_is_named_first_with_why(tmp_path):
+    """The cross-tokenizer preset's BPE node on a task that is not arithmetic: 0.00 every round while
+    its partner earns. The summary's first lines name it, what the other earned and the two usual
+    causes (its warm start, a reward that never pays); a node at zero in half its rounds is not named."""
+    config = _xtok_config({"name": "dataset", "dataset": "json", "data_files": {"train": "/d/words/train.jsonl"}})
+    with RunReporter(tmp_path, config=config, node_names=["small", "bpe"], num_rounds=5, tensorboard=False) as rep:
+        for r in range(6):
+            rep.log_round(r, {"small": {"reward_mean": 0.0 if r % 2 else 0.3}, "bpe": {"reward_mean": 0.0}}, {})
+        summary = rep.finish()
+    (warning,) = summary.warnings
+    assert warning.startswith("bpe's training reward was 0 in 6 of its 6 rounds: with rewards of 0 or more, every "
+                              "completion of its groups scored 0, so their advantages were 0")
+    for said in ("The other nodes earned small 0.15 on average on the same task, so the task does pay",
+                 "its model's warm start (a tiny model (bpe tokenizer) warm-started on 2-digit arithmetic (+-) "
+                 "only) may never write this task's (words) answers",
+                 "or the task's own reward (dataset) may never pay what this model writes",
+                 "samples/bpe"):
+        assert said in warning, said
+    md = (tmp_path / "summary.md").read_text().split("\n\n")
+    assert md[2] == f"**Warning:** {warning}"
+    assert json.loads((tmp_path / "summary.json").read_text())["warnings"] == [warning]
+
+
+def test_a_named_reward_and_a_real_model_are_named_in_the_zero_reward_warning():
+    from ftis_flwr.server.reward_health import zero_reward
+
+    rows = [{"round": r, "nodes": {"m": {"reward_mean": 0.0}}} for r in range(3)]
+    config = {"task": {"name": "dataset", "reward": "/x/r.py:reward"}, "nodes": [{"name": "m", "source": "org/m"}]}
+    (line,) = zero_reward(rows, config)
+    assert "No other node earned a reward either" in line and "its model (org/m) may not write answers" in line
+    assert "the reward (/x/r.py:reward) may never pay" in line
+    assert zero_reward(rows[:2], config) == []  # two rounds are too few to say
+
+
+def test_round_counts_agree_in_the_progress_line_the_summary_and_the_plot_title(tmp_path, monkeypatch):
+    """A run of 2 rounds logs rounds 0, 1 and 2: "round 2/2", "Rounds: 2 of 2 (3 logged: ...)" and a
+    title "(2 rounds)", where the title used to say 3."""
+    from matplotlib.figure import Figure
+
+    titles = []
+    real = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (titles.append(fig._suptitle.get_text()),
+                                                                   real(fig, *a, **k))[1])
+    config = _xtok_config({"name": "arithmetic"})
+    with RunReporter(tmp_path, config=config, node_names=["small", "bpe"], num_rounds=2, tensorboard=False) as rep:
+        lines = [rep.log_round(r, {"small": {"reward_mean": 0.5}, "bpe": {"reward_mean": 0.5}}, {}) for r in range(3)]
+        rep.finish()
+    assert lines[-1].startswith("round 2/2 | ")
+    assert "Rounds: 2 of 2 (3 logged: round 0 only generates and evaluates the starting models)" in \
+        (tmp_path / "summary.md").read_text()
+    assert titles == ["arithmetic on cpu-xtok: vertical f-tis (2 rounds)"]
+
+
+def test_the_folder_and_title_carry_the_task_or_the_run_name():
+    from ftis_flwr.config.merge import load_experiment
+    from ftis_flwr.server.run_names import run_name, run_title, task_label
+
+    own_task = Path(__file__).resolve().parent.parent / "docs" / "own-task"
+    own = load_experiment("cpu-pair", overrides={"task.name": "dataset", "task.dataset": "json",
+                                                 "task.data_files.train": str(own_task / "train.jsonl"),
+                                                 "task.data_files.test": str(own_task / "test.jsonl")})
+    assert re.fullmatch(r"\d{8}-\d{6}-own-task-cpu-pair-vertical-f-tis-[0-9a-f]{4}", run_name(own))
+    named = load_experiment("cpu-pair", overrides={"report.run_name": "lr sweep/3"})
+    assert re.fullmatch(r"\d{8}-\d{6}-lr_sweep_3-[0-9a-f]{4}", run_name(named))
+    from ftis_flwr.config.schema import to_dict
+
+    assert run_title(to_dict(named)) == "lr sweep/3: arithmetic on cpu-pair: vertical f-tis"
+    assert task_label({"name": "reasoning-gym:chain_sum"}) == "chain_sum"
+    assert task_label({"name": "/home/me/tasks.py:my_task"}) == "my_task"
+    assert task_label({"name": "dataset", "dataset": "org/gsm-hard"}) == "gsm-hard"
+    assert task_label({"name": "dataset", "dataset": "csv", "data_files": {"train": "/d/sums.csv"}}) == "sums"
+
+
+def test_a_failed_runs_plot_says_why_under_its_title(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    titles = []
+    real = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (titles.append(fig._suptitle.get_text()),
+                                                                   real(fig, *a, **k))[1])
+    with RunReporter(tmp_path, config=_xtok_config({"name": "arithmetic"}), node_names=["small", "bpe"],
+                     num_rounds=40, tensorboard=False) as rep:
+        rep.log_round(0, {}, {})
+        summary = rep.finish(failure="round 0: the reward failed on nodes small and bpe: boom")
+    assert summary.failure and titles[0].startswith("arithmetic on cpu-xtok: vertical f-tis (failed, last round "
+                                                   "logged 0 of 40)\nRun failed: round 0: the reward failed")

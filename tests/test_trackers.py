@@ -323,3 +323,33 @@ def test_report_to_from_a_flat_override():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert load_run_config({"preset": "cpu-pair"}).report.to == ["tensorboard"]
+
+
+# ----------------------------------------------------------------------------- where the store goes
+def test_mlflow_without_a_tracking_uri_keeps_its_store_in_the_run_folder(tmp_path, monkeypatch):
+    """Issue #56: without ``MLFLOW_TRACKING_URI`` MLflow's default wrote ``mlflow.db`` and ``mlruns/``
+    into the working directory of the ServerApp's process (the repository, for a local SuperLink
+    started there). The store is now the run's own, in its folder; the working directory stays empty."""
+    pytest.importorskip("mlflow")
+    import mlflow
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    cwd = tmp_path / "where-the-superlink-started"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    s = _report(tmp_path / "run", ["mlflow"])
+    assert list(cwd.iterdir()) == []
+    store = tmp_path / "run" / "mlflow"
+    assert s.paths["mlflow_tracking_uri"] == f"sqlite:///{store / 'mlflow.db'}"
+    run = mlflow.MlflowClient(s.paths["mlflow_tracking_uri"]).get_run(s.paths["mlflow_run_id"])
+    assert run.info.status == "FINISHED" and run.info.run_name == "run"
+    (md,) = store.glob("artifacts/*/artifacts/summary.md")
+    assert md.read_text() == (tmp_path / "run" / "summary.md").read_text()
+
+
+def test_a_users_sqlite_store_keeps_a_new_experiments_artifacts_beside_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mine' / 'mlflow.db'}")
+    assert trackers.mlflow_store(tmp_path / "run") == (f"sqlite:///{tmp_path / 'mine' / 'mlflow.db'}",
+                                                       (tmp_path / "mine" / "mlruns").as_uri())
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
+    assert trackers.mlflow_store(tmp_path / "run") == ("http://127.0.0.1:5000", None)  # the server's own

@@ -386,12 +386,17 @@ class ReportConfig:
     """Where the server's per-round metrics go besides metrics.jsonl (TRL's ``report_to``)."""
 
     to: list[str] = field(default_factory=lambda: ["tensorboard"])
-    """Trackers: any of ``tensorboard`` (default), ``mlflow`` (reads ``MLFLOW_TRACKING_URI``),
-    ``wandb`` (honours ``WANDB_MODE=offline``), or ``none``; comma-separated on the command line.
-    mlflow and wandb are optional extras (``pip install -e ".[trackers]"``)."""
+    """Trackers: any of ``tensorboard`` (default), ``mlflow`` (``MLFLOW_TRACKING_URI``, else a store
+    in the run's folder), ``wandb`` (honours ``WANDB_MODE=offline``), or ``none``; comma-separated
+    on the command line. mlflow and wandb are optional extras (``pip install -e ".[trackers]"``)."""
     samples_per_node: int = field(default=2, metadata={"ge": 0, "note": "0 = none"})
     """Completions per node logged to the trackers as a table at each evaluated round (its
     prompt id, text and reward; 0: none). They travel in the node's reply, a few hundred bytes."""
+    run_name: str = ""
+    """The run's name: its folder is ``<date>-<time>-<run name>-<4 hex>`` under ``run_dir``, and
+    the plot's title and the trackers' run carry it. Default "": the folder is named after the
+    task, the preset, the mode and the method (``<date>-<time>-<task>-<preset>-<mode>-<method>-<4 hex>``).
+    Characters other than letters, digits, ``.`` and ``-`` become ``_`` in the folder's name."""
 
 
 @dataclass

@@ -46,6 +46,7 @@ from ftis_flwr.server.budget import add_idle
 from ftis_flwr.server.grid_io import POLL_INTERVAL, PROGRESS_EVERY
 from ftis_flwr.server.replies import flatten
 from ftis_flwr.server.roster import FederationError
+from ftis_flwr.server.run_failure import RunFailed
 from ftis_flwr.server.state import ServerState, ServerStateError, save_server_state
 
 log = logging.getLogger("ftis_flwr.server.strategy")
@@ -348,6 +349,8 @@ class AsyncRounds:
         if s.on_round is not None:
             s.on_round(step, outcome.node_metrics, outcome.server_metrics)
         self._save(step, dict(finished))
+        if outcome.stop:
+            raise RunFailed(outcome.stop)
         for nid, _ in finished:
             self._handled[nid] = time.perf_counter() - t_step
         return finished

@@ -22,7 +22,7 @@ from flwr.serverapp import Grid
 from ftis_flwr.config.node_keys import node_keys
 from ftis_flwr.config.schema import ExperimentConfig
 from ftis_flwr.server.grid_io import HELLO_TIMEOUT, wait_for_nodes
-from ftis_flwr.server.replies import BadReply, record
+from ftis_flwr.server.replies import BadReply, record, short_reason
 from ftis_flwr.server.roster import FederationError, Roster, hello_notes, read_hello
 from ftis_flwr.wire import protocol
 
@@ -182,7 +182,7 @@ class Lifecycle(_Host):
                 name = self.roster.name(nid)
                 try:
                     if reply.has_error():
-                        raise BadReply(f"code {reply.error.code}: {reply.error.reason}")
+                        raise BadReply(f"code {reply.error.code}: {short_reason(reply.error.reason)}")
                     rec = record(reply.content, protocol.BUILD, ConfigRecord)
                     state, seconds = str(rec.get("state", "")), float(rec.get("seconds", 0.0))
                     progress, error = str(rec.get("progress", "")), str(rec.get("error", ""))
@@ -261,7 +261,7 @@ class Lifecycle(_Host):
     def _read_checkpoint(self, nid: int, reply: Message) -> tuple[str, str]:
         """(card name, path) from a finish reply, checked against the node id's bound name."""
         if reply.has_error():
-            raise BadReply(f"code {reply.error.code}: {reply.error.reason}")
+            raise BadReply(f"code {reply.error.code}: {short_reason(reply.error.reason)}")
         rec = record(reply.content, protocol.CHECKPOINT, ConfigRecord)
         name, path = rec.get("node"), rec.get("path")
         if not isinstance(name, str) or not isinstance(path, str) or not path:

@@ -65,6 +65,9 @@ class RoundOutcome:
     node_metrics: dict[str, dict[str, float]] = field(default_factory=dict)
     server_metrics: dict[str, float] = field(default_factory=dict)
     failures: dict[int, str] = field(default_factory=dict)
+    stop: str = ""
+    """Why the run stops after this round ("" when it goes on): a node's reward failed
+    (:func:`ftis_flwr.server.run_failure.reward_stop`)."""
 
 
 def flatten(outcome: RoundOutcome) -> tuple[dict[str, float], dict[str, float]]:
@@ -76,6 +79,41 @@ def flatten(outcome: RoundOutcome) -> tuple[dict[str, float], dict[str, float]]:
             if math.isfinite(v):
                 (evals if k.startswith("eval/") else train)[f"{node}/{k}"] = float(v)
     return train, evals
+
+
+_RAY_MESSAGE = "Message: "
+"""Where Flower's simulation puts the ClientApp exception's own text in an error reply's reason."""
+_WRAPPED = re.compile(r"^<class '[^']*'>:<'(?P<text>.*)'>\)?$", re.DOTALL)
+"""Flower's ``"<class 'X'>:<'text'>"`` form of an exception a ClientApp raised."""
+_CODE = re.compile(r"(code -?\d+: )?(.*)", re.DOTALL)
+"""The strategy's ``code <n>: `` before an error reply's reason."""
+_WORKER = re.compile(r"node worker failed '\w+': ")
+"""The ClientApp's words before the worker's own error (``ftis_flwr.node.handle``): left out."""
+
+
+def short_reason(reason: object, limit: int = 500) -> str:
+    """A node's failure reason cut to the words that say it: the text inside Flower's and Ray's
+    wrapping of a raised exception, and of a traceback only its first and last lines.
+
+    Args:
+        reason: The reason as the reply or the strategy put it.
+        limit: Characters kept at most.
+
+    Returns:
+        One line.
+    """
+    code, text = _CODE.match(str(reason).strip()).groups()
+    if text.startswith("<class '") and _RAY_MESSAGE in text:
+        text = text.rsplit(_RAY_MESSAGE, 1)[1].strip()
+        text = text[:-2] if text.endswith("'>") else text[:-3] if text.endswith("'>)") else text
+    wrapped = _WRAPPED.match(text)
+    if wrapped:
+        text = wrapped.group("text").strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if len(lines) > 1:
+        text = lines[0] if lines[0].endswith(lines[-1]) else f"{lines[0].rstrip(':')}: {lines[-1]}"
+    text = (code or "") + _WORKER.sub("", text)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def record(content: RecordDict, key: str, kind: type):

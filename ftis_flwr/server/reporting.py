@@ -13,8 +13,6 @@ import dataclasses
 import json
 import math
 import numbers
-import re
-import secrets
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -26,6 +24,9 @@ from ftis_flwr.server.answer_health import collapsed_answers, partial_credit_onl
 from ftis_flwr.server.eta import format_left, seconds_left
 from ftis_flwr.server.incidents import incidents
 from ftis_flwr.server.plots import ACC_PREFIX, ACC_SUFFIX, plot_run
+from ftis_flwr.server.reward_health import zero_reward
+from ftis_flwr.server.run_failure import failed_throughout
+from ftis_flwr.server.run_names import rounds_said, run_name, run_title
 from ftis_flwr.server.source_health import source_health, warnings_first
 from ftis_flwr.server.summary import (
     Summary,
@@ -48,12 +49,8 @@ _TB_WARNED = False
 """TensorBoard's absence is warned about once per process (it is the default tracker)."""
 
 
-def run_name(experiment: Any) -> str:
-    """``<date>-<time>-<preset>-<mode>-<method>-<4 hex>``: runs that differ in method or mode are
-    told apart by their folder alone (the ServerApp's and a strategy's default name)."""
-    parts = [Path(experiment.preset).stem or "run", experiment.advantage.mode, experiment.loss.method]
-    safe = "-".join(re.sub(r"[^A-Za-z0-9.-]+", "_", p).strip("_") for p in parts)
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{safe}-{secrets.token_hex(2)}"
+__all__ = ["PROGRESS_LEGEND", "RunReporter", "run_name", "run_title"]
+"""``run_name`` and ``run_title`` are :mod:`.run_names`' and may be imported from here too."""
 
 
 # ----------------------------------------------------------------------------- JSON helpers
@@ -66,14 +63,6 @@ def _metric(value: Any, where: str) -> float | None:
     if isinstance(value, numbers.Real):
         return float(value)
     raise TypeError(f"{where}: metric must be a number or None, got {type(value).__name__} {value!r}")
-
-
-def run_title(config: Mapping) -> str:
-    """"<preset>: <mode> <method>" from a run's config, e.g. "cpu-pair: vertical f-tis"."""
-    preset = Path(str(config.get("preset") or "")).stem or "run"
-    mode = (config.get("advantage") or {}).get("mode", "")
-    method = (config.get("loss") or {}).get("method", "")
-    return f"{preset}: {mode} {method}".strip().rstrip(":")
 
 
 # ----------------------------------------------------------------------------- reporter
@@ -268,13 +257,19 @@ class RunReporter:
             checkpoints={str(k): str(v) for k, v in (checkpoints or {}).items()},
             start_round=min((r for r in starts.values() if r is not None), default=0),
             incidents=incidents(load_events(self.run_dir)) if self.events_path.exists() else [],
-            warnings=warnings_first(self._rows) + collapsed_answers(self._rows) + partial_credit_only(self._rows),
-            health=source_health(self._rows),
+            warnings=warnings_first(self._rows) + collapsed_answers(self._rows) + partial_credit_only(self._rows)
+            + zero_reward(self._rows, self._config),
+            health=source_health(self._rows), num_rounds=self.num_rounds, steps=self.steps,
+            last_round=self._rows[-1]["round"] if self._rows else None,
         )
 
-    def finish(self, extra: Mapping[str, Any] | None = None) -> Summary:
+    def finish(self, extra: Mapping[str, Any] | None = None, failure: str = "") -> Summary:
         """Write plot.png, summary.md, summary.json, send them to the trackers; close everything
-        (the trackers' runs FINISHED, or FAILED when writing failed); return the Summary."""
+        (the trackers' runs FINISHED, or FAILED when the run or writing failed); return the Summary.
+
+        ``failure``: why the run stopped ("" when it ran to its end); a node that replied in no
+        round at all fails the run too (:func:`ftis_flwr.server.run_failure.failed_throughout`).
+        Either is ``Summary.failure``, the summary's first line, and the plot's title says so."""
         self._check_open("finish")
         extra = dict(extra or {})
         ckpts = extra.get("checkpoints") or {}
@@ -283,14 +278,19 @@ class RunReporter:
         status = "FAILED"
         try:
             summary = self.summary(ckpts)
+            summary.failure = failure or failed_throughout(
+                self._rows, load_events(self.run_dir) if self.events_path.exists() else [], self.node_names,
+                self.steps)
             paths = {"metrics": self.metrics_path, "events": self.events_path,
                      "config": self.run_dir / "config.json", "plot": self.run_dir / "plot.png",
                      "summary_md": self.run_dir / "summary.md",
                      "summary_json": self.run_dir / "summary.json"}
             paths.update(self.trackers.locations())
             summary.paths = paths
-            title = f"{run_title(self._config) or self.run_dir.name} ({summary.rounds} rounds)"
-            plot_run(paths["plot"], title, self.node_names, summary.splits, self._rows, steps=self.steps)
+            said = rounds_said(self.num_rounds, self._rows, self.steps, failed=bool(summary.failure))
+            title = f"{run_title(self._config) or self.run_dir.name} ({said})"
+            plot_run(paths["plot"], title, self.node_names, summary.splits, self._rows, steps=self.steps,
+                     config=self._config, failure=summary.failure)
             paths["summary_md"].write_text(f"# Run summary: {self.run_dir.name}\n\n"
                                            f"{run_title(self._config)}\n\n" + format_summary_table(summary))
             data = summary.to_dict()
@@ -300,7 +300,7 @@ class RunReporter:
             paths["summary_json"].write_text(json.dumps(data, indent=2, allow_nan=False) + "\n")
             for key in ("summary_md", "summary_json", "plot"):
                 self.trackers.log_artifact(paths[key])
-            status = "FINISHED"
+            status = "FAILED" if summary.failure else "FINISHED"
         finally:
             self.close(status)
         return summary

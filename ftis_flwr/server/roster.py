@@ -13,7 +13,7 @@ import logging
 from flwr.app import ConfigRecord, Message
 
 from ftis_flwr.config.node_keys import fingerprint
-from ftis_flwr.server.replies import BadReply, record
+from ftis_flwr.server.replies import BadReply, record, short_reason
 from ftis_flwr.wire import protocol
 
 log = logging.getLogger(__name__)
@@ -26,7 +26,7 @@ class FederationError(RuntimeError):
 def read_hello(reply: Message) -> tuple[str, str, bool]:
     """(card name or "", reason, unknown card?) from a HELLO answer; BadReply if malformed."""
     if reply.has_error():
-        raise BadReply(f"code {reply.error.code}: {reply.error.reason}")
+        raise BadReply(f"code {reply.error.code}: {short_reason(reply.error.reason)}")
     rec = record(reply.content, protocol.HELLO, ConfigRecord)
     name, reason, unknown = rec.get("node", ""), rec.get("reason", ""), rec.get("unknown", False)
     if not isinstance(name, str) or not isinstance(reason, str) or not isinstance(unknown, bool):

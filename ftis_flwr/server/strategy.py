@@ -21,7 +21,8 @@ update per node on the groups of the round before, then generate again (not afte
 One node must not crash or fool it: a node's name is bound to its Flower node id at its first
 reply, forwarded groups are stamped with that name and the prompt indices the node was given
 (receivers check both), and any malformed, undeliverable, late or missing reply becomes a failure
-of that node with a reason.
+of that node with a reason. A failure that is the reward's (every node computes the same reward on
+every round) stops the run after its round (:mod:`ftis_flwr.server.run_failure`).
 """
 
 from __future__ import annotations
@@ -61,9 +62,11 @@ from ftis_flwr.server.replies import (
     TrainReply,
     flatten,
     read_train_reply,
+    short_reason,
 )
-from ftis_flwr.server.reporting import run_name as default_run_name
 from ftis_flwr.server.roster import FederationError, Roster
+from ftis_flwr.server.run_failure import RunFailed, by_reason, reward_stop
+from ftis_flwr.server.run_names import run_name as default_run_name
 from ftis_flwr.server.state import ServerState, ServerStateError, save_server_state
 from ftis_flwr.server.task_agreement import TaskAgreement
 from ftis_flwr.wire import protocol
@@ -347,7 +350,7 @@ class FTISStrategy(Lifecycle, Strategy):
             if nid is None:
                 continue
             if reply.has_error():
-                outcome.failures[nid] = f"code {reply.error.code}: {reply.error.reason}"
+                outcome.failures[nid] = f"code {reply.error.code}: {short_reason(reply.error.reason)}"
                 continue
             try:
                 good[nid] = read_train_reply(reply.content, self.cfg.wire)
@@ -382,9 +385,13 @@ class FTISStrategy(Lifecycle, Strategy):
             if r.samples and self.on_samples is not None:
                 self.on_samples(server_round, r.name, r.samples)
             rejected |= self.rejections.note(server_round, r, self._forwarded.get(nid, []))
+        outcome.stop = reward_stop(server_round, {self.roster.name(n): r for n, r in outcome.failures.items()},
+                                   self.step_word)
+        stops = outcome.stop or (self.step_word == "round" and len(outcome.node_metrics) < self.cfg.rounds.min_nodes)
         for nid, reason in outcome.failures.items():
             name = self.roster.name(nid)
-            log.warning("%s %d: node %s failed: %s", self.step_word, server_round, name, reason)
+            if not stops:  # else the one line that stops the run says it, once
+                log.warning("%s %d: node %s failed: %s", self.step_word, server_round, name, reason)
             self.on_event("node_failed", round=server_round, node=name, reason=reason)
         self.rejections.end_round(server_round, rejected)
         self._groups = groups  # a node that failed contributes nothing stale
@@ -473,6 +480,8 @@ class FTISStrategy(Lifecycle, Strategy):
             ValueError: ``num_rounds`` < 1, or a resumed run has no round left.
             FederationError: Too few nodes connected or replied (``rounds.min_nodes``), or the
                 cards cannot train together (tokenizers, tasks).
+            RunFailed: A node's reward failed: the run stops after that round
+                (:func:`ftis_flwr.server.run_failure.reward_stop`).
         """
         unused = {"initial_arrays": initial_arrays is not None and len(initial_arrays) > 0,
                   "train_config": bool(train_config), "evaluate_config": bool(evaluate_config),
@@ -537,8 +546,10 @@ class FTISStrategy(Lifecycle, Strategy):
             if self.on_round is not None:
                 self.on_round(rnd, outcome.node_metrics, outcome.server_metrics)
             self._save_state(rnd)
+            if outcome.stop:
+                raise RunFailed(outcome.stop)
             if len(outcome.node_metrics) < self.cfg.rounds.min_nodes:
-                reasons = "; ".join(f"{self.roster.names.get(n, n)}: {r}" for n, r in outcome.failures.items())
+                reasons = by_reason({self.roster.names.get(n, str(n)): r for n, r in outcome.failures.items()})
                 raise FederationError(f"round {rnd}: {len(outcome.node_metrics)} node(s) replied, fewer than "
                                       f"rounds.min_nodes={self.cfg.rounds.min_nodes} ({reasons})")
 

@@ -111,18 +111,29 @@ class Summary:
     health: list[dict] = field(default_factory=list)
     """Per (source, receiver): filtered share, ESS and weight / log-ratio quantiles over the run
     (:func:`ftis_flwr.server.source_health.source_health`)."""
+    failure: str = ""
+    """Why the run failed ("" when it did not): said before anything else (:mod:`.run_failure`)."""
+    num_rounds: int | None = None
+    """The rounds the run was asked for (``rounds.num_rounds``; its rows are rounds 0..R)."""
+    steps: bool = False
+    """The rows are an asynchronous run's steps, not rounds."""
+    last_round: int | None = None
+    """The last round (step) logged."""
     warnings: list[str] = field(default_factory=list)
     """What an operator must read first: a peer's samples mostly unrepresentable for a receiver
     or almost all filtered (:func:`ftis_flwr.server.source_health.warnings_first`), a node whose
     greedy answers collapsed to one for most problems, or whose accuracy is partial credit only
-    (:mod:`ftis_flwr.server.answer_health`)."""
+    (:mod:`ftis_flwr.server.answer_health`), a node whose training reward stayed at 0
+    (:mod:`ftis_flwr.server.reward_health`)."""
 
     def to_dict(self) -> dict:
         def ch(c: Change) -> dict:
             return {"first": c.first, "first_round": c.first_round, "last": c.last,
                     "last_round": c.last_round, "delta_points": c.delta, "no_start_eval": c.no_start}
         return _jsonable({
-            "rounds": self.rounds, "nodes": self.nodes, "splits": self.splits,
+            "failure": self.failure, "rounds": self.rounds, "num_rounds": self.num_rounds,
+            "last_round": self.last_round,
+            "nodes": self.nodes, "splits": self.splits,
             "accuracy": {n: {s: ch(c) for s, c in d.items()} for n, d in self.accuracy.items()},
             "mean": {s: {"first": self.mean_first[s], "last": self.mean_last[s],
                          "delta_points": self.mean_delta[s]} for s in self.splits},
@@ -160,18 +171,40 @@ def failed_node_rounds(summary: Summary) -> str:
                      for r in failed)
 
 
+FAILED_PREFIX = "ftis-flwr: the run failed: "
+"""How the ServerApp's line for a failed run begins (``ftis-flwr run`` repeats its reason last)."""
+
+
 def final_line(summary: Summary, run_dir: Path | str) -> str:
-    """The run's last line: where its outputs are, and first whether any node round failed."""
+    """The run's last line: where its outputs are, and first whether it failed or any node
+    round failed."""
+    if summary.failure:
+        return f"{FAILED_PREFIX}{summary.failure} (metrics, plot and summary in {run_dir})"
     lost = failed_node_rounds(summary)
     return (f"ftis-flwr: finished with failed node rounds: {lost}; " if lost else "ftis-flwr: ") + \
         f"metrics, plot and summary in {run_dir}"
 
 
+def rounds_line(summary: Summary) -> str:
+    """``Rounds: 40 of 40 (41 logged: ...)``: the last round logged of those asked for, as the
+    progress line counts them (a run of R rounds logs rounds 0..R: round 0 only generates and
+    evaluates the starting models)."""
+    if summary.steps or summary.num_rounds is None:
+        return f"{'Steps' if summary.steps else 'Rounds'} logged: {summary.rounds}"
+    if summary.last_round is None:
+        return f"Rounds: none of {summary.num_rounds} logged"
+    return (f"Rounds: {summary.last_round} of {summary.num_rounds} ({summary.rounds} logged: round 0 only "
+            "generates and evaluates the starting models)")
+
+
 def format_summary_table(summary: Summary) -> str:
-    """Markdown tables (accuracy per node/split with a mean row; train reward) + checkpoints."""
+    """Markdown tables (accuracy per node/split with a mean row; train reward) + checkpoints;
+    first, why the run failed, then the warnings."""
     lost = failed_node_rounds(summary)
-    out = [f"Rounds logged: {summary.rounds}" + (f"; failed node rounds: {lost}" if lost else ""), ""]
+    out = [rounds_line(summary) + (f"; failed node rounds: {lost}" if lost else ""), ""]
     out[0:0] = [f"**Warning:** {w}" for w in summary.warnings] + ([""] if summary.warnings else [])
+    if summary.failure:
+        out[0:0] = [f"**Run failed:** {summary.failure}", ""]
     if summary.splits:
         out += ["| node | split | first acc (round) | last acc (round) | change (pts) |",
                 "|---|---|---|---|---|"]

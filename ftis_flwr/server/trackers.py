@@ -146,11 +146,30 @@ class TensorBoardTracker(Tracker):
         return {"tensorboard": self.log_dir}
 
 
+def mlflow_store(run_dir: Path) -> tuple[str, str | None]:
+    """(tracking URI, artifact location for a new experiment or None: the server's) of a run.
+
+    ``$MLFLOW_TRACKING_URI`` when set; else a store of the run's own, ``<run_dir>/mlflow/mlflow.db``
+    with its artifacts beside it (``mlflow ui --backend-store-uri sqlite:///<run_dir>/mlflow/mlflow.db``
+    reads it), never MLflow's default, which writes ``mlflow.db`` and ``mlruns/`` into the working
+    directory of whatever process the ServerApp runs in (the repository, for a local SuperLink
+    started there). A SQLite or plain-path store of the user's keeps a new experiment's artifacts
+    beside its file, not in that working directory either."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "").strip()
+    if not uri:
+        store = Path(run_dir).resolve() / "mlflow"
+        store.mkdir(parents=True, exist_ok=True)
+        return f"sqlite:///{store / 'mlflow.db'}", (store / "artifacts").as_uri()
+    if uri.startswith("sqlite:///"):
+        return uri, (Path(uri[len("sqlite:///"):]).expanduser().resolve().parent / "mlruns").as_uri()
+    return uri, None
+
+
 class MlflowTracker(Tracker):
     """One MLflow run per ftis-flwr run, named by the run's name, in the experiment
-    ``$MLFLOW_EXPERIMENT_NAME`` (default ``ftis-flwr``), on ``$MLFLOW_TRACKING_URI`` (MLflow's
-    default when unset). Everything goes through an ``MlflowClient`` by run id: no active run is
-    left in the process."""
+    ``$MLFLOW_EXPERIMENT_NAME`` (default ``ftis-flwr``), on ``$MLFLOW_TRACKING_URI``, else in a
+    store in the run's folder (:func:`mlflow_store`). Everything goes through an ``MlflowClient``
+    by run id: no active run is left in the process."""
 
     @classmethod
     def open(cls, run_dir: Path, run_name: str, config: dict) -> MlflowTracker:
@@ -158,11 +177,12 @@ class MlflowTracker(Tracker):
             import mlflow
         except ImportError as e:
             raise TrackerUnavailable(f"{e}; pip install mlflow") from None
-        uri = mlflow.get_tracking_uri()
+        uri, artifacts = mlflow_store(run_dir)
         client = mlflow.MlflowClient(uri)
         experiment = os.environ.get("MLFLOW_EXPERIMENT_NAME") or "ftis-flwr"
         found = client.get_experiment_by_name(experiment)
-        exp_id = found.experiment_id if found is not None else client.create_experiment(experiment)
+        exp_id = found.experiment_id if found is not None else client.create_experiment(
+            experiment, artifact_location=artifacts)
         run = client.create_run(exp_id, run_name=run_name, tags={"ftis_flwr.run_dir": str(run_dir)})
         return cls(client=client, run_id=run.info.run_id, uri=uri)
 
