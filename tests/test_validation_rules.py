@@ -199,6 +199,10 @@ RULE_CASES = [
     (validation.tiny_models_know_arithmetic, dict(task__name="gsm8k"), "task.name='gsm8k'"),
     (validation.vllm_fits_its_gpu, dict(nodes=[ModelCard(name="a", source="Qwen/Qwen2.5-7B", engine="vllm",
                                                          device="cuda:0")]), "nodes[a].engine='vllm'"),
+    (validation.environment_reads_dataset_rows, dict(task__max_turns=2), "task.max_turns=2"),
+    (validation.environment_reads_dataset_rows, dict(task__environment="m:E"), "task.environment='m:E'"),
+    (validation.episodes_fit_the_wire, dict(task__name="dataset", task__environment="m:E", task__episode_tokens=10**6),
+     "task.episode_tokens=1000000"),
 ]
 
 

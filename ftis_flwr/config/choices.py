@@ -169,6 +169,9 @@ TASK_NAMES = ("arithmetic", "arithmetic-heldout", "basic-math", "basic-math-20",
 ``<prefix>:<name>`` for a prefix in TASK_PREFIXES, or an import path ``<module>:<factory>``."""
 TASK_PREFIXES = ("reasoning-gym",)
 """``task.name`` prefixes: ``reasoning-gym:<generator>``."""
+TOOL_FORMATS = ("", "hermes", "tiny")
+"""``task.tool_format``: "" (chosen from the tokenizer) or a format of :mod:`ftis_flwr.node.turns`
+(its ``TOOL_FORMATS``, kept equal by a test)."""
 GENERATED_TASKS = ("arithmetic", "arithmetic-heldout")
 """The tasks the tiny character-level models know (they were warm-started on arithmetic)."""
 
@@ -187,6 +190,7 @@ EXPERIMENT_CHOICES: dict[str, tuple] = {
     "exchange.select": SELECT_RULES,
     "exchange.schedule": SCHEDULES,
     "exchange.cross_tokenizer": CROSS_TOKENIZER_MODES,
+    "task.tool_format": TOOL_FORMATS,
 }
 """Experiment key -> its allowed values (``loss.method`` is open: see BUILTIN_LOSSES)."""
 

@@ -379,6 +379,27 @@ class TaskConfig:
     repeated earns about 0.18). False: 1.0 only for an answer the checker gives full credit, else 0
     (an exact answer). ``ftis-flwr check`` warns when a cheap answer earns more than a tenth of the
     gold's score (:mod:`ftis_flwr.tasks.reward_probe`)."""
+    environment: str = ""
+    """``task.name=dataset``: a multi-turn, tool-using environment written for TRL's
+    ``environment_factory`` (``"<module>:<factory>"`` / ``"<file.py>:<factory>"``; issue #57,
+    algorithm §13): each prompt's G completions become episodes; each row's columns go to
+    ``reset(**row)``, the class's public methods are the tools, and ``get_reward()`` scores an
+    episode (else the task's reward over the episode's last model turn). Empty (default): none,
+    one completion per sample."""
+    max_turns: int = field(default=4, metadata={"ge": 1})
+    """``task.environment``: model turns per episode at most (each but the last may call tools)."""
+    tool_timeout: float = field(default=10.0, metadata={"gt": 0})
+    """``task.environment``: seconds a tool call may take; a slower or failing call becomes an
+    error observation the model reads (counted in ``env/tool_errors``)."""
+    episode_tokens: int = field(default=0, metadata={"ge": 0, "note": "0 = rollout.max_new_tokens x task.max_turns"})
+    """``task.environment``: tokens of one episode after its prompt, the model's turns and the
+    tools' results together. 0 (default): ``rollout.max_new_tokens`` x ``task.max_turns``; each model
+    turn samples at most ``rollout.max_new_tokens``."""
+    tool_format: str = ""
+    """``task.environment``: how the model writes a tool call: ``hermes``
+    (``<tool_call>{json}</tool_call>``: Qwen2.5/Qwen3), ``tiny`` (``#name(v1,v2)``: the tiny character
+    models). Empty (default): chosen from the tokenizer (a chat template that writes ``<tool_call>``:
+    hermes; no template: tiny)."""
 
 
 @dataclass
@@ -429,6 +450,10 @@ class ExperimentConfig:
     def idle_timeout(self) -> float:
         """The worker idle timeout in effect (see ``worker_idle_timeout``)."""
         return self.worker_idle_timeout or 3 * self.rounds.round_timeout
+
+    def episode_budget(self) -> int:
+        """Tokens one episode may hold after its prompt (see ``task.episode_tokens``)."""
+        return self.task.episode_tokens or self.rollout.max_new_tokens * self.task.max_turns
     preset: str = ""
     """Name or path of the YAML preset this config was built from (informational)."""
 

@@ -57,7 +57,7 @@ from ftis_flwr.config.choices import (
     WeightSync,
 )
 from ftis_flwr.config.engine_memory import device_fit_errors
-from ftis_flwr.config.schema import ConfigError, ExperimentConfig, ModelCard
+from ftis_flwr.config.schema import ConfigError, ExperimentConfig, ModelCard, TaskConfig
 from ftis_flwr.config.task_keys import unread_task_keys
 
 
@@ -293,11 +293,46 @@ def vllm_fits_its_gpu(cfg: ExperimentConfig) -> list[str]:
             for m in device_fit_errors(card, cfg, f"nodes[{card.name}]")]
 
 
+EPISODE_KEYS = ("max_turns", "tool_timeout", "episode_tokens", "tool_format")
+"""``task.*`` keys read only with ``task.environment`` set."""
+
+
+def environment_reads_dataset_rows(cfg: ExperimentConfig) -> list[str]:
+    """``task.environment`` takes each row's columns in ``reset(**row)``: only ``task.name=dataset``
+    has rows with columns (a generated task's problems have none); the episode keys mean nothing
+    without an environment."""
+    task = cfg.task
+    if not task.environment:
+        defaults = TaskConfig()
+        return [f"task.{key}={getattr(task, key)!r} is read only with task.environment set (episodes): set "
+                "task.environment or leave it out"
+                for key in EPISODE_KEYS if getattr(task, key) != getattr(defaults, key)]
+    errors = []
+    if task.name != "dataset":
+        errors.append(f"task.environment={task.environment!r} needs task.name='dataset' (its rows' columns go to "
+                      f"reset(**row)); task.name={task.name!r} has no such rows")
+    if cfg.advantage.mode == AdvantageMode.HORIZONTAL:
+        errors.append(f"task.environment={task.environment!r} needs advantage.mode 'vertical' or 'alone': a node "
+                      "cannot yet verify a peer's episode rewards (no replay), so it refuses foreign episodes, and "
+                      "horizontal mode pools every node's share of a group")
+    return errors
+
+
+def episodes_fit_the_wire(cfg: ExperimentConfig) -> list[str]:
+    """An episode's whole budget must pass the receivers' cap on tokens per completion."""
+    if not cfg.task.environment:
+        return []
+    budget, cap = cfg.episode_budget(), cfg.wire.max_tokens_per_completion
+    return [f"task.episode_tokens={cfg.task.episode_tokens} (an episode of {budget} tokens) exceeds "
+            f"wire.max_tokens_per_completion={cap}"] if budget > cap else []
+
+
 EXPERIMENT_RULES: tuple[Callable[[ExperimentConfig], list[str]], ...] = (
     group_fits_the_wire, completion_fits_the_wire, payload_fits_the_wire, byte_cap_holds_the_token_cap,
     worker_outlasts_a_round, cards_are_named_once, enough_cards_for_min_nodes,
     horizontal_groups_split_evenly, budget_needs_a_rule, horizontal_takes_every_share,
-    async_needs_vertical, tiny_models_know_arithmetic, vllm_fits_its_gpu)
+    async_needs_vertical, tiny_models_know_arithmetic, vllm_fits_its_gpu, environment_reads_dataset_rows,
+    episodes_fit_the_wire)
 """The experiment's cross-field rules, in the order their messages are listed."""
 
 

@@ -36,17 +36,18 @@ def task_errors(cfg: TaskConfig) -> list[str]:
     if not cfg.partial_credit and not cfg.name.startswith("reasoning-gym:"):
         return [f"task.partial-credit=false applies to reasoning-gym:<generator> tasks (their checkers' "
                 f"partial credit); task {cfg.name!r} scores with its own reward: leave it true"]
+    env_errors = environment_errors(cfg)
     if cfg.name in BUILTIN_CHECKED and not (cfg.reward or cfg.rewards):
-        return []
+        return env_errors
     if cfg.name in ("gsm8k", "math500") and not (cfg.reward or cfg.rewards):
         return []  # their files are checked when read (a hub source needs the network)
     try:
         task = make_task(cfg)
     except (TaskError, DatasetError, RewardError, ImportPathError) as exc:
-        return [_named(cfg, exc, "")]
+        return [_named(cfg, exc, ""), *env_errors]
     except Exception as exc:  # a user's factory failed: named, never a traceback
-        return [f"task.name={cfg.name!r}: building the task raised {type(exc).__name__}: {exc}"]
-    errors, columns = [], None
+        return [f"task.name={cfg.name!r}: building the task raised {type(exc).__name__}: {exc}", *env_errors]
+    errors, columns = list(env_errors), None
     if not isinstance(task, DatasetTask):  # generated (a reward set on a built-in one too) or the user's
         try:
             columns = [*task.problems(task.train_split)[0].columns, "answer"]  # the gold, as RewardSet passes it
@@ -76,6 +77,21 @@ def task_errors(cfg: TaskConfig) -> list[str]:
     if not errors:
         _BUILT[repr(cfg)] = task
     return errors
+
+
+def environment_errors(cfg: TaskConfig) -> list[str]:
+    """``task.environment`` loaded as a node loads it (:func:`ftis_flwr.tasks.environment.load_environment`:
+    the import path, one instance built, TRL's contract and every tool's schema checked); its
+    message under the key, [] when it loads or none is set."""
+    if not cfg.environment:
+        return []
+    from ftis_flwr.tasks.environment import EnvironmentContractError, load_environment
+
+    try:
+        load_environment(cfg.environment, tool_timeout=cfg.tool_timeout)
+    except (EnvironmentContractError, ValueError) as exc:
+        return [f"task.environment={cfg.environment!r}: {exc}"]
+    return []
 
 
 def built_task(cfg: TaskConfig) -> Task:

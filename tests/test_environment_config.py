@@ -1,0 +1,66 @@
+"""``task.environment`` and the episode keys (issue #57): what ``ftis-flwr check`` refuses, each
+by its key, before any model loads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ftis_flwr.config.choices import TOOL_FORMATS
+from ftis_flwr.config.merge import load_experiment
+from ftis_flwr.config.schema import ConfigError
+
+TOYS = Path(__file__).parent / "toy_environments.py"
+
+
+@pytest.fixture()
+def rows(tmp_path):
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n"
+                            for a, b in ((12, 34), (20, 21))))
+    return {"task.name": "dataset", "task.dataset": "json", "task.data_files.train": str(path)}
+
+
+def _errors(overrides) -> str:
+    with pytest.raises(ConfigError) as caught:
+        load_experiment(overrides=overrides)
+    return str(caught.value)
+
+
+def test_an_environment_that_loads_passes_and_sets_the_episode_budget(rows):
+    exp = load_experiment(overrides={**rows, "task.environment": f"{TOYS}:CalcEnv", "task.max_turns": 3,
+                                     "rollout.max_new_tokens": 10})
+    assert exp.task.environment.endswith(":CalcEnv") and exp.episode_budget() == 30
+    exp = load_experiment(overrides={**rows, "task.environment": f"{TOYS}:CalcEnv", "task.episode_tokens": 50})
+    assert exp.episode_budget() == 50
+
+
+def test_a_broken_environment_is_refused_by_its_key_with_the_loaders_message(rows):
+    msg = _errors({**rows, "task.environment": f"{TOYS}:NoReset"})
+    assert f"task.environment='{TOYS}:NoReset': environment" in msg and "has no callable reset" in msg
+    msg = _errors({**rows, "task.environment": f"{TOYS}:Undocumented"})
+    assert "task.environment=" in msg and "look" in msg
+    msg = _errors({**rows, "task.environment": "no_such_module_here:Env"})
+    assert "task.environment='no_such_module_here:Env'" in msg
+
+
+def test_environment_needs_dataset_rows_and_episode_keys_need_an_environment(rows):
+    msg = _errors({"task.environment": f"{TOYS}:CalcEnv"})
+    assert "needs task.name='dataset'" in msg
+    msg = _errors({**rows, "task.max_turns": 2, "task.tool_format": "tiny"})
+    assert "task.max_turns=2 is read only with task.environment set" in msg
+    assert "task.tool_format='tiny' is read only with task.environment set" in msg
+    msg = _errors({**rows, "task.environment": f"{TOYS}:CalcEnv", "task.tool_format": "json",
+                   "task.max_turns": 0, "advantage.mode": "horizontal"})
+    assert "task.tool_format='json'" in msg and "task.max_turns=0 must be >= 1" in msg
+    assert "needs advantage.mode 'vertical' or 'alone'" in msg
+    msg = _errors({**rows, "task.environment": f"{TOYS}:CalcEnv", "task.episode_tokens": 10**6})
+    assert "exceeds wire.max_tokens_per_completion" in msg
+
+
+def test_the_tool_format_choices_are_the_episode_loops():
+    from ftis_flwr.node.turns import TOOL_FORMATS as READERS
+
+    assert set(TOOL_FORMATS) == {"", *READERS}
