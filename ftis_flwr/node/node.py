@@ -29,6 +29,7 @@ from ftis_flwr.config.schema import ExperimentConfig, LossConfig, ModelCard
 from ftis_flwr.maths.advantages import frac_zero_std_groups, g_for_round, pooled_advantages, pooled_rewards
 from ftis_flwr.maths.loss import LossInputs, compute_loss
 from ftis_flwr.maths.loss_metrics import LossStats, clip_frac, loss_metrics, own_gap
+from ftis_flwr.node import env_rollout
 from ftis_flwr.node.batch import Sample, loss_inputs
 from ftis_flwr.node.engines import make_engine
 from ftis_flwr.node.engines.vllm_memory import engine_plan_options
@@ -147,6 +148,8 @@ class Node:
         self.steps_run = 0
         """Rounds this process has run (a resumed node restores ``round``, not this)."""
         self._prompt_cache: dict[str, np.ndarray] = {}
+        self.env = env_rollout.EnvironmentRollout(self) if experiment.task.environment else None
+        """The task's environment (``task.environment``): each group is G episodes (:mod:`.env_rollout`)."""
         log.info("node %s ready: %s (%d/%d trainable params)", card.name, self.policy.model_id,
                  self.policy.trainable_params, self.policy.total_params)
 
@@ -218,6 +221,8 @@ class Node:
 
     def _rewards(self, group: Group) -> np.ndarray:
         """Recomputed from the decoded text: a node never trusts a reward it did not compute."""
+        if group.sampled_masks is not None and group.node == self.card.name:
+            return np.asarray(group.rewards, np.float32)  # its own episodes, scored here (env_rollout)
         problem = self.task.problem(group.prompt_id)
         texts = group.source_texts if group.source_texts is not None else \
             self.tokenizer.batch_decode([c.tolist() for c in group.completions], skip_special_tokens=True)
@@ -371,6 +376,9 @@ class Node:
         completions' texts and byte lengths where it can (else ``texts`` stays None)."""
         if not indices:
             return []
+        if self.env is not None:  # episodes (task.environment)
+            seed = sampling_seed(self.card.seed, self.cfg.rounds.seed, round_idx)
+            return env_rollout.generate(self, indices, n, seed)
         r = self.cfg.rollout
         problems = [self.task.train_problem(i) for i in self.ranks.share(indices)]  # this rank's prompts
         prompts = [self._prompt_tokens(p) for p in problems]

@@ -148,6 +148,10 @@ METRICS: tuple[Metric, ...] = (
     _m("<source>/samples_rejected", "count", "the samples of those groups", "intake"),
     _m("<source>/rewards_corrected", "count", "samples whose claimed reward differs from this node's own "
                                               "scoring of their text (its own is used)", "intake"),
+    _m("<source>/episodes_no_replay", "count", "episodes from `<source>` not trained on: a receiver "
+                                               "cannot recompute an environment's reward without replaying "
+                                               "the episode, and never trusts the sender's (algorithm §8)",
+       "intake"),
     _m("<source>/text_samples", "count", "samples re-tokenised from their text (another tokenizer)", "intake"),
     _m("<source>/text_refused", "count", "completions on the text path not trained on: this node's "
                                          "tokens cannot stand for their text", "intake"),
@@ -168,6 +172,12 @@ METRICS: tuple[Metric, ...] = (
                                          "trained on (null when none)", "rollout"),
     _m("groups_dropped_unencodable", "count", "own groups dropped before sending: they cannot go on the "
                                               "wire", "rollout"),
+    _m("env/episodes", "count", "episodes the node ran this round with `task.environment` (G per prompt)",
+       "rollout"),
+    _m("env/turns_mean", "count", "mean model turns per episode (at most `task.max_turns`)", "rollout"),
+    _m("env/tool_calls", "count", "tool calls the node's episodes made this round", "rollout"),
+    _m("env/tool_errors", "count", "of those, calls that failed: unreadable, unknown tool, raised or "
+                                   "timed out (the model read an error observation)", "rollout"),
     _m("groups_unsent_no_text", "count", "own groups kept home: a peer needs texts and theirs could not "
                                          "be attached", "rollout"),
     _m("eval/<split>/accuracy", "fraction", "greedy pass@1 on the held-out split `<split>` (its first "

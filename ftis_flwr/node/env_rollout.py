@@ -1,0 +1,137 @@
+"""A node's rollouts when the task has an environment (``task.environment``, issue #57, algorithm
+§13): each prompt's group is G multi-turn episodes (:func:`ftis_flwr.node.episodes.run_group`)
+instead of G completions.
+
+Why apart from the node: the node's ``generate`` stays one call; what an episode group needs (the
+environment loaded once, the prompt as messages, the row and seed of each group, its rewards and
+the ``env/*`` metrics) lives here.
+
+- **row**: the problem's data-set row, every column (:attr:`ftis_flwr.tasks.base.Problem.columns`),
+  goes to ``reset(**row)`` (TRL's contract);
+- **prompt**: the problem's question as the user message (after the paper's system prompt when
+  ``task.chat``), rendered with the tools' schemas by :func:`ftis_flwr.node.turns.prompt_ids`;
+- **seed**: one per prompt, from the node's sampling seed of the round and the prompt's train
+  index: its G episodes start from the same ``reset`` state and sample their turns from it;
+- **reward**: ``get_reward()`` of the episode's environment instance where the class has one and
+  it gives a number; otherwise (no ``get_reward``, or it returned None) the task's reward
+  functions over the episode's **final answer text**: the decoded text of its last model turn
+  (without its end-of-turn token), the answer the model gave after its tools ran.
+
+An :class:`~ftis_flwr.tasks.environment.EnvironmentFault` (``reset`` or ``get_reward`` raised,
+hung or broke the contract) is not caught: it stops the node's round with its reason, and the
+server reports it (an environment that cannot start or score episodes has nothing to train; the
+node does not retry).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+from ftis_flwr.node.episodes import EpisodeGroup, Sampling, run_group
+from ftis_flwr.node.turns import tool_format_for
+from ftis_flwr.tasks.base import Problem
+from ftis_flwr.tasks.environment import EnvironmentSpec, load_environment
+from ftis_flwr.wire.groups import Group, PayloadError
+
+log = logging.getLogger(__name__)
+
+METRICS = ("env/episodes", "env/turns_mean", "env/tool_calls", "env/tool_errors")
+"""The round metrics of a node's episodes (summed over its ranks but ``env/turns_mean``)."""
+
+
+def prompt_seed(round_seed: int, index: int) -> int:
+    """The seed of one prompt's group: its ``reset`` and its episodes' turns."""
+    return (int(round_seed) * 1_000_003 + int(index) * 7_919 + 17) % (2**63)
+
+
+def prompt_messages(problem: Problem, chat: bool) -> list[dict]:
+    """The prompt of an episode before ``reset``'s text: the question as the user's message, after
+    the paper's system prompt when the task renders through the chat template (``task.chat``)."""
+    messages = [{"role": "user", "content": problem.question}]
+    if chat:
+        from ftis_flwr.tasks.rewards import SYSTEM_PROMPT
+
+        messages.insert(0, {"role": "system", "content": SYSTEM_PROMPT})
+    return messages
+
+
+class EnvironmentRollout:
+    """The node's environment, loaded once, and how its episodes are sampled."""
+
+    def __init__(self, node: Any):
+        cfg = node.cfg
+        self.spec: EnvironmentSpec = load_environment(cfg.task.environment, tool_timeout=cfg.task.tool_timeout)
+        self.format = tool_format_for(node.tokenizer, cfg.task.tool_format or "auto")
+        r = cfg.rollout
+        self.sampling = Sampling(max_turns=cfg.task.max_turns, max_tokens=cfg.episode_budget(),
+                                 max_turn_tokens=r.max_new_tokens, temperature=r.temperature, top_k=r.top_k,
+                                 top_p=r.top_p)
+        self.chat = bool(cfg.task.chat)
+
+    def groups(self, node: Any, indices: list[int], n: int, round_seed: int) -> tuple[list[Group], dict[str, float]]:
+        """``n`` episodes per train index in ``indices`` as wire groups with their sampled masks
+        and rewards (module docstring), and this rank's ``env/*`` metrics."""
+        out, episodes, turns, calls, errors = [], 0, 0, 0, 0
+        for index in indices:
+            problem = node.task.train_problem(index)
+            eg = run_group(node.engine, node.tokenizer, self.spec, row=dict(problem.columns),
+                           messages=prompt_messages(problem, self.chat), n=n, seed=prompt_seed(round_seed, index),
+                           stop_ids=node.stop_ids, sampling=self.sampling, tool_format=self.format)
+            g = eg.group(problem.id, node=node.card.name, model_id=node.policy.model_id,
+                         tokenizer_fp=node.fingerprint, rewards=self.rewards(node, eg, problem))
+            out.append(g)
+            episodes += len(eg.episodes)
+            turns += sum(e.turns for e in eg.episodes)
+            calls += sum(e.tool_calls for e in eg.episodes)
+            errors += sum(e.tool_errors for e in eg.episodes)
+        metrics = {"env/episodes": float(episodes), "env/turns": float(turns), "env/tool_calls": float(calls),
+                   "env/tool_errors": float(errors)}
+        return out, metrics
+
+    @staticmethod
+    def rewards(node: Any, eg: EpisodeGroup, problem: Problem) -> np.ndarray:
+        """Each episode's reward: its environment's, else the task's over its final answer text."""
+        rewards = [e.reward for e in eg.episodes]
+        missing = [i for i, r in enumerate(rewards) if r is None]
+        if missing:
+            texts = [final_answer(eg.episodes[i].messages) for i in missing]
+            for i, value in zip(missing, node.task.rewards(texts, [problem] * len(texts))):
+                rewards[i] = float(value)
+        return np.asarray(rewards, np.float32)
+
+
+def final_answer(messages: list[dict]) -> str:
+    """The text of an episode's last model turn (its answer), "" when it has none."""
+    said = [m["content"] for m in messages if m.get("role") == "assistant"]
+    return str(said[-1]) if said else ""
+
+
+def round_metrics(parts: dict[str, float]) -> dict[str, float]:
+    """The ``env/*`` round metrics from counts summed over ranks (``env/turns`` -> its mean)."""
+    episodes = parts.get("env/episodes", 0.0)
+    return {"env/episodes": episodes,
+            "env/turns_mean": parts.get("env/turns", 0.0) / episodes if episodes else float("nan"),
+            "env/tool_calls": parts.get("env/tool_calls", 0.0), "env/tool_errors": parts.get("env/tool_errors", 0.0)}
+
+
+def generate(node: Any, indices: list[int], n: int, round_seed: int) -> list[Group]:
+    """The node's episode groups of one round (this rank's share of ``indices``, gathered), its
+    ``generate_metrics`` set: the ``env/*`` metrics and ``groups_dropped_unencodable``. Episode
+    groups carry no texts (a peer of another tokenizer cannot use them before replay exists)."""
+    with node.compute():
+        groups, parts = node.env.groups(node, node.ranks.share(indices), n, round_seed + node.ranks.rank)
+    kept = []
+    for g in groups:
+        try:  # a group that cannot go on the wire is dropped and counted, never the whole reply
+            g.validate(node.vocab_size)
+        except PayloadError as exc:
+            log.warning("node %s drops its own episode group %s: %s", node.card.name, g.prompt_id, exc)
+            continue
+        kept.append(g)
+    parts = {k: node.ranks.all_sum(v) for k, v in parts.items()}
+    node.generate_metrics = {"groups_dropped_unencodable": node.ranks.all_sum(float(len(groups) - len(kept))),
+                             **round_metrics(parts)}
+    return node.ranks.gather(kept)
