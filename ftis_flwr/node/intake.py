@@ -71,6 +71,8 @@ def usable(node, received: list[Received], metrics: dict[str, float], reasons: l
                 if g.refused is None or not all(g.refused):  # a group of refused texts only: nothing to train
                     kept.append(g)
                 continue
+            if reason.startswith(NO_REPLAY):
+                metrics[f"{src}/episodes_no_replay"] = metrics.get(f"{src}/episodes_no_replay", 0.0) + g.size
             for key, n in (("groups_rejected", 1), ("samples_rejected", g.size)):
                 metrics[f"{src}/{key}"] = metrics.get(f"{src}/{key}", 0.0) + n
             entry = rejected.setdefault((src, reason), [0, 0, g.prompt_id])
@@ -118,6 +120,11 @@ def why_unusable(node, g: Group, src: str, assigned: set[str], seen: set[str]) -
     if g.prompt_id in seen:
         return "prompt id used more than once in one round"
     longest = max(len(c) for c in g.completions)
+    if g.sampled_masks is not None:  # an episode: its budget, then no replay (episode_unusable)
+        budget = node.cfg.episode_budget()
+        if longest > budget:
+            return f"an episode of {longest} tokens exceeds its budget of {budget} (task.episode_tokens)"
+        return episode_unusable(node, g)
     if longest > node.cfg.rollout.max_new_tokens:  # no honest engine samples past the cap
         return f"a completion of {longest} tokens exceeds rollout.max_new_tokens={node.cfg.rollout.max_new_tokens}"
     try:
@@ -129,6 +136,27 @@ def why_unusable(node, g: Group, src: str, assigned: set[str], seen: set[str]) -
     if not np.array_equal(node._prompt_tokens(problem), g.prompt_tokens):
         return "prompt tokens differ from this node's encoding of the prompt"
     return None
+
+
+NO_REPLAY = "episode_no_replay"
+"""The reason (and, as ``<source>/episodes_no_replay``, the count) of a refused foreign episode."""
+
+
+def episode_unusable(node, g: Group) -> str:
+    """Why a foreign episode group (``sampled_masks`` set) is not trained on: always, until replay.
+
+    An episode's reward is read from its environment's state after the tools ran (``get_reward``)
+    or from its last turn, and the tool turns' tokens are the environment's output: a receiver can
+    check neither without replaying the episode (resetting its own instance with the same row and
+    seed, running the sender's tool calls, comparing each tool turn's tokens and scoring the end
+    state itself). Without replay it would have to trust the sender's reward, which algorithm §8
+    forbids (an inflated reward poisons every receiver), so the group is refused and counted in
+    ``<source>/episodes_no_replay``. The rules replay will bring, and that are therefore not
+    checked here: the prompt is this node's rendering of the row's messages with the environment's
+    tools and ``reset`` text (same row and seed; same tokenizer, else through the text per span),
+    and each tool turn equals this node's tokens of its replayed results."""
+    return f"{NO_REPLAY}: its episode rewards cannot be recomputed here without replaying the episodes " \
+        "(not implemented yet), and a node never trusts a reward it did not compute"
 
 
 def text_path(node, g: Group) -> bool:

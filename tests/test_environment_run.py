@@ -1,0 +1,118 @@
+"""A real Node with ``task.environment`` (issue #57, algorithm §13): its groups are episodes of the
+calculator environment (``toy_environments.CalcEnv``) with sampled masks and the environment's
+rewards, one update trains on them, the ``env/*`` metrics are in its round's metrics (and in the
+metrics catalogue), a foreign episode group is refused and counted (no replay: a node never trusts
+a reward it did not compute), and an environment fault stops the round with its reason.
+
+The node's tiny model is first taught the scripted episode of each row (``12+34=`` ->
+``#calc(12+34)`` [``=46``] ``#submit(46)`` [``=ok``] ``done``) for a few steps, so that at
+temperature 1 some of its episodes call the tools and submit the right answer and some do not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from ftis_flwr.config.merge import load_experiment
+from ftis_flwr.node.env_rollout import METRICS
+from ftis_flwr.node.node import Node, Received, StepRequest
+from ftis_flwr.node.turns import PLAIN_TOOL_TURN, prompt_ids
+from ftis_flwr.server.metric_names import find
+from ftis_flwr.tasks.environment import EnvironmentFault, load_environment
+
+TOYS = Path(__file__).resolve().parent / "toy_environments.py"
+ROWS = ((12, 34), (20, 21))
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("env-run")
+    (tmp / "train.jsonl").write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n"
+                                            for a, b in ROWS))
+    yaml = f"""
+rounds: {{num_rounds: 2, prompts_per_node: 2}}
+rollout: {{group_size: 8, max_new_tokens: 16, temperature: 1.0}}
+train: {{lr: 1e-3, micro_batch_size: 16}}
+task: {{name: dataset, dataset: json, data_files: {{train: "{tmp / 'train.jsonl'}"}},
+        environment: "{TOYS}:CalcEnv", max_turns: 4}}
+nodes:
+  - {{name: a, tiny_size: small, warmstart_steps: 0, seed: 1}}
+  - {{name: b, tiny_size: small, warmstart_steps: 0, seed: 2}}
+"""
+    exp = load_experiment(yaml_text=yaml, overrides={"cache_dir": str(tmp / "cache")})
+    node = Node(exp.nodes[0], exp, cache_dir=tmp / "cache")
+    _teach(node, steps=60)
+    return node
+
+
+def _teach(node: Node, steps: int) -> None:
+    tok, eos = node.tokenizer, node.stop_ids[0]
+
+    def enc(text):
+        return tok(text, add_special_tokens=False)["input_ids"]
+
+    seqs = []
+    for a, b in ROWS:
+        prompt = prompt_ids(tok, [{"role": "user", "content": f"{a}+{b}="}], node.env.spec.schemas)
+        seqs.append(prompt + enc(f"#calc({a}+{b})") + [eos] + enc(PLAIN_TOOL_TURN.format(content=str(a + b)))
+                    + enc(f"#submit({a + b})") + [eos] + enc(PLAIN_TOOL_TURN.format(content="ok"))
+                    + enc("done") + [eos])
+    torch.manual_seed(0)
+    opt = torch.optim.AdamW(node.model.parameters(), lr=3e-3)
+    node.model.train()
+    for _ in range(steps):
+        loss = sum(torch.nn.functional.cross_entropy(node.model(input_ids=x).logits[0, :-1], x[0, 1:])
+                   for x in (torch.tensor([s]) for s in seqs))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    node.model.eval()
+
+
+def test_a_node_trains_on_its_episodes_and_refuses_a_peers(node):
+    res = node.step(StepRequest(0, 2, [0, 1], 8, False))
+    groups = res.groups
+    assert [g.prompt_id for g in groups] == ["train:0", "train:1"]
+    for g in groups:
+        assert g.size == 8 and g.sampled_masks is not None
+        for c, lp, m in zip(g.completions, g.logprobs, g.sampled_masks):
+            assert len(c) == len(lp) == len(m) and m[0] == 1 and m[-1] == 1
+            assert (lp[m == 0] == 0.0).all() and (lp[m == 1] <= 0).all()
+        assert set(g.rewards.tolist()) <= {0.0, 1.0}
+    assert any((m == 0).any() for g in groups for m in g.sampled_masks), "no episode appended a tool turn"
+    rewards = np.concatenate([g.rewards for g in groups])
+    assert 0 < rewards.mean() < 1, "the update needs episodes that succeed and fail"
+    m = res.metrics
+    assert m["env/episodes"] == 16 and m["env/tool_calls"] > 0 and 1 <= m["env/turns_mean"] <= 4
+    assert m["env/tool_errors"] >= 0 and m["reward_mean"] == pytest.approx(float(rewards.mean()))
+    longest = max(len(c) for g in groups for c in g.completions)
+    assert longest > node.cfg.rollout.max_new_tokens  # an episode is longer than one turn's cap
+
+    peer = [dataclasses.replace(g, node="b") for g in groups]  # the same episodes, as b's
+    before = [p.detach().clone() for p in node.params]
+    res = node.step(StepRequest(1, 2, [], 8, False, foreign=[Received("b", peer, [0, 1])]))
+    m = res.metrics
+    assert any(not torch.equal(p, q) for p, q in zip(before, node.params)), "the update left the node unchanged"
+    assert m["samples_own"] == 16 and m.get("samples_foreign", 0) == 0
+    assert m["train_reward_own"] == pytest.approx(float(rewards.mean()))  # the environment's rewards, kept
+    assert m["b/episodes_no_replay"] == 16 and m["b/groups_rejected"] == 2 and m["b/samples_rejected"] == 16
+    assert any("episode_no_replay" in r and r.startswith("b: 2 group(s), 16 sample(s)") for r in res.rejections)
+    assert not any("exceeds" in r for r in res.rejections)  # not refused for its length
+    for key in [*METRICS, "b/episodes_no_replay"]:
+        assert find(key, "node") is not None, key
+
+
+def test_an_environment_fault_stops_the_round_with_its_reason(node):
+    spec = node.env.spec
+    node.env.spec = load_environment("toy_environments:BadReset")
+    try:
+        with pytest.raises(EnvironmentFault, match=r"BadReset.reset\(\*\*row\) returned 42"):
+            node.step(StepRequest(2, 2, [0], 8, False))
+    finally:
+        node.env.spec = spec
