@@ -64,3 +64,30 @@ def test_the_tool_format_choices_are_the_episode_loops():
     from ftis_flwr.node.turns import TOOL_FORMATS as READERS
 
     assert set(TOOL_FORMATS) == {"", *READERS}
+
+
+def test_the_environments_code_is_part_of_the_task_every_node_must_agree_on(rows, tmp_path):
+    from ftis_flwr.tasks import make_task
+    from ftis_flwr.tasks.fingerprint import task_parts
+
+    moved = tmp_path / "elsewhere" / "toy_environments.py"
+    moved.parent.mkdir()
+    moved.write_text(TOYS.read_text())
+    exp = load_experiment(overrides={**rows, "task.environment": f"{TOYS}:CalcEnv"})
+    parts = task_parts(exp.task, make_task(exp.task))
+    assert "environment CalcEnv" in parts  # its code, by content
+    there = load_experiment(overrides={**rows, "task.environment": f"{moved}:CalcEnv"})
+    assert task_parts(there.task, make_task(there.task)) == parts  # the same file elsewhere: the same task
+    moved.write_text(TOYS.read_text().replace("1.0 if", "2.0 if"))
+    changed = task_parts(there.task, make_task(there.task))
+    assert changed["environment CalcEnv"] != parts["environment CalcEnv"]
+
+
+def test_an_environment_fault_stops_the_run_in_one_line():
+    from ftis_flwr.server.run_failure import environment_stop
+
+    why = "node worker failed 'step': EnvironmentFault: BadReset.reset(**row) returned 42 (int)"
+    line = environment_stop(2, {"a": f"code 2: {why}", "b": f"code 2: {why}", "c": "code 2: other"})
+    assert line.startswith("round 2: the environment failed on nodes a and b: BadReset.reset(**row) returned 42")
+    assert "\n" not in line and line.count("returned 42") == 1
+    assert environment_stop(2, {"c": "code 2: RewardError: reward 'f' raised"}) == ""

@@ -11,6 +11,8 @@ failed (exit 1) when it did not do what it was asked. Three rules:
   ``RewardError``) stops the run after the round in which it failed (:func:`reward_stop`): every
   node computes the same reward code on every round, so every later round would fail the same
   way, and a run that trains on nothing is worse than one that stops;
+- an environment that fails (``EnvironmentFault``: ``task.environment``'s ``reset`` or ``get_reward``)
+  stops the run the same way (:func:`environment_stop`);
 - a node that failed every round (:func:`failed_throughout`) makes the run end failed once its
   outputs are written: the run's results are the other nodes' alone.
 """
@@ -78,6 +80,27 @@ def reward_stop(rnd: int, failures: Mapping[str, str], word: str = "round") -> s
             "same reward on every round, so each would fail again. Fix the reward function (it must return "
             "one finite number, or None, per completion) and run again; `ftis-flwr check` calls it on cheap "
             "answers first")
+
+
+_ENVIRONMENT = re.compile(r"EnvironmentFault: (?P<fault>.*)")
+"""An environment's failure (``task.environment``) as :mod:`ftis_flwr.tasks.environment` words it."""
+
+
+def environment_stop(rnd: int, failures: Mapping[str, str], word: str = "round") -> str:
+    """The line that stops the run when a node's failure in ``rnd`` is its environment's
+    (``reset`` or ``get_reward`` raised, hung or broke TRL's contract), or "": every node runs the
+    same environment on the same rows, so the next rounds would fail the same way (as a reward's)."""
+    faults: dict[str, list[str]] = {}
+    for node, reason in failures.items():
+        found = _ENVIRONMENT.search(short_reason(reason, limit=10_000))
+        if found:
+            faults.setdefault(found.group("fault").strip(), []).append(node)
+    if not faults:
+        return ""
+    said = "; ".join(f"{node_list(nodes)}: {fault}" for fault, nodes in faults.items())
+    return (f"{word} {rnd}: the environment failed on {said}. The run stopped at once: every node runs the same "
+            "environment on the same rows, so each would fail again. Fix the environment (task.environment: "
+            "reset(**row) returns None or a string, get_reward() a finite number) and run again")
 
 
 def failed_throughout(rows: list[dict], events: list[dict], nodes: list[str], steps: bool = False) -> str:

@@ -65,7 +65,7 @@ from ftis_flwr.server.replies import (
     short_reason,
 )
 from ftis_flwr.server.roster import FederationError, Roster
-from ftis_flwr.server.run_failure import RunFailed, by_reason, reward_stop
+from ftis_flwr.server.run_failure import RunFailed, by_reason, environment_stop, reward_stop
 from ftis_flwr.server.run_names import run_name as default_run_name
 from ftis_flwr.server.state import ServerState, ServerStateError, save_server_state
 from ftis_flwr.server.task_agreement import TaskAgreement
@@ -385,8 +385,9 @@ class FTISStrategy(Lifecycle, Strategy):
             if r.samples and self.on_samples is not None:
                 self.on_samples(server_round, r.name, r.samples)
             rejected |= self.rejections.note(server_round, r, self._forwarded.get(nid, []))
-        outcome.stop = reward_stop(server_round, {self.roster.name(n): r for n, r in outcome.failures.items()},
-                                   self.step_word)
+        named = {self.roster.name(n): r for n, r in outcome.failures.items()}
+        outcome.stop = reward_stop(server_round, named, self.step_word) or \
+            environment_stop(server_round, named, self.step_word)
         stops = outcome.stop or (self.step_word == "round" and len(outcome.node_metrics) < self.cfg.rounds.min_nodes)
         for nid, reason in outcome.failures.items():
             name = self.roster.name(nid)

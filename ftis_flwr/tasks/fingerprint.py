@@ -46,10 +46,12 @@ def _short(name: str) -> str:
 def task_parts(cfg: Any, task: Any) -> dict[str, str]:
     """Part name -> short hash: ``settings``, ``task code``, the task's own
     :meth:`~ftis_flwr.tasks.base.Task.source_parts` (e.g. ``uppercase``'s word lists),
-    ``reward <name>`` for each reward and ``data <split>`` for each file (a hub source is named,
-    not read)."""
+    ``reward <name>`` for each reward, ``environment <factory>`` (its code: ``task.environment``)
+    and ``data <split>`` for each file (a hub source is named, not read)."""
     settings = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in PATH_FIELDS}
     settings.update(name=_short(cfg.name), reward=_short(cfg.reward), rewards=[_short(r) for r in cfg.rewards])
+    if getattr(cfg, "environment", ""):  # an episode's reward is its environment's (task.environment)
+        settings["environment"] = _short(cfg.environment)
     parts = {"settings": _digest(json.dumps(settings, sort_keys=True, default=str).encode())}
     module = inspect.getmodule(type(task))
     file = getattr(module, "__file__", None)
@@ -57,6 +59,8 @@ def task_parts(cfg: Any, task: Any) -> dict[str, str]:
     parts.update(task.source_parts())
     for name in list(cfg.rewards) or ([cfg.reward] if cfg.reward else []):
         parts[f"reward {_short(name)}"] = _code(name)
+    if getattr(cfg, "environment", ""):
+        parts[f"environment {_short(cfg.environment)}"] = _code(cfg.environment)
     files = {"train": cfg.train_path, **dict(cfg.eval_paths), **dict(cfg.data_files)}
     for split, path in files.items():
         if path:
