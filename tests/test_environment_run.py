@@ -39,7 +39,7 @@ def node(tmp_path_factory):
 rounds: {{num_rounds: 2, prompts_per_node: 2}}
 rollout: {{group_size: 8, max_new_tokens: 16, temperature: 1.0}}
 train: {{lr: 1e-3, micro_batch_size: 16}}
-task: {{name: dataset, dataset: json, data_files: {{train: "{tmp / 'train.jsonl'}"}},
+task: {{name: dataset, dataset: json, data_files: {{train: "{tmp / 'train.jsonl'}", test: "{tmp / 'train.jsonl'}"}},
         environment: "{TOYS}:CalcEnv", max_turns: 4}}
 nodes:
   - {{name: a, tiny_size: small, warmstart_steps: 0, seed: 1}}
@@ -76,8 +76,10 @@ def _teach(node: Node, steps: int) -> None:
 
 
 def test_a_node_trains_on_its_episodes_and_refuses_a_peers(node):
-    res = node.step(StepRequest(0, 2, [0, 1], 8, False))
+    res = node.step(StepRequest(0, 2, [0, 1], 8, True))
     groups = res.groups
+    # evaluation: one greedy episode per problem, scored by the environment (the taught script submits right)
+    assert res.metrics["eval/test/accuracy"] == 1.0 and res.metrics["eval/test/full_credit"] == 1.0
     assert [g.prompt_id for g in groups] == ["train:0", "train:1"]
     for g in groups:
         assert g.size == 8 and g.sampled_masks is not None

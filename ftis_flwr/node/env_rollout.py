@@ -25,7 +25,9 @@ node does not retry).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import zlib
 from typing import Any
 
 import numpy as np
@@ -135,3 +137,21 @@ def generate(node: Any, indices: list[int], n: int, round_seed: int) -> list[Gro
     node.generate_metrics = {"groups_dropped_unencodable": node.ranks.all_sum(float(len(groups) - len(kept))),
                              **round_metrics(parts)}
     return node.ranks.gather(kept)
+
+
+def evaluate(node: Any, problems: list[Problem]) -> tuple[list[float], list[str]]:
+    """Greedy episodes (``top_k=1``: the most likely token at every step) of ``problems``, one each:
+    their rewards (as in training: the environment's, else the task's over the final answer text)
+    and final answer texts. Each problem's ``reset`` is seeded from ``rounds.seed`` and its id, the
+    same on every node and round, so the evaluation is the same test each time."""
+    env = node.env
+    greedy = dataclasses.replace(env.sampling, temperature=1.0, top_k=1, top_p=1.0)
+    scores, answers = [], []
+    for problem in problems:
+        seed = prompt_seed(node.cfg.rounds.seed, zlib.crc32(problem.id.encode()))
+        eg = run_group(node.engine, node.tokenizer, env.spec, row=dict(problem.columns),
+                       messages=prompt_messages(problem, env.chat), n=1, seed=seed, stop_ids=node.stop_ids,
+                       sampling=greedy, tool_format=env.format)
+        scores.append(float(env.rewards(node, eg, problem)[0]))
+        answers.append(final_answer(eg.episodes[0].messages).strip())
+    return scores, answers

@@ -438,17 +438,24 @@ class Node:
         for split in self.task.eval_splits:
             problems = self.task.problems(split)
             problems = self.ranks.share(problems[:size] if size else problems)  # this rank's problems
-            prompts = [self._prompt_tokens(p).tolist() for p in problems]
-            with self.compute():
-                completions = self.engine.greedy(prompts, max_new_tokens=self.cfg.rollout.max_new_tokens,
-                                                 batch_size=self.cfg.rollout.batch_size)
-            texts = self.tokenizer.batch_decode([c.tolist() for c in completions], skip_special_tokens=True)
-            scores = self.ranks.gather(list(self.task.rewards(list(texts), problems)))
-            answers = self.ranks.gather([t.strip() for t in texts])
+            scores, answers = self._eval_answers(problems)
+            scores, answers = self.ranks.gather(scores), self.ranks.gather(answers)
             out[f"eval/{split}/accuracy"] = float(np.mean(scores)) if scores else float("nan")
             out[f"eval/{split}/full_credit"] = float(np.mean([s >= 1.0 for s in scores])) if scores else float("nan")
             out[f"eval/{split}/distinct"] = len(set(answers)) / len(answers) if answers else float("nan")
         return out
+
+    def _eval_answers(self, problems: list) -> tuple[list[float], list[str]]:
+        """Each problem's greedy score and stripped answer: one completion, or one greedy episode
+        with ``task.environment`` (:func:`.env_rollout.evaluate`)."""
+        with self.compute():
+            if self.env is not None:
+                return env_rollout.evaluate(self, problems)
+            prompts = [self._prompt_tokens(p).tolist() for p in problems]
+            completions = self.engine.greedy(prompts, max_new_tokens=self.cfg.rollout.max_new_tokens,
+                                             batch_size=self.cfg.rollout.batch_size)
+        texts = self.tokenizer.batch_decode([c.tolist() for c in completions], skip_special_tokens=True)
+        return list(self.task.rewards(list(texts), problems)), [t.strip() for t in texts]
 
     def save(self, out_dir: Path) -> Path:
         """The final model, whole (rank 0 writes it; the others return the same path)."""
