@@ -120,7 +120,9 @@ def why_unusable(node, g: Group, src: str, assigned: set[str], seen: set[str]) -
     if g.prompt_id in seen:
         return "prompt id used more than once in one round"
     longest = max(len(c) for c in g.completions)
-    if g.sampled_masks is not None:  # an episode: its budget, then no replay (episode_unusable)
+    # an episode: its budget, then no replay (episode_unusable). With task.environment every group
+    # is one, a single-turn episode too (the wire drops a mask of all ones: its sampled_masks is None)
+    if g.sampled_masks is not None or getattr(node, "env", None) is not None:
         budget = node.cfg.episode_budget()
         if longest > budget:
             return f"an episode of {longest} tokens exceeds its budget of {budget} (task.episode_tokens)"
