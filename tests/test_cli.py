@@ -338,3 +338,18 @@ def test_run_ends_with_the_failed_runs_reason_after_its_status(capsys):
     code, run_id, unreachable, why = _stream([sys.executable, "-c", f"print({chr(10).join(lines)!r})"])
     assert (code, run_id, unreachable) == (0, "7", False)
     assert why == "round 0: the reward failed on node a: reward 'r' raised ValueError: x"
+
+
+def test_check_says_which_models_prompts_it_could_not_check(monkeypatch, capsys, tmp_path):
+    """A node whose tokenizer is not on this machine (a check never downloads) is named on stderr,
+    after "configuration valid": its prompts' length and characters went unchecked, and the exit
+    code stays 0."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "empty-hub-cache"))
+    own = REPO / "docs" / "own-task"
+    code = main(["check", str(REPO), "--no-reward-probe", "--run-config",
+                 f"task.name='dataset' task.dataset='json' task.data-files.train='{own}/train.jsonl' "
+                 f"task.data-files.test='{own}/test.jsonl' task.reward='{own}/reward.py:reward' "
+                 "overrides='nodes.0.source=Qwen/Qwen2.5-0.5B'"])
+    out, err = capsys.readouterr()
+    assert code == 0 and "configuration valid" in out
+    assert "warning: nodes[small]: the prompts were not checked against source 'Qwen/Qwen2.5-0.5B'" in err
