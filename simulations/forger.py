@@ -131,8 +131,8 @@ def forging_app(attacker: str, plan: Callable[[int], Forgery | None]):
     @app.train()
     def forged_train(msg, context):
         reply = train(msg, context)
-        if reply.content[protocol.INFO]["node"] != attacker:
-            return reply
+        if reply.has_error() or reply.content[protocol.INFO]["node"] != attacker:
+            return reply  # a failed worker answers with an error message, which has no content
         forge = plan(int(msg.content[protocol.ROUND]["round"]))
         if forge is not None:
             arrays, meta = forge(reply.content[protocol.GROUPS], reply.content[protocol.GROUPS_META])
