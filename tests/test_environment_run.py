@@ -26,6 +26,8 @@ from ftis_flwr.node.turns import PLAIN_TOOL_TURN, prompt_ids
 from ftis_flwr.server.metric_names import find
 from ftis_flwr.tasks.environment import EnvironmentFault, load_environment
 
+pytestmark = pytest.mark.slow  # a real tiny node taught and run: 15-20 s
+
 TOYS = Path(__file__).resolve().parent / "toy_environments.py"
 ROWS = ((12, 34), (20, 21))
 
