@@ -221,7 +221,7 @@ class Node:
 
     def _rewards(self, group: Group) -> np.ndarray:
         """Recomputed from the decoded text: a node never trusts a reward it did not compute."""
-        if group.sampled_masks is not None and group.node == self.card.name:
+        if (group.sampled_masks is not None or self.env is not None) and group.node == self.card.name:
             return np.asarray(group.rewards, np.float32)  # its own episodes, scored here (env_rollout)
         problem = self.task.problem(group.prompt_id)
         texts = group.source_texts if group.source_texts is not None else \
