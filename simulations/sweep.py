@@ -186,19 +186,18 @@ def run_point(grid_path: Path, key: str, out: Path) -> None:
     tmp = final.with_suffix(".json.tmp")
     tmp.write_text("")  # fails now, not after the run, when the result cannot be written
     t0 = time.perf_counter()
-    run_dir = simulate(point.preset, dict(point.overrides, run_dir=str(out / "runs" / key)))
-    order = card_order(point.preset, dict(point.overrides))
-    try:
+    try:  # a run that fails (it raises) or lacks a node (SystemExit) leaves no file behind
+        run_dir = simulate(point.preset, dict(point.overrides, run_dir=str(out / "runs" / key)))
+        order = card_order(point.preset, dict(point.overrides))
         require_complete(run_dir, order, key)
-    except SystemExit:
-        tmp.unlink()
-        raise
-    result = {"point": {"key": key, "setup": point.setup, "method": point.method, "mode": point.mode,
-                        "g": point.g, "seed": point.seed, "preset": point.preset},
-              "overrides": dict(point.overrides), "wall_s": time.perf_counter() - t0,
-              "machine": machine(), "summary": summarize(run_dir, order)}
-    tmp.write_text(json.dumps(result, indent=1))
-    os.replace(tmp, final)
+        result = {"point": {"key": key, "setup": point.setup, "method": point.method, "mode": point.mode,
+                            "g": point.g, "seed": point.seed, "preset": point.preset},
+                  "overrides": dict(point.overrides), "wall_s": time.perf_counter() - t0,
+                  "machine": machine(), "summary": summarize(run_dir, order)}
+        tmp.write_text(json.dumps(result, indent=1))
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _wall(result: Path) -> float | None:
