@@ -18,12 +18,12 @@ TEXTS = ["27+82=", "what is 2 plus 3?\n", "Hello World? é\ttab", "  two  spaces
 
 
 def test_the_configurations_tiny_table_is_the_nodes():
+    """The node builds its tiny models from the configuration's table (one definition); the
+    shipped tokenizer files and every tokenizer's size are what the table says."""
     from ftis_flwr.node import tiny, tiny_bpe
 
-    assert tiny_models.TINY_MAX_POSITIONS == tiny.TINY_MAX_POSITIONS
-    assert tiny_models.TINY_SPECIAL_TOKENS == tiny.SPECIAL_TOKENS
-    assert tiny_models.TINY_CHARS == tiny.CHARS
-    assert tiny_models.TINY_SIZES == tiny.TINY_SIZES
+    assert tiny.TINY_MAX_POSITIONS is tiny_models.TINY_MAX_POSITIONS and tiny.TINY_SIZES is tiny_models.TINY_SIZES
+    assert tiny.CHARS is tiny_models.TINY_CHARS and tiny.SPECIAL_TOKENS is tiny_models.TINY_SPECIAL_TOKENS
     assert tiny_models.TINY_TOKENIZER_ASSETS == tiny_bpe.ASSETS
     for kind, size in tiny_models.TINY_VOCAB.items():
         assert len(tiny_bpe.build_tiny_tokenizer(kind)) == size, kind

@@ -1,10 +1,10 @@
-"""The shipped tiny models' numbers, as a pure table the configuration can read without torch.
+"""The shipped tiny models' numbers and character vocabulary: their one definition, torch-free.
 
-:mod:`ftis_flwr.node.tiny` builds the models (it imports torch and transformers); the
-configuration may not import the node (tests/test_layers.py), yet ``ftis-flwr plan`` sizes the
-tiny models and ``ftis-flwr check`` measures prompts against their positions and vocabulary. So
-the numbers are copied here, and ``tests/test_prompt_fit.py`` keeps every one of them equal to
-:mod:`ftis_flwr.node.tiny`'s (and the vocabulary sizes to the tokenizers the node builds).
+:mod:`ftis_flwr.node.tiny` builds the models from these (it imports torch and transformers); the
+configuration and the tasks may not import the node (tests/test_layers.py), yet ``ftis-flwr plan``
+sizes the tiny models and ``ftis-flwr check`` measures prompts against their positions and
+vocabulary, so the numbers live here, below both. ``tests/test_prompt_fit.py`` keeps the
+vocabulary sizes equal to the tokenizers the node builds.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ TINY_SPECIAL_TOKENS = ("<pad>", "<eos>", "<unk>")
 """The special tokens, ids 0, 1, 2 (``node.tiny.SPECIAL_TOKENS``)."""
 TINY_CHARS = string.digits + "+-=*" + " " + string.ascii_lowercase + ".,:;!?()'\"#_%$\n" + "<>/"
 """The char tokenizer's characters, in id order after the special tokens (``node.tiny.CHARS``):
-any other character (a capital, an accent, a tab) becomes ``<unk>``."""
+any other character (a capital, an accent, a tab) becomes ``<unk>``. Append only: ids must never
+move (the shipped models' embeddings are indexed by them)."""
 TINY_SIZES: dict[str, dict[str, int]] = {
     "small": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, intermediate_size=512),
@@ -36,3 +37,20 @@ def char_set_words() -> str:
     """The char tokenizer's characters in words, for a message: what a prompt may contain."""
     signs = "".join(c for c in TINY_CHARS if not c.isalnum() and c not in " \n")
     return f"digits, lowercase a-z, space, newline and {signs}"
+
+
+def char_tokenizer_backend():
+    """The char tokenizer as a ``tokenizers`` backend (no transformers, no torch): one token per
+    character of :data:`TINY_CHARS`, ids after :data:`TINY_SPECIAL_TOKENS`, anything else
+    ``<unk>``; decoding joins tokens without separators, so text round-trips exactly. The node
+    wraps it for transformers (``node.tiny.build_char_tokenizer``), the check uses it as it is."""
+    from tokenizers import Regex, Tokenizer, decoders, pre_tokenizers
+    from tokenizers import models as tok_models
+
+    vocab = {tok: i for i, tok in enumerate(TINY_SPECIAL_TOKENS)}
+    for ch in TINY_CHARS:
+        vocab[ch] = len(vocab)
+    backend = Tokenizer(tok_models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    return backend

@@ -24,7 +24,6 @@ import logging
 import math
 import os
 import shutil
-import string
 import tempfile
 import time
 from collections.abc import Callable
@@ -32,28 +31,27 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tokenizers import Regex, Tokenizer, decoders, pre_tokenizers
-from tokenizers import models as tok_models
+from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config
 
 from ftis_flwr.config.choices import TINY_TOKENIZERS  # noqa: F401 (implemented here)
 from ftis_flwr.config.schema import ModelCard, default_cache_dir
+from ftis_flwr.config.tiny_models import (  # noqa: F401 (TINY_MAX_POSITIONS, TINY_SIZES: the node's names)
+    TINY_CHARS,
+    TINY_MAX_POSITIONS,
+    TINY_SIZES,
+    TINY_SPECIAL_TOKENS,
+    char_tokenizer_backend,
+)
 from ftis_flwr.tasks.arithmetic import ArithmeticTask, op_weights, parse_ops
 
 log = logging.getLogger(__name__)
 
 WARMSTART_VERSION = "2"
 """Bump when warm-start code changes its result: old cache entries are then ignored."""
-SPECIAL_TOKENS = ("<pad>", "<eos>", "<unk>")
-CHARS = string.digits + "+-=*" + " " + string.ascii_lowercase + ".,:;!?()'\"#_%$\n" + "<>/"
-"""The character vocabulary, in id order after the special tokens. Append only: ids must never move."""
-TINY_MAX_POSITIONS = 64
-TINY_SIZES: dict[str, dict[str, int]] = {
-    "small": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, intermediate_size=512),
-    "large": dict(hidden_size=192, num_hidden_layers=3, num_attention_heads=6,
-                  num_key_value_heads=2, intermediate_size=768),
-}
+SPECIAL_TOKENS = TINY_SPECIAL_TOKENS
+CHARS = TINY_CHARS
+"""The character vocabulary, in id order after the special tokens (:mod:`ftis_flwr.config.tiny_models`)."""
 # Warm-start recipe (measured in benchmarks/warmstart.py): 3e-3 at batch 256 learned far slower.
 WARMSTART_LR = 2e-3
 WARMSTART_BETAS = (0.9, 0.98)
@@ -73,13 +71,7 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
     Characters outside the vocabulary (e.g. upper case) become ``<unk>`` (id 2), never dropped.
     ``decode`` joins tokens without separators (``decoders.Fuse``), so text round-trips exactly.
     """
-    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
-    for ch in CHARS:
-        vocab[ch] = len(vocab)
-    backend = Tokenizer(tok_models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    backend.decoder = decoders.Fuse()
-    return as_tiny_tokenizer(backend)
+    return as_tiny_tokenizer(char_tokenizer_backend())
 
 
 def as_tiny_tokenizer(backend: Tokenizer) -> PreTrainedTokenizerFast:

@@ -27,7 +27,12 @@ from ftis_flwr.config.choices import Engine
 from ftis_flwr.config.choices import TinyTokenizer as TinyKind
 from ftis_flwr.config.named_sources import NAMED_SOURCES, SMOLLM2_FILE
 from ftis_flwr.config.schema import ExperimentConfig, ModelCard, default_cache_dir
-from ftis_flwr.config.tiny_models import TINY_CHARS, TINY_MAX_POSITIONS, TINY_SPECIAL_TOKENS, TINY_TOKENIZER_ASSETS
+from ftis_flwr.config.tiny_models import (
+    TINY_MAX_POSITIONS,
+    TINY_SPECIAL_TOKENS,
+    TINY_TOKENIZER_ASSETS,
+    char_tokenizer_backend,
+)
 
 NAMED_STEMS = {"smollm2": Path(SMOLLM2_FILE).stem, "gemma3-270m": "gemma-3-270m-q4_k_m"}
 """A named source -> the stem of its GGUF file: its converted folder is ``<cache>/gguf/<stem>-<hash>``."""
@@ -64,19 +69,13 @@ class TinyTokenizer:
 
 def tiny_tokenizer(kind: str) -> TinyTokenizer:
     """The tokenizer of a tiny card with ``tiny_tokenizer=kind`` (as ``node.tiny_bpe`` builds it)."""
-    from tokenizers import Regex, Tokenizer, decoders, pre_tokenizers
-    from tokenizers import models as tok_models
+    from tokenizers import Tokenizer
 
     if kind in TINY_TOKENIZER_ASSETS:
         backend = Tokenizer.from_file(str(Path(__file__).resolve().parents[1] / "assets" / "tiny" /
                                           TINY_TOKENIZER_ASSETS[kind]))
     else:
-        vocab = {tok: i for i, tok in enumerate(TINY_SPECIAL_TOKENS)}
-        for ch in TINY_CHARS:
-            vocab[ch] = len(vocab)
-        backend = Tokenizer(tok_models.WordLevel(vocab, unk_token="<unk>"))
-        backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-        backend.decoder = decoders.Fuse()
+        backend = char_tokenizer_backend()
     backend.add_special_tokens(list(TINY_SPECIAL_TOKENS))  # as transformers does: "<eos>" in a text is the token
     return TinyTokenizer(backend, kind)
 
