@@ -91,3 +91,16 @@ def test_an_environment_fault_stops_the_run_in_one_line():
     assert line.startswith("round 2: the environment failed on nodes a and b: BadReset.reset(**row) returned 42")
     assert "\n" not in line and line.count("returned 42") == 1
     assert environment_stop(2, {"c": "code 2: RewardError: reward 'f' raised"}) == ""
+
+
+def test_memory_plans_size_sequences_by_the_episode_budget(rows):
+    import dataclasses
+
+    from ftis_flwr.config.plan import estimate
+    from ftis_flwr.config.schema import ModelCard
+
+    card = ModelCard(name="q", source="Qwen/Qwen2.5-0.5B")
+    one = load_experiment(overrides={**rows, "rollout.max_new_tokens": 64})
+    episodes = dataclasses.replace(one, task=dataclasses.replace(one.task, environment=f"{TOYS}:CalcEnv", max_turns=4))
+    assert episodes.completion_tokens() == 256 and one.completion_tokens() == 64
+    assert estimate(card, episodes).kv_cache > estimate(card, one).kv_cache

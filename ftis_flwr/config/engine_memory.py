@@ -100,10 +100,17 @@ def round_sequences(exp: Any) -> int:
     return max(exp.rounds.prompts_per_node * g, exp.rounds.eval_size)
 
 
+def new_tokens(exp: Any) -> int:
+    """Tokens a sequence holds after its prompt: ``rollout.max_new_tokens``, or an episode's budget
+    with ``task.environment`` (:meth:`ftis_flwr.config.schema.ExperimentConfig.completion_tokens`)."""
+    tokens = getattr(exp, "completion_tokens", None)
+    return int(tokens()) if callable(tokens) else int(exp.rollout.max_new_tokens)
+
+
 def sequence_tokens(card: Any, exp: Any, prompt_tokens: int = PROMPT_TOKENS) -> int:
-    """Tokens one sequence takes in the KV cache: prompt + ``max_new_tokens`` (at most the card's
+    """Tokens one sequence takes in the KV cache: prompt + :func:`new_tokens` (at most the card's
     ``vllm_max_model_len``), in whole blocks of :data:`BLOCK_TOKENS`."""
-    tokens = prompt_tokens + exp.rollout.max_new_tokens
+    tokens = prompt_tokens + new_tokens(exp)
     if getattr(card, "vllm_max_model_len", 0):
         tokens = min(tokens, card.vllm_max_model_len)
     return math.ceil(tokens / BLOCK_TOKENS) * BLOCK_TOKENS

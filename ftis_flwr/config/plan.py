@@ -3,21 +3,21 @@
     ftis-flwr plan paper-size-base --device-gib 80          # or any preset name / YAML path
     python -m ftis_flwr.config.plan paper-size-base          # the same, without --run-config
 
-A lab checks a preset before it asks for GPUs: for each node, the bytes of its weights,
-gradients and AdamW state (trainable parameters only: LoRA trains a few), the KV cache of one
-generation batch (``rollout.batch_size`` sequences of prompt + ``max_new_tokens``) and the
-learner's largest activation (the float32 logits of one micro-batch over the vocabulary, which
-dominates at Qwen's 151,936 rows) plus the saved activations of one micro-batch
-(:data:`ACTIVATION_ELEMENTS`). Architectures are read from the hub config when the model is
-cached locally, else from :data:`KNOWN` (the Qwen2.5 family of the paper's presets); the shipped
-tiny models' from :mod:`ftis_flwr.config.tiny_models` (their sequences: 64 positions). The figures
-are estimates: the framework's own buffers and fragmentation come on top (allow ~20%). The
+A lab checks a preset before it asks for GPUs: for each node, the bytes of its weights, gradients
+and AdamW state (trainable parameters only: LoRA trains a few), the KV cache of one generation
+batch (``rollout.batch_size`` sequences of prompt + ``max_new_tokens``, or an episode's budget with
+``task.environment``) and the learner's largest activation (the float32 logits of one micro-batch
+over the vocabulary, which dominates at Qwen's 151,936 rows) plus the saved activations of one
+micro-batch (:data:`ACTIVATION_ELEMENTS`). Architectures are read from the hub config when the
+model is cached locally, else from :data:`KNOWN` (the Qwen2.5 family of the paper's presets); the
+shipped tiny models' from :mod:`ftis_flwr.config.tiny_models` (their sequences: 64 positions). The
+figures are estimates: the framework's own buffers and fragmentation come on top (allow ~20%). The
 activations are those of the packed path (every sample runs its prompt); with
 ``train.share_prompts`` (the default) the learner runs fewer tokens, so the estimate is an upper
 bound there. A node sharded over ``ranks`` processes (FSDP2) holds 1/ranks of its weights,
 gradients and AdamW state on each rank, and whole: a plain copy of the weights that its rollout
-engine samples from (:mod:`ftis_flwr.node.sharding`), the KV cache and the activations of its
-own micro-batch: the figures are per rank. A node on vLLM (``engine: vllm``, one rank) holds the
+engine samples from (:mod:`ftis_flwr.node.sharding`), the KV cache and the activations of its own
+micro-batch: the figures are per rank. A node on vLLM (``engine: vllm``, one rank) holds the
 engine's own copy of the weights, the KV cache of the round's sequences and vLLM's runtime
 (:mod:`ftis_flwr.config.engine_memory`); on a GPU with ``vllm_sleep`` the engine sleeps during the
 update, so its memory and the update's activations take turns. A node compares its own estimate
@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from ftis_flwr.config.choices import CardDtype, Engine
 from ftis_flwr.config.dtypes import resolve_dtypes, warn_slow_bf16
 from ftis_flwr.config.engine_memory import DTYPE_BYTES as _BYTES
-from ftis_flwr.config.engine_memory import GIB, PLAN_NOTE, PROMPT_TOKENS, engine_parts, fixes, vllm_part
+from ftis_flwr.config.engine_memory import GIB, PLAN_NOTE, PROMPT_TOKENS, engine_parts, fixes, new_tokens, vllm_part
 from ftis_flwr.config.schema import ConfigError, ExperimentConfig, ModelCard
 from ftis_flwr.config.tiny_models import TINY_MAX_POSITIONS, TINY_SIZES, TINY_VOCAB
 
@@ -193,11 +193,11 @@ def estimate(card: ModelCard, exp: ExperimentConfig, arch: Arch | None = None) -
     trainable = arch.lora_params(card.lora_config.r, list(card.lora_config.target_modules)) \
         if card.lora else total
     tw = 4 if card.lora else w  # peft keeps adapters in float32
-    seq = PROMPT_TOKENS + exp.rollout.max_new_tokens
+    seq = PROMPT_TOKENS + new_tokens(exp)
     seq = min(seq, arch.positions) if arch.positions else seq
     kv = 2 * arch.layers * arch.kv_heads * arch.head_dim * seq * exp.rollout.batch_size * w
     mb = exp.train.micro_batch_size
-    logits = 2 * mb * exp.rollout.max_new_tokens * arch.vocab * 4  # fp32 logits + log-softmax
+    logits = 2 * mb * new_tokens(exp) * arch.vocab * 4  # fp32 logits + log-softmax
     act_bytes = _BYTES[card.compute_dtype or card.dtype]
     hidden = mb * seq * arch.hidden * arch.layers * ACTIVATION_ELEMENTS * act_bytes
     # float32 attention runs PyTorch's math kernel, which keeps the probabilities for backward
@@ -385,7 +385,7 @@ def report(exp: ExperimentConfig, device_gib: float | None = None) -> str:
 def headline(name: str, exp: ExperimentConfig) -> str:
     """What the plan was made for: the experiment's shape that the figures scale with."""
     return (f"{name}: valid; {len(exp.nodes)} nodes, G={exp.rollout.group_size}, "
-            f"{exp.rollout.max_new_tokens} new tokens, generation batch {exp.rollout.batch_size}, "
+            f"{new_tokens(exp)} new tokens, generation batch {exp.rollout.batch_size}, "
             f"micro-batch {exp.train.micro_batch_size}")
 
 

@@ -454,6 +454,11 @@ class ExperimentConfig:
     def episode_budget(self) -> int:
         """Tokens one episode may hold after its prompt (see ``task.episode_tokens``)."""
         return self.task.episode_tokens or self.rollout.max_new_tokens * self.task.max_turns
+
+    def completion_tokens(self) -> int:
+        """Tokens one sequence may hold after its prompt: ``rollout.max_new_tokens``, or an
+        episode's budget with ``task.environment`` (what memory plans size sequences by)."""
+        return self.episode_budget() if self.task.environment else self.rollout.max_new_tokens
     preset: str = ""
     """Name or path of the YAML preset this config was built from (informational)."""
 
