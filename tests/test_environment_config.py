@@ -70,15 +70,17 @@ def test_the_environments_code_is_part_of_the_task_every_node_must_agree_on(rows
     from ftis_flwr.tasks import make_task
     from ftis_flwr.tasks.fingerprint import task_parts
 
-    moved = tmp_path / "elsewhere" / "toy_environments.py"
+    calc = TOYS.parents[1] / "docs" / "own-environment" / "calc_env.py"  # the class toy_environments re-exports
+    moved = tmp_path / "elsewhere" / "calc_env.py"
     moved.parent.mkdir()
-    moved.write_text(TOYS.read_text())
-    exp = load_experiment(overrides={**rows, "task.environment": f"{TOYS}:CalcEnv"})
+    moved.write_text(calc.read_text())
+    exp = load_experiment(overrides={**rows, "task.environment": f"{calc}:CalcEnv"})
     parts = task_parts(exp.task, make_task(exp.task))
     assert "environment CalcEnv" in parts  # its code, by content
     there = load_experiment(overrides={**rows, "task.environment": f"{moved}:CalcEnv"})
     assert task_parts(there.task, make_task(there.task)) == parts  # the same file elsewhere: the same task
-    moved.write_text(TOYS.read_text().replace("1.0 if", "2.0 if"))
+    assert "1.0 if" in calc.read_text()
+    moved.write_text(calc.read_text().replace("1.0 if", "2.0 if"))
     changed = task_parts(there.task, make_task(there.task))
     assert changed["environment CalcEnv"] != parts["environment CalcEnv"]
 
@@ -104,3 +106,29 @@ def test_memory_plans_size_sequences_by_the_episode_budget(rows):
     episodes = dataclasses.replace(one, task=dataclasses.replace(one.task, environment=f"{TOYS}:CalcEnv", max_turns=4))
     assert episodes.completion_tokens() == 256 and one.completion_tokens() == 64
     assert estimate(card, episodes).kv_cache > estimate(card, one).kv_cache
+
+
+def test_the_environment_page_shows_the_shipped_class_and_its_command_checks(capsys):
+    """docs/your-own-environment.md: its Python block is docs/own-environment/calc_env.py's class,
+    verbatim, and its command, run as written from the repository's root, says the configuration
+    is valid (the class loads as a node loads it, every tool's schema read)."""
+    import os
+    import shlex
+
+    from conftest import REPO_ROOT, doc_block
+
+    from ftis_flwr.cli import main
+
+    page = "docs/your-own-environment.md"
+    code = (REPO_ROOT / "docs" / "own-environment" / "calc_env.py").read_text()
+    assert doc_block("Your own environment (multi-turn, with tools)", "python", page).strip() == \
+        code[code.index("class CalcEnv:"):].strip()
+    command = shlex.split(doc_block("Your own environment (multi-turn, with tools)", "bash", page))
+    assert command[:3] == ["ftis-flwr", "check", "."]
+    cwd = os.getcwd()
+    os.chdir(REPO_ROOT)
+    try:
+        assert main(command[1:]) == 0
+    finally:
+        os.chdir(cwd)
+    assert "configuration valid: 2 nodes (small, large)" in capsys.readouterr().out

@@ -7,54 +7,18 @@ through an import path (``toy_environments:CalcEnv``) as a configuration names t
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import random
 import time
+from pathlib import Path
 from typing import Literal
 
-
-class CalcEnv:
-    """A calculator and an answer box: the reward is 1 when the submitted answer is the row's."""
-
-    def __init__(self):
-        self.answer = None
-        self.submitted = None
-        self.calls = 0
-
-    def reset(self, answer: str = "", **row) -> str | None:
-        self.answer, self.submitted, self.calls = str(answer), None, 0
-        return None
-
-    def calc(self, expression: str) -> str:
-        """Evaluate a sum or difference of integers.
-
-        Args:
-            expression: Integers joined by + or -, e.g. 12+34.
-
-        Returns:
-            The value, as text.
-        """
-        self.calls += 1
-        total, sign, digits = 0, 1, ""
-        for ch in expression + "+":
-            if ch.isdigit():
-                digits += ch
-            elif ch in "+-" and digits:
-                total, digits, sign = total + sign * int(digits), "", 1 if ch == "+" else -1
-            else:
-                raise ValueError(f"cannot read {expression!r}")
-        return str(total)
-
-    def submit(self, answer: int) -> str:
-        """Submit the final answer.
-
-        Args:
-            answer: The answer, an integer.
-        """
-        self.submitted = str(answer)
-        return "ok"
-
-    def get_reward(self) -> float:
-        return 1.0 if self.submitted == self.answer else 0.0
+_DOCS = Path(__file__).resolve().parents[1] / "docs" / "own-environment" / "calc_env.py"
+_spec = importlib.util.spec_from_file_location("calc_env", _DOCS)
+_calc = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_calc)
+CalcEnv = _calc.CalcEnv
+"""The docs' example (docs/own-environment/calc_env.py), so the page's class is the tested one."""
 
 
 class SeededEnv:
