@@ -35,7 +35,7 @@ def test_the_readme_own_serverapp_example_runs(tmp_path, monkeypatch, capsys):
     assert len(final) == 1
     (checkpoints,) = (tmp_path / "runs").glob("*/checkpoints")
     # the run is named as the ServerApp names its runs
-    assert re.fullmatch(r"\d{8}-\d{6}-cpu-pair-vertical-f-tis-[0-9a-f]{4}", checkpoints.parent.name)
+    assert re.fullmatch(r"\d{8}-\d{6}-arithmetic-cpu-pair-vertical-f-tis-[0-9a-f]{4}", checkpoints.parent.name)
     assert sorted(p.name for p in checkpoints.iterdir()) == ["large", "small"]
     assert json.loads((checkpoints / "small" / "ftis_policy.json").read_text())["kind"] == "full"
 
