@@ -15,6 +15,7 @@ from test_strategy import FakeGrid, experiment, honest, run
 
 from ftis_flwr.node.handle import WorkerError
 from ftis_flwr.server.replies import short_reason
+from ftis_flwr.server.roster import Roster
 from ftis_flwr.server.run_failure import RunFailed, failed_throughout, reward_stop
 from ftis_flwr.wire import protocol
 
@@ -56,6 +57,17 @@ def test_a_reward_that_raises_is_said_once_for_every_node_it_failed_on():
                            "ValueError: boom. The run stopped at once")
     assert line.count("boom") == 1 and "\n" not in line and "Fix the reward function" in line
     assert reward_stop(3, {"c": "code 2: WorkerError: the node could not be built: OSError: x"}) == ""
+
+
+def test_a_line_naming_several_nodes_names_them_in_the_federations_order():
+    """Replies arrive in any order (a full-suite run once read "nodes lora and full"): the roster
+    puts the nodes back in the order the federation declares them, an unbound node last."""
+    roster = Roster(["small", "large"])
+    roster.names.update({7: "large", 3: "small"})
+    failures = {7: f"code 2: {REWARD_ERROR}", 9: f"code 2: {REWARD_ERROR}", 3: f"code 2: {REWARD_ERROR}"}
+    assert list(roster.by_card(failures)) == ["small", "large", "node-9"]
+    assert reward_stop(0, roster.by_card(failures)).startswith("round 0: the reward failed on nodes small, "
+                                                                "large and node-9: reward")
 
 
 def test_the_strategy_stops_after_the_round_a_reward_failed_in_and_tells_the_workers(caplog):

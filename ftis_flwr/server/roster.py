@@ -58,6 +58,13 @@ class Roster:
     def name(self, nid: int) -> str:
         return self.names.get(nid, f"node-{nid}")
 
+    def by_card(self, per_node: dict) -> dict[str, object]:
+        """Node id -> value, as card name -> value in the federation's order (replies come in any
+        order; a line naming several nodes should read the same on every run)."""
+        named = {self.name(nid): value for nid, value in per_node.items()}
+        rank = {card: i for i, card in enumerate(self.cards)}
+        return dict(sorted(named.items(), key=lambda kv: (rank.get(kv[0], len(rank)), kv[0])))
+
     def unknown(self, node_ids) -> list[int]:
         """Node ids neither bound nor left out: they get a HELLO."""
         return [n for n in sorted(node_ids) if n not in self.names and n not in self.left_out]

@@ -385,7 +385,7 @@ class FTISStrategy(Lifecycle, Strategy):
             if r.samples and self.on_samples is not None:
                 self.on_samples(server_round, r.name, r.samples)
             rejected |= self.rejections.note(server_round, r, self._forwarded.get(nid, []))
-        named = {self.roster.name(n): r for n, r in outcome.failures.items()}
+        named = self.roster.by_card(outcome.failures)
         outcome.stop = reward_stop(server_round, named, self.step_word) or \
             environment_stop(server_round, named, self.step_word)
         stops = outcome.stop or (self.step_word == "round" and len(outcome.node_metrics) < self.cfg.rounds.min_nodes)
@@ -550,7 +550,7 @@ class FTISStrategy(Lifecycle, Strategy):
             if outcome.stop:
                 raise RunFailed(outcome.stop)
             if len(outcome.node_metrics) < self.cfg.rounds.min_nodes:
-                reasons = by_reason({self.roster.names.get(n, str(n)): r for n, r in outcome.failures.items()})
+                reasons = by_reason(self.roster.by_card(outcome.failures))
                 raise FederationError(f"round {rnd}: {len(outcome.node_metrics)} node(s) replied, fewer than "
                                       f"rounds.min_nodes={self.cfg.rounds.min_nodes} ({reasons})")
 
