@@ -1,8 +1,10 @@
 """A real Node with ``task.environment`` (issue #57, algorithm §13): its groups are episodes of the
 calculator environment (``toy_environments.CalcEnv``) with sampled masks and the environment's
 rewards, one update trains on them, the ``env/*`` metrics are in its round's metrics (and in the
-metrics catalogue), a foreign episode group is refused and counted (no replay: a node never trusts
-a reward it did not compute), and an environment fault stops the round with its reason.
+metrics catalogue), a peer's episodes are replayed through this node's environment and trained on
+with its own rewards, one whose tool result was altered is refused on replay, an environment that
+does not declare itself deterministic is not replayed at all, and an environment fault stops the
+round with its reason.
 
 The node's tiny model is first taught the scripted episode of each row (``12+34=`` ->
 ``#calc(12+34)`` [``=46``] ``#submit(46)`` [``=ok``] ``done``) for a few steps, so that at
@@ -77,8 +79,14 @@ def _teach(node: Node, steps: int) -> None:
     node.model.eval()
 
 
-def test_a_node_trains_on_its_episodes_and_refuses_a_peers(node):
-    res = node.step(StepRequest(0, 2, [0, 1], 8, True))
+@pytest.fixture(scope="module")
+def first(node):
+    """The taught node's first round: its evaluation and its first episode groups."""
+    return node.step(StepRequest(0, 2, [0, 1], 8, True))
+
+
+def test_a_node_trains_on_its_episodes_and_replays_a_peers(node, first):
+    res = first
     groups = res.groups
     # evaluation: one greedy episode per problem, scored by the environment (the taught script submits right)
     assert res.metrics["eval/test/accuracy"] == 1.0 and res.metrics["eval/test/full_credit"] == 1.0
@@ -98,21 +106,78 @@ def test_a_node_trains_on_its_episodes_and_refuses_a_peers(node):
     longest = max(len(c) for g in groups for c in g.completions)
     assert longest > node.cfg.rollout.max_new_tokens  # an episode is longer than one turn's cap
 
-    peer = [dataclasses.replace(g, node="b") for g in groups]  # the same episodes, as b's
-    # a single-turn episode arrives without its mask (the wire drops a mask of all ones): an episode still
-    peer[1] = dataclasses.replace(peer[1], sampled_masks=None, completions=[c[:5] for c in peer[1].completions],
-                                  logprobs=[lp[:5] for lp in peer[1].logprobs])
+    # the same episodes as b's: one group as sent, claiming every episode succeeded; the other with
+    # one tool result altered (the hostile peer of issue #57)
+    tampered = next(i for i, g in enumerate(groups) if any((m == 0).any() for m in g.sampled_masks))
+    honest = 1 - tampered
+    peer = [dataclasses.replace(g, node="b", rewards=np.ones(g.size, np.float32)) for g in groups]
+    j = next(k for k, m in enumerate(groups[tampered].sampled_masks) if (m == 0).any())
+    forged = groups[tampered].completions[j].copy()
+    at = int(np.flatnonzero(groups[tampered].sampled_masks[j] == 0)[0])  # the tool turn's first token: "="
+    forged[at + 1] = node.tokenizer.convert_tokens_to_ids("9" if node.tokenizer.decode([forged[at + 1]]) != "9"
+                                                          else "8")
+    completions = list(peer[tampered].completions)
+    completions[j] = forged
+    peer[tampered] = dataclasses.replace(peer[tampered], completions=completions)
     before = [p.detach().clone() for p in node.params]
     res = node.step(StepRequest(1, 2, [], 8, False, foreign=[Received("b", peer, [0, 1])]))
     m = res.metrics
     assert any(not torch.equal(p, q) for p, q in zip(before, node.params)), "the update left the node unchanged"
-    assert m["samples_own"] == 16 and m.get("samples_foreign", 0) == 0
+    assert m["samples_own"] == 16 and m["samples_foreign"] == 8
     assert m["train_reward_own"] == pytest.approx(float(rewards.mean()))  # the environment's rewards, kept
-    assert m["b/episodes_no_replay"] == 16 and m["b/groups_rejected"] == 2 and m["b/samples_rejected"] == 16
-    assert any("episode_no_replay" in r and r.startswith("b: 2 group(s), 16 sample(s)") for r in res.rejections)
-    assert not any("exceeds" in r for r in res.rejections)  # not refused for its length
-    for key in [*METRICS, "b/episodes_no_replay"]:
+    # b's honest group replayed here: trained on with this node's rewards, not the 1.0 it claimed
+    assert m["b/env_replayed"] == 8 and m["train_reward_foreign"] == pytest.approx(float(groups[honest].rewards.mean()))
+    assert m.get("b/rewards_corrected", 0) == float((groups[honest].rewards != 1.0).sum())
+    # the altered observation: the whole group refused on replay, with where it parted
+    assert m["b/env_replay_refused"] == 8 and m["b/groups_rejected"] == 1 and m["b/samples_rejected"] == 8
+    assert any(r.startswith("b: 1 group(s), 8 sample(s) rejected: env_replay_refused: episode "
+                            f"{j}: the tool turn after turn 1 is not this node's tokens") for r in res.rejections)
+    for key in [*METRICS, "b/env_replayed", "b/env_replay_refused", "b/episodes_no_replay"]:
         assert find(key, "node") is not None, key
+
+
+def test_a_single_turn_episode_without_its_mask_is_still_replayed(node):
+    """The wire drops a mask of all ones: such a group is an episode all the same (replayed, its
+    reward this node's: a cut answer that submitted nothing scores 0)."""
+    groups = node.step(StepRequest(1, 2, [0], 8, False)).groups
+    cut = dataclasses.replace(groups[0], node="b", sampled_masks=None, rewards=np.ones(8, np.float32),
+                              completions=[c[:5] for c in groups[0].completions],
+                              logprobs=[lp[:5] for lp in groups[0].logprobs])
+    m = node.step(StepRequest(2, 2, [], 8, False, foreign=[Received("b", [cut], [0])])).metrics
+    assert m["b/env_replayed"] == 8 and m["samples_foreign"] == 8 and m["train_reward_foreign"] == 0.0
+
+
+def test_an_episode_from_another_prompt_or_past_the_turn_limit_is_refused_on_replay(node, first):
+    """The prompt sent must be this node's rendering of the row after reset, and no episode may
+    have more model turns than task.max_turns."""
+    g = next(g for g in first.groups if any((m == 0).any() for m in g.sampled_masks))  # one with a tool turn
+    moved = dataclasses.replace(g, node="b", prompt_tokens=g.prompt_tokens[1:])
+    res = node.step(StepRequest(2, 2, [], 8, False, foreign=[Received("b", [moved], [0, 1])]))
+    assert res.metrics["b/env_replay_refused"] == 8
+    assert any("its prompt is not this node's rendering of the row after reset" in r for r in res.rejections)
+    limit, budget = node.cfg.task.max_turns, node.cfg.task.episode_tokens
+    node.cfg.task.max_turns, node.cfg.task.episode_tokens = 1, 256  # the budget left as it was
+    try:
+        res = node.step(StepRequest(3, 4, [], 8, False, foreign=[Received("b", [dataclasses.replace(g, node="b")],
+                                                                          [0, 1])]))
+    finally:
+        node.cfg.task.max_turns, node.cfg.task.episode_tokens = limit, budget
+    assert any("model turns, more than task.max_turns=1" in r for r in res.rejections), res.rejections
+
+
+def test_an_environment_that_does_not_declare_itself_deterministic_is_not_replayed(node):
+    """TRL's class as it is (no ``deterministic = True``): a peer's episodes are refused and counted."""
+    groups = node.step(StepRequest(1, 2, [0, 1], 8, False)).groups
+    spec = node.env.spec
+    node.env.spec = load_environment("toy_environments:UndeclaredCalcEnv")
+    try:
+        peer = [dataclasses.replace(g, node="b") for g in groups]
+        res = node.step(StepRequest(2, 2, [], 8, False, foreign=[Received("b", peer, [0, 1])]))
+    finally:
+        node.env.spec = spec
+    m = res.metrics
+    assert m["b/episodes_no_replay"] == 16 and m["b/groups_rejected"] == 2 and not m.get("samples_foreign")
+    assert any("does not declare itself deterministic" in r for r in res.rejections)
 
 
 def test_an_environment_fault_stops_the_round_with_its_reason(node):

@@ -1,8 +1,8 @@
 """End to end with ``task.environment`` (issue #57): a real Flower simulation of two tiny nodes whose
 groups are episodes of the calculator environment (``toy_environments.CalcEnv``). Each node runs its
 episodes, logs the ``env/*`` metrics every round and trains on its own; the peer's episode groups
-cross the wire (sampled masks included, an all-ones mask dropped) and are refused and counted as
-``episode_no_replay``, never trained on with a reward the receiver did not compute."""
+cross the wire (sampled masks included, an all-ones mask dropped), are replayed through the
+receiver's own environment and trained on with the rewards it computed."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow  # a Flower simulation: about a minute
 TOYS = Path(__file__).resolve().parent / "toy_environments.py"
 
 
-def test_two_nodes_run_episodes_and_refuse_each_others(tmp_path):
+def test_two_nodes_run_episodes_and_train_on_each_others_after_replay(tmp_path):
     rows = tmp_path / "train.jsonl"
     rows.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n"
                             for a, b in ((12, 34), (20, 21), (31, 15), (40, 12))))
@@ -43,6 +43,9 @@ report: {{to: [none]}}
             m = r["nodes"][name]
             assert m["env/episodes"] == 8 and 1 <= m["env/turns_mean"] <= 3 and "env/tool_errors" in m
             if r["round"]:
-                assert m["samples_own"] == 8 and not m.get("samples_foreign")
+                assert m["samples_own"] == 8
     last = records[-1]["nodes"]  # round 1's groups reached the peer in round 2 (round 0's asked for texts)
-    assert last["a"]["b/episodes_no_replay"] == 8 and last["b"]["a/episodes_no_replay"] == 8
+    for node, peer in (("a", "b"), ("b", "a")):
+        m = last[node]
+        assert m[f"{peer}/env_replayed"] == 8 and m["samples_foreign"] == 8, m
+        assert not m.get(f"{peer}/env_replay_refused") and not m.get(f"{peer}/groups_rejected")

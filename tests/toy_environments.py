@@ -21,6 +21,12 @@ CalcEnv = _calc.CalcEnv
 """The docs' example (docs/own-environment/calc_env.py), so the page's class is the tested one."""
 
 
+class UndeclaredCalcEnv(CalcEnv):
+    """The docs' example as TRL would take it, without ``deterministic = True``: peers cannot replay it."""
+
+    deterministic = False
+
+
 class SeededEnv:
     """``reset`` returns a string drawn from ``random`` (seeded by the loop); async tools and reward."""
 

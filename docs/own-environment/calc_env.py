@@ -9,6 +9,8 @@ from __future__ import annotations
 class CalcEnv:
     """A calculator and an answer box: the reward is 1 when the submitted answer is the row's."""
 
+    deterministic = True  # the same row and calls give the same results: peers may replay its episodes
+
     def __init__(self):
         self.answer = None
         self.submitted = None

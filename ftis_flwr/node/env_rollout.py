@@ -10,8 +10,10 @@ the ``env/*`` metrics) lives here.
   goes to ``reset(**row)`` (TRL's contract);
 - **prompt**: the problem's question as the user message (after the paper's system prompt when
   ``task.chat``), rendered with the tools' schemas by :func:`ftis_flwr.node.turns.prompt_ids`;
-- **seed**: one per prompt, from the node's sampling seed of the round and the prompt's train
-  index: its G episodes start from the same ``reset`` state and sample their turns from it;
+- **seeds**: ``reset`` runs with the row's seed (:func:`ftis_flwr.node.replay.reset_seed`: the
+  run's seed and the prompt id), so the G episodes of a group start from the same state and a
+  receiver can replay them from it; their turns are sampled with the node's seed of the round
+  and the prompt's train index;
 - **reward**: ``get_reward()`` of the episode's environment instance where the class has one and
   it gives a number; otherwise (no ``get_reward``, or it returned None) the task's reward
   functions over the episode's **final answer text**: the decoded text of its last model turn
@@ -27,12 +29,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import zlib
 from typing import Any
 
 import numpy as np
 
 from ftis_flwr.node.episodes import EpisodeGroup, Sampling, run_group
+from ftis_flwr.node.replay import reset_seed
 from ftis_flwr.node.turns import tool_format_for
 from ftis_flwr.tasks.base import Problem
 from ftis_flwr.tasks.environment import EnvironmentSpec, load_environment
@@ -80,7 +82,9 @@ class EnvironmentRollout:
         for index in indices:
             problem = node.task.train_problem(index)
             eg = run_group(node.engine, node.tokenizer, self.spec, row=dict(problem.columns),
-                           messages=prompt_messages(problem, self.chat), n=n, seed=prompt_seed(round_seed, index),
+                           messages=prompt_messages(problem, self.chat), n=n,
+                           seed=reset_seed(node.cfg.rounds.seed, problem.id),
+                           sample_seed=prompt_seed(round_seed, index),
                            stop_ids=node.stop_ids, sampling=self.sampling, tool_format=self.format)
             g = eg.group(problem.id, node=node.card.name, model_id=node.policy.model_id,
                          tokenizer_fp=node.fingerprint, rewards=self.rewards(node, eg, problem))
@@ -142,13 +146,14 @@ def generate(node: Any, indices: list[int], n: int, round_seed: int) -> list[Gro
 def evaluate(node: Any, problems: list[Problem]) -> tuple[list[float], list[str]]:
     """Greedy episodes (``top_k=1``: the most likely token at every step) of ``problems``, one each:
     their rewards (as in training: the environment's, else the task's over the final answer text)
-    and final answer texts. Each problem's ``reset`` is seeded from ``rounds.seed`` and its id, the
-    same on every node and round, so the evaluation is the same test each time."""
+    and final answer texts. Each problem's ``reset`` and turns are seeded from ``rounds.seed`` and
+    its id (:func:`~ftis_flwr.node.replay.reset_seed`), the same on every node and round, so the
+    evaluation is the same test each time."""
     env = node.env
     greedy = dataclasses.replace(env.sampling, temperature=1.0, top_k=1, top_p=1.0)
     scores, answers = [], []
     for problem in problems:
-        seed = prompt_seed(node.cfg.rounds.seed, zlib.crc32(problem.id.encode()))
+        seed = reset_seed(node.cfg.rounds.seed, problem.id)
         eg = run_group(node.engine, node.tokenizer, env.spec, row=dict(problem.columns),
                        messages=prompt_messages(problem, env.chat), n=1, seed=seed, stop_ids=node.stop_ids,
                        sampling=greedy, tool_format=env.format)

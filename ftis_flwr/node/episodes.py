@@ -111,11 +111,12 @@ class Sampling:
 
 def run_group(engine: Any, tokenizer: Any, spec: EnvironmentSpec, *, row: Mapping[str, Any],
               messages: Sequence[Mapping[str, Any]], n: int, seed: int, stop_ids: Sequence[int],
-              sampling: Sampling, tool_format: Any = None) -> EpisodeGroup:
+              sampling: Sampling, tool_format: Any = None, sample_seed: int | None = None) -> EpisodeGroup:
     """``n`` episodes of ``row`` through ``engine`` (its ``sample``), from ``messages`` (the
-    prompt before ``reset``'s text); ``tool_format``: a :data:`ftis_flwr.node.turns.TOOL_FORMATS`
-    reader (default: :func:`~ftis_flwr.node.turns.tool_format_for` the tokenizer).
-    EnvironmentFault when the environment cannot start or score the episodes."""
+    prompt before ``reset``'s text); ``seed`` seeds ``reset``, ``sample_seed`` (default ``seed``)
+    the turns; ``tool_format``: a :data:`ftis_flwr.node.turns.TOOL_FORMATS` reader (default:
+    :func:`~ftis_flwr.node.turns.tool_format_for` the tokenizer). EnvironmentFault when the
+    environment cannot start or score the episodes."""
     fmt = tool_format or turn_tokens.tool_format_for(tokenizer)
     envs = [spec.acquire() for _ in range(int(n))]
     try:
@@ -127,7 +128,8 @@ def run_group(engine: Any, tokenizer: Any, spec: EnvironmentSpec, *, row: Mappin
                                    "global generator, which are seeded, or seed your own from them)")
         prompt_messages = turn_tokens.with_reset_text(messages, extras[0])
         prompt = turn_tokens.prompt_ids(tokenizer, prompt_messages, spec.schemas)
-        episodes = [run_episode(engine, tokenizer, env, prompt, seed=turn_seed(seed, j, 0), stop_ids=stop_ids,
+        turns = seed if sample_seed is None else sample_seed
+        episodes = [run_episode(engine, tokenizer, env, prompt, seed=turn_seed(turns, j, 0), stop_ids=stop_ids,
                                 sampling=sampling, tool_format=fmt) for j, env in enumerate(envs)]
         for env, ep in zip(envs, episodes):
             ep.reward = env.reward()

@@ -4,8 +4,9 @@ judge: docs/security.md), and the text path's conversion into its own tokens.
 Why apart from the node: it is the receiver's gate, one function per question: whose groups
 these are by the server's stamp, whether their prompts were assigned to that source, whether they
 fit this node's rollout caps and prompts, and whether they come through their text (another
-tokenizer, or ``exchange.cross_tokenizer=always``: :mod:`ftis_flwr.xtok.translate`). Every rejected group
-is counted and its reason reported once per source. ``node`` is a :class:`ftis_flwr.node.node.Node`.
+tokenizer, or ``exchange.cross_tokenizer=always``: :mod:`ftis_flwr.xtok.translate`), and whether an
+episode group replays through this node's environment (:mod:`ftis_flwr.node.replay`). Every rejected
+group is counted and its reason reported once per source. ``node`` is a :class:`ftis_flwr.node.node.Node`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ftis_flwr.config.choices import CrossTokenizerMode, CrossTokenizerRatio
+from ftis_flwr.node.replay import REFUSED as REPLAY_REFUSED
+from ftis_flwr.node.replay import ReplayMismatch, replay_group
 from ftis_flwr.wire import protocol
 from ftis_flwr.wire.groups import Group
 from ftis_flwr.xtok.represent import REASONS
@@ -56,6 +59,8 @@ def usable(node, received: list[Received], metrics: dict[str, float], reasons: l
         for g in rec.groups:
             reason = why_unusable(node, g, src, assigned, seen)
             seen.add(g.prompt_id)
+            if reason is None and is_episode(node, g):
+                reason = replayed(node, g, src, metrics)
             if reason is None and text_path(node, g):
                 try:
                     g, one = to_own_tokens(
@@ -120,9 +125,7 @@ def why_unusable(node, g: Group, src: str, assigned: set[str], seen: set[str]) -
     if g.prompt_id in seen:
         return "prompt id used more than once in one round"
     longest = max(len(c) for c in g.completions)
-    # an episode: its budget, then no replay (episode_unusable). With task.environment every group
-    # is one, a single-turn episode too (the wire drops a mask of all ones: its sampled_masks is None)
-    if g.sampled_masks is not None or getattr(node, "env", None) is not None:
+    if is_episode(node, g):  # its budget, then whether it can be replayed (the replay itself: usable)
         budget = node.cfg.episode_budget()
         if longest > budget:
             return f"an episode of {longest} tokens exceeds its budget of {budget} (task.episode_tokens)"
@@ -141,24 +144,50 @@ def why_unusable(node, g: Group, src: str, assigned: set[str], seen: set[str]) -
 
 
 NO_REPLAY = "episode_no_replay"
-"""The reason (and, as ``<source>/episodes_no_replay``, the count) of a refused foreign episode."""
+"""The reason (and, as ``<source>/episodes_no_replay``, the count) of a foreign episode group that
+cannot be replayed here at all."""
 
 
-def episode_unusable(node, g: Group) -> str:
-    """Why a foreign episode group (``sampled_masks`` set) is not trained on: always, until replay.
+def is_episode(node, g: Group) -> bool:
+    """With ``task.environment`` every group is an episode group, a single-turn one too (the wire
+    drops a mask of all ones: its ``sampled_masks`` is None)."""
+    return g.sampled_masks is not None or getattr(node, "env", None) is not None
+
+
+def episode_unusable(node, g: Group) -> str | None:
+    """Why a foreign episode group cannot even be replayed here, or None.
 
     An episode's reward is read from its environment's state after the tools ran (``get_reward``)
-    or from its last turn, and the tool turns' tokens are the environment's output: a receiver can
-    check neither without replaying the episode (resetting its own instance with the same row and
-    seed, running the sender's tool calls, comparing each tool turn's tokens and scoring the end
-    state itself). Without replay it would have to trust the sender's reward, which algorithm §8
-    forbids (an inflated reward poisons every receiver), so the group is refused and counted in
-    ``<source>/episodes_no_replay``. The rules replay will bring, and that are therefore not
-    checked here: the prompt is this node's rendering of the row's messages with the environment's
-    tools and ``reset`` text (same row and seed; same tokenizer, else through the text per span),
-    and each tool turn equals this node's tokens of its replayed results."""
-    return f"{NO_REPLAY}: its episode rewards cannot be recomputed here without replaying the episodes " \
-        "(not implemented yet), and a node never trusts a reward it did not compute"
+    or from its last turn, and its tool turns are the environment's output: a receiver checks both
+    only by replaying the episode (:mod:`ftis_flwr.node.replay`). Where it cannot, it would have to
+    trust the sender's reward, which algorithm §8 forbids (an inflated reward poisons every
+    receiver), so the group is refused and counted in ``<source>/episodes_no_replay``."""
+    env = getattr(node, "env", None)
+    if env is None:
+        return f"{NO_REPLAY}: this node has no environment (task.environment) to replay episodes in"
+    if not env.spec.deterministic:
+        return (f"{NO_REPLAY}: the environment {env.spec.name} does not declare itself deterministic (a class "
+                "attribute deterministic = True), so its episodes cannot be replayed and their rewards cannot be "
+                "recomputed here; a node never trusts a reward it did not compute")
+    if text_path(node, g):
+        return (f"{NO_REPLAY}: an episode in another tokenizer's tokens (or exchange.cross_tokenizer=always) "
+                "cannot be replayed here yet")
+    return None
+
+
+def replayed(node, g: Group, src: str, metrics: dict[str, float]) -> str | None:
+    """Replay ``g`` through this node's environment: None, its ``replayed_rewards`` set and its
+    episodes counted in ``<src>/env_replayed``; else the reason, the episodes counted in
+    ``<src>/env_replay_refused``."""
+    try:
+        g.replayed_rewards = replay_group(node, g, node.task.problem(g.prompt_id))
+    except KeyError as exc:
+        return f"unknown prompt id: {exc}"
+    except ReplayMismatch as exc:
+        metrics[f"{src}/{REPLAY_REFUSED}"] = metrics.get(f"{src}/{REPLAY_REFUSED}", 0.0) + g.size
+        return f"{REPLAY_REFUSED}: {exc}"
+    metrics[f"{src}/env_replayed"] = metrics.get(f"{src}/env_replayed", 0.0) + g.size
+    return None
 
 
 def text_path(node, g: Group) -> bool:

@@ -223,6 +223,8 @@ class Node:
         """Recomputed from the decoded text: a node never trusts a reward it did not compute."""
         if (group.sampled_masks is not None or self.env is not None) and group.node == self.card.name:
             return np.asarray(group.rewards, np.float32)  # its own episodes, scored here (env_rollout)
+        if group.replayed_rewards is not None:  # a peer's episodes, scored here by replay (intake)
+            return np.asarray(group.replayed_rewards, np.float32)
         problem = self.task.problem(group.prompt_id)
         texts = group.source_texts if group.source_texts is not None else \
             self.tokenizer.batch_decode([c.tolist() for c in group.completions], skip_special_tokens=True)

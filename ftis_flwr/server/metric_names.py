@@ -148,10 +148,16 @@ METRICS: tuple[Metric, ...] = (
     _m("<source>/samples_rejected", "count", "the samples of those groups", "intake"),
     _m("<source>/rewards_corrected", "count", "samples whose claimed reward differs from this node's own "
                                               "scoring of their text (its own is used)", "intake"),
-    _m("<source>/episodes_no_replay", "count", "episodes from `<source>` not trained on: a receiver "
-                                               "cannot recompute an environment's reward without replaying "
-                                               "the episode, and never trusts the sender's (algorithm §8)",
+    _m("<source>/episodes_no_replay", "count", "episodes from `<source>` not trained on because they cannot "
+                                               "be replayed here (an environment that does not declare itself "
+                                               "deterministic, or another tokenizer): a receiver never trusts "
+                                               "a reward it did not compute (algorithm §8)", "intake"),
+    _m("<source>/env_replayed", "count", "episodes from `<source>` replayed through this node's environment, "
+                                         "every tool turn matching, and trained on with this node's rewards",
        "intake"),
+    _m("<source>/env_replay_refused", "count", "episodes from `<source>` whose replay parted from what was sent "
+                                               "(a prompt, a tool turn, a turn without a call): their groups are "
+                                               "not trained on", "intake"),
     _m("<source>/text_samples", "count", "samples re-tokenised from their text (another tokenizer)", "intake"),
     _m("<source>/text_refused", "count", "completions on the text path not trained on: this node's "
                                          "tokens cannot stand for their text", "intake"),

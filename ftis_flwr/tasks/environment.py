@@ -10,7 +10,10 @@ in: ``factory()`` (the class itself, or any callable without arguments) returns 
   each described to the model by its type hints and Google-style docstring
   (:mod:`ftis_flwr.tasks.tool_schema`);
 - optionally ``get_reward()`` (no argument, sync or async): the finished episode's reward, read
-  from the environment's state (else the task's reward functions score the episode).
+  from the environment's state (else the task's reward functions score the episode);
+- optionally ``deterministic = True`` (a class attribute, this project's, which TRL ignores): the
+  same row, seed and tool calls give the same observations and reward, so a peer may replay
+  this node's episodes and train on them (:mod:`ftis_flwr.node.replay`).
 
 What this project adds, and why:
 
@@ -215,6 +218,8 @@ class EnvironmentSpec:
     """The class of the instances (for messages and metrics)."""
     tools: dict[str, dict]
     has_reward: bool
+    deterministic: bool = False
+    """The class says ``deterministic = True``: peers replay its episodes (else they refuse them)."""
     tool_timeout: float = TOOL_TIMEOUT
     call_timeout: float = CALL_TIMEOUT
     _pool: list[Any] = field(default_factory=list, repr=False)
@@ -274,6 +279,10 @@ def load_environment(path: str, *, tool_timeout: float = TOOL_TIMEOUT,
     if reward is not None and not callable(reward):
         raise EnvironmentContractError(f"environment {path!r}: {cls}.get_reward is a {type(reward).__name__}, "
                                        "not a method")
+    deterministic = getattr(instance, "deterministic", False)
+    if not isinstance(deterministic, bool):
+        raise EnvironmentContractError(f"environment {path!r}: {cls}.deterministic is {deterministic!r}; it says "
+                                       "whether peers may replay its episodes: True or False")
     tools = {}
     for name, method in sorted(_methods(instance).items()):
         if name in RESERVED:
@@ -284,6 +293,7 @@ def load_environment(path: str, *, tool_timeout: float = TOOL_TIMEOUT,
             raise EnvironmentContractError(f"environment {path!r}: {exc} (every public method but "
                                            f"{' and '.join(RESERVED)} is a tool; prefix a helper with '_')") from None
     spec = EnvironmentSpec(path=path, factory=factory, name=cls, tools=tools, has_reward=reward is not None,
-                           tool_timeout=float(tool_timeout), call_timeout=float(call_timeout))
+                           deterministic=deterministic, tool_timeout=float(tool_timeout),
+                           call_timeout=float(call_timeout))
     spec._pool.append(instance)
     return spec

@@ -63,6 +63,9 @@ class Group:
     source_texts: list[str] | None = None
     """Receiver side only, after alignment: the completions' texts as the sender sent them; the
     receiver scores its rewards on these (a refused completion has no tokens to decode)."""
+    replayed_rewards: np.ndarray | None = None
+    """Receiver side only, episodes: the rewards this node computed by replaying them through its
+    own environment (:mod:`ftis_flwr.node.replay`), which it trains on instead of the sender's."""
 
     @property
     def size(self) -> int:

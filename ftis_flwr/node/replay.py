@@ -1,0 +1,140 @@
+"""Replaying a peer's episodes before training on them (algorithm §13, issue #57).
+
+An episode's reward comes from its environment's state after the tools ran (``get_reward``) or
+from its last turn, and its tool turns are the environment's output: a receiver can trust neither
+as sent (a node never trusts a reward it did not compute, algorithm §8). So it replays each
+episode through its own instance of the environment and keeps the group only if everything
+matches:
+
+1. the environment declares itself deterministic (a class attribute ``deterministic = True``:
+   the same row, seed and tool calls give the same observations and reward). Without it the
+   group is refused as ``episode_no_replay``: nothing can be checked;
+2. every instance is reset from the row with the row's reset seed (:func:`reset_seed`: the run's
+   seed and the prompt id, derived by the receiver itself, so a sender cannot pick an easy
+   start), and the prompt the sender trained on is this node's rendering of it;
+3. each sampled turn but the last must call a tool (else nothing would follow it), the calls are
+   read from its text with this node's tool-call format and run through the instance, and the
+   tool turn that follows on the wire must be exactly this node's tokens of the results (an
+   altered observation fails here); the last turn's calls are run too (they may change the state
+   ``get_reward`` reads), as the sender ran them;
+4. the reward is this node's: ``get_reward()``, else the task's reward over the final answer text.
+
+A mismatch refuses the whole group (its advantages need all G episodes) with the first reason,
+counted in ``<source>/env_replay_refused``. The token path only: episodes of another tokenizer are
+refused as ``episode_no_replay`` until they can be aligned span by span.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+import numpy as np
+
+from ftis_flwr.node import turns as turn_tokens
+from ftis_flwr.tasks.base import Problem
+from ftis_flwr.tasks.environment import Environment, EnvironmentFault, ToolResult
+from ftis_flwr.wire.groups import Group
+
+REFUSED = "env_replay_refused"
+"""The reason's prefix (and, as ``<source>/env_replay_refused``, the count) of a group that did not replay."""
+
+
+class ReplayMismatch(ValueError):
+    """An episode that does not replay here; the message says where it parted."""
+
+
+def reset_seed(run_seed: int, prompt_id: str) -> int:
+    """The seed ``reset`` runs with for a row: the run's seed and the prompt id, the same on every
+    node and round, so a receiver derives it itself."""
+    return (int(run_seed) * 1_000_003 + zlib.crc32(prompt_id.encode()) * 7_919 + 17) % (2**63)
+
+
+def spans(mask: np.ndarray) -> list[tuple[int, int, bool]]:
+    """``(start, end, sampled)`` runs of a sampled mask, in order."""
+    edges = np.flatnonzero(np.diff(mask.astype(np.int8))) + 1
+    bounds = [0, *edges.tolist(), len(mask)]
+    return [(a, b, bool(mask[a])) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def replay_group(node: Any, g: Group, problem: Problem) -> np.ndarray:
+    """The rewards of ``g``'s episodes as this node computes them by replay (module docstring);
+    :class:`ReplayMismatch` naming the first difference otherwise. ``node`` gives the environment
+    (``node.env``), tokenizer, stop ids, task and run seed."""
+    rollout, tok = node.env, node.tokenizer
+    spec = rollout.spec
+    seed = reset_seed(node.cfg.rounds.seed, problem.id)
+    envs = [spec.acquire() for _ in range(g.size)]
+    try:
+        try:
+            extras = {env.reset(dict(problem.columns), seed) for env in envs}
+        except EnvironmentFault as exc:
+            raise ReplayMismatch(f"this node's environment failed to reset the row: {exc}") from None
+        if len(extras) > 1:
+            raise ReplayMismatch(f"{spec.name}.reset(**row) returned different texts for one row and seed: "
+                                 "the environment is not deterministic, though it says so")
+        from ftis_flwr.node.env_rollout import prompt_messages
+
+        messages = turn_tokens.with_reset_text(prompt_messages(problem, rollout.chat), extras.pop())
+        prompt = turn_tokens.prompt_ids(tok, messages, spec.schemas)
+        if not np.array_equal(np.asarray(prompt, np.int64), np.asarray(g.prompt_tokens, np.int64)):
+            raise ReplayMismatch("its prompt is not this node's rendering of the row after reset")
+        masks = g.sampled_masks or [np.ones(len(c), np.uint8) for c in g.completions]
+        finals = []
+        for i, (env, tokens, mask) in enumerate(zip(envs, g.completions, masks)):
+            try:
+                finals.append(replay_episode(node, env, np.asarray(tokens), np.asarray(mask)))
+            except ReplayMismatch as exc:
+                raise ReplayMismatch(f"episode {i}: {exc}") from None
+        rewards: list[float | None] = []
+        for env in envs:
+            try:
+                rewards.append(env.reward())
+            except EnvironmentFault as exc:
+                raise ReplayMismatch(f"this node's get_reward failed after the replay: {exc}") from None
+    finally:
+        for env in envs:
+            spec.release(env)
+    missing = [i for i, r in enumerate(rewards) if r is None]
+    if missing:
+        scored = node.task.rewards([finals[i] for i in missing], [problem] * len(missing))
+        for i, value in zip(missing, scored):
+            rewards[i] = float(value)
+    return np.asarray(rewards, np.float32)
+
+
+def replay_episode(node: Any, env: Environment, tokens: np.ndarray, mask: np.ndarray) -> str:
+    """Run one episode's tool calls through ``env`` (already reset), checking each tool turn
+    against this node's tokens of the results; returns the final answer text."""
+    tok, fmt, stops = node.tokenizer, node.env.format, {int(t) for t in node.stop_ids}
+    runs = spans(mask)
+    turns = [(a, b) for a, b, sampled in runs if sampled]
+    if not runs or not runs[0][2] or not runs[-1][2]:
+        raise ReplayMismatch("it does not start and end with a sampled turn")
+    limit = node.cfg.task.max_turns
+    if len(turns) > limit:
+        raise ReplayMismatch(f"{len(turns)} model turns, more than task.max_turns={limit}")
+    text = ""
+    for k, (a, b) in enumerate(turns):
+        turn = tokens[a:b].tolist()
+        last = k == len(turns) - 1
+        ended = turn[-1] in stops
+        if not ended and not last:
+            raise ReplayMismatch(f"turn {k + 1} is not closed by an end-of-turn token, yet the episode goes on")
+        text = tok.decode(turn[:-1] if ended else turn, skip_special_tokens=False)
+        calls = fmt.parse(text, env.spec.tools) if ended else []
+        if not calls and not last:
+            raise ReplayMismatch(f"turn {k + 1} calls no tool, yet a tool turn follows it")
+        results = [env.call(c.name, c.arguments) if not c.error else
+                   ToolResult(c.name, str({"error": c.error}), error=c.error) for c in calls]
+        if last:
+            break
+        try:
+            expected = turn_tokens.tool_turn_ids(tok, results, node.stop_ids)
+        except ValueError as exc:
+            raise ReplayMismatch(f"the tool turn after turn {k + 1} cannot be rendered here: {exc}") from None
+        sent = tokens[b:turns[k + 1][0]].tolist()
+        if sent != list(expected):
+            raise ReplayMismatch(f"the tool turn after turn {k + 1} is not this node's tokens of what its replayed "
+                                 f"calls returned ({len(sent)} tokens sent, {len(expected)} replayed)")
+    return text
