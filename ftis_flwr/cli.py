@@ -434,9 +434,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{exp.rounds.num_rounds} rounds, {exp.advantage.mode} {exp.loss.method}"
     print(f"ftis-flwr: configuration valid: {what}", flush=True)
     if exp is not None:  # a model whose tokenizer is not on this machine: its prompts were not checked
+        from ftis_flwr.tasks.environment_checks import episode_notes
         from ftis_flwr.tasks.prompt_fit import prompt_notes
 
-        for line in prompt_notes():
+        for line in prompt_notes() + episode_notes(exp):
             print(f"ftis-flwr: {line}", file=sys.stderr, flush=True)
     if exp is not None and not args.no_reward_probe:  # warnings only: the exit code is the same
         from ftis_flwr.tasks.reward_probe import probe_lines

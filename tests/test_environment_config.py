@@ -132,3 +132,27 @@ def test_the_environment_page_shows_the_shipped_class_and_its_command_checks(cap
     finally:
         os.chdir(cwd)
     assert "configuration valid: 2 nodes (small, large)" in capsys.readouterr().out
+
+
+def test_check_runs_reset_on_the_first_row_and_writes_a_call_in_each_nodes_format(rows):
+    """``reset(**row)`` gets every column of the first train row before round 0 (TRL's
+    contract); the tiny char tokenizer cannot write a ``hermes`` call (it has no braces)."""
+    msg = _errors({**rows, "task.environment": f"{TOYS}:StrictReset"})
+    assert "on the first train row (train:0, columns prompt, answer)" in msg and "accept **kwargs" in msg
+    msg = _errors({**rows, "task.environment": f"{TOYS}:CalcEnv", "task.tool_format": "hermes"})
+    assert "its tokenizer cannot write a tool call in the hermes format" in msg and "no '{', '}'" in msg
+    load_experiment(overrides={**rows, "task.environment": f"{TOYS}:CalcEnv", "task.tool_format": "tiny"})
+
+
+def test_a_class_peers_cannot_replay_is_named_in_a_warning_only_where_peers_share():
+    """Without ``deterministic = True`` every node refuses its peers' episodes: check says so."""
+    from ftis_flwr.tasks.environment_checks import episode_notes
+
+    train = str(Path(__file__).parents[1] / "docs" / "own-task" / "train.jsonl")
+    exp = load_experiment(overrides={"task.name": "dataset", "task.dataset": "json", "task.data_files.train": train,
+                                     "task.environment": f"{TOYS}:UndeclaredCalcEnv"})
+    assert "UndeclaredCalcEnv does not declare deterministic = True" in " ".join(episode_notes(exp))
+    exp.advantage.mode = "alone"
+    assert episode_notes(exp) == []
+    exp.advantage.mode, exp.task.environment = "vertical", f"{TOYS}:CalcEnv"
+    assert episode_notes(exp) == []

@@ -119,8 +119,9 @@ def task_errors(cfg: ExperimentConfig, import_registries: bool = True) -> list[s
     ``import_registries``, no key is set that the task does not read
     (:func:`ftis_flwr.config.task_keys.unread_task_keys`), the task is built and its files, columns
     and rewards checked (:func:`ftis_flwr.tasks.checks.task_errors`), then its prompts against each
-    node's model (:func:`ftis_flwr.tasks.prompt_fit.prompt_errors`); both imported by name:
-    checking stays torch-free."""
+    node's model (:func:`ftis_flwr.tasks.prompt_fit.prompt_errors`) and an environment against the
+    rows and each node's tool-call format (:func:`ftis_flwr.tasks.environment_checks.episode_errors`);
+    all imported by name: checking stays torch-free."""
     name = cfg.task.name
     prefix, sep, rest = name.partition(":")
     if name not in TASK_NAMES and not (sep and rest and (prefix in TASK_PREFIXES or ":" in name)):
@@ -133,7 +134,8 @@ def task_errors(cfg: ExperimentConfig, import_registries: bool = True) -> list[s
     if not import_registries:
         return []
     errors = unread_task_keys(cfg) + importlib.import_module("ftis_flwr.tasks.checks").task_errors(cfg.task)
-    return errors or importlib.import_module("ftis_flwr.tasks.prompt_fit").prompt_errors(cfg)
+    return errors or importlib.import_module("ftis_flwr.tasks.prompt_fit").prompt_errors(cfg) + \
+        importlib.import_module("ftis_flwr.tasks.environment_checks").episode_errors(cfg)
 
 
 # ------------------------------------------------------------------ declared choices and bounds

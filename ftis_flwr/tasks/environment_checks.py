@@ -1,0 +1,102 @@
+"""What ``ftis-flwr check`` asks of ``task.environment`` beyond TRL's contract (issue #57), before
+any node starts. Loading the class (:func:`ftis_flwr.tasks.checks.environment_errors`) shows
+that it is well formed; these show that it fits this federation:
+
+- ``reset(**row)`` takes the data set's rows: it runs once on the first train row, seeded as a
+  node seeds it, so a missing ``**kwargs`` or a column it needs shows now, not in round 0;
+- every node's model can write a tool call: each tokenizer has a tool-call format
+  (``task.tool-format``, else the one its chat template implies) and the characters to write one
+  (the tiny char tokenizer has no braces, so no ``hermes`` call);
+- (a warning) peers can replay each other's episodes: with more than one node sharing, a class
+  without ``deterministic = True`` has every node refuse its peers' episodes and train alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ftis_flwr.config.schema import ExperimentConfig
+
+SAMPLE_VALUES = {"integer": 12, "number": 1.5, "boolean": True, "string": "x"}
+"""A value of each JSON type, to write one call of a tool in a format."""
+
+
+def _spec(exp: ExperimentConfig) -> Any:
+    """The environment as a node loads it, or None (its load errors are tasks.checks')."""
+    from ftis_flwr.tasks.environment import load_environment
+
+    try:
+        return load_environment(exp.task.environment, tool_timeout=exp.task.tool_timeout)
+    except Exception:  # noqa: BLE001 - named by tasks.checks.environment_errors
+        return None
+
+
+def sample_call(fmt: Any, spec: Any) -> str:
+    """One call of the environment's first tool, written in ``fmt``, every argument set."""
+    name, schema = next(iter(spec.tools.items()))
+    props = schema["function"]["parameters"]["properties"]
+    args = {arg: SAMPLE_VALUES.get(p.get("type") if isinstance(p.get("type"), str) else "string", "x")
+            for arg, p in props.items()}
+    return fmt.render(name, args, spec.tools)
+
+
+def episode_errors(exp: ExperimentConfig) -> list[str]:
+    """``reset`` on the first train row, and each node's tool-call format (module docstring); one
+    message per problem, naming the key and the nodes."""
+    if not exp.task.environment:
+        return []
+    spec = _spec(exp)
+    if spec is None:
+        return []
+    from ftis_flwr.node.replay import reset_seed
+    from ftis_flwr.node.turns import tool_format_for
+    from ftis_flwr.tasks.checks import built_task
+    from ftis_flwr.tasks.environment import EnvironmentFault
+    from ftis_flwr.tasks.node_models import node_models
+    from ftis_flwr.tasks.prompt_fit import lost_characters
+
+    key = f"task.environment={exp.task.environment!r}"
+    errors = []
+    problem = built_task(exp.task).train_problem(0)
+    env = spec.acquire()
+    try:
+        env.reset(dict(problem.columns), reset_seed(exp.rounds.seed, problem.id))
+    except EnvironmentFault as exc:
+        errors.append(f"{key}: on the first train row ({problem.id}, columns {', '.join(problem.columns)}): {exc}")
+    finally:
+        spec.release(env)
+    if not spec.tools:
+        return errors
+    models, _ = node_models(exp)
+    for model in models:
+        try:
+            tok = model.tokenizer()
+        except Exception:  # noqa: BLE001 - not on this machine: the prompt check's warning names it
+            continue
+        try:
+            fmt = tool_format_for(tok, exp.task.tool_format or "auto")
+        except ValueError as exc:
+            errors.append(f"{model.names} ({model.what}): {key}: {exc} (task.tool-format)")
+            continue
+        call = sample_call(fmt, spec)
+        _, chars = lost_characters(tok, call)
+        if chars:
+            errors.append(f"{model.names} ({model.what}): {key}: its tokenizer cannot write a tool call in the "
+                          f"{fmt.name} format ({call!r}: no {', '.join(map(repr, chars))}): set task.tool-format "
+                          "to a format it can write" + (" (tiny)" if model.tiny else ""))
+    return errors
+
+
+def episode_notes(exp: ExperimentConfig) -> list[str]:
+    """The warning that peers will refuse each other's episodes, when they will."""
+    from ftis_flwr.config.choices import AdvantageMode
+
+    if not exp.task.environment or len(exp.nodes) < 2 or exp.advantage.mode == AdvantageMode.ALONE:
+        return []
+    spec = _spec(exp)
+    if spec is None or spec.deterministic:
+        return []
+    return [f"warning: task.environment={exp.task.environment!r}: {spec.name} does not declare deterministic = True, "
+            "so the nodes cannot replay each other's episodes and will refuse them (each trains on its own, "
+            "counted in <source>/episodes_no_replay); add the class attribute if the same row, seed and tool calls "
+            "always give the same results (docs/your-own-environment.md)"]
