@@ -38,6 +38,8 @@ Where their runs are in the sweep (``sweeps/extra-f.yaml``, ``extra-h.yaml``, ``
 or ``cpu.yaml``), also:
 
 - (b) F-NoIS ends above NoIS in-distribution, with the share of NoIS's loss to alone recovered;
+- (w) F-TIS ends above F-NoIS in-distribution: what the weights add to the filter (the
+  collapse counts of the same study: ``collapse.py``);
 - (e) vertical F-TIS ends above horizontal F-TIS in-distribution;
 - (f) F-VIS is above F-TIS at the first evaluation after round 0 and below it at the end;
 - (g) small g early, large g late: F-TIS with g rising linearly (from 1), and with every constant
@@ -311,6 +313,12 @@ def _more(results: list[dict], setup: str, nodes: list[str], labels: set[str], f
             share = (f"; recovers {sum(d) / sum(lost):.0%} of NoIS's loss to alone"
                      if lost and sum(lost) > 0 and len(lost) == len(d) else "")
             rows.append(f"| {setup} | (b) F-NoIS ends above NoIS (ID) | {node} | {fmt_points(d)}{share} | {len(d)} | "
+                        f"{judge(d, 'above')} |")
+    if fnois and ftis:  # what the weights add to the filter (sweeps/xfamily-upper-40.yaml)
+        weighted = finals(results, setup, ftis, id_split)
+        for node in nodes:
+            d = paired(weighted, fnois, node)
+            rows.append(f"| {setup} | (w) F-TIS ends above F-NoIS (ID) | {node} | {fmt_points(d)} | {len(d)} | "
                         f"{judge(d, 'above')} |")
     fvis_label = next((lab for lab in sorted(labels) if lab.startswith("f-vis vertical")), None)
     early = first_eval_after_start(results, setup, id_split)
