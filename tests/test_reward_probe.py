@@ -130,3 +130,14 @@ def test_anything_that_scores_final_answers_uses_the_same_probe():
     exact = probe_answers(lambda answers, ps: [float(ds.score_answer(a, dict(p.columns)) == 1.0)
                                                for a, p in zip(answers, ps)], problems, budget_chars=384)
     assert exact.flagged == [] and len(exact.findings) >= 9
+
+
+def test_an_environment_that_pays_for_an_episode_without_tools_is_flagged():
+    """With task.environment the cheap answers end episodes that call no tool: the docs' CalcEnv
+    pays nothing for them; a class that pays half a point for never submitting is named."""
+    env = f"task.environment='{REPO / 'tests' / 'toy_environments.py'}:{{}}'"
+    base = f"task.name='dataset' task.dataset='json' task.data-files.train='{OWN_TRAIN}'"
+    assert [line for line in probe(f"{base} {env.format('CalcEnv')}") if line.startswith("warning")] == []
+    lines = probe(f"{base} {env.format('LenientCalcEnv')}")
+    assert any('(episodes that call no tool): the cheap answer "the empty answer" scores 0.50' in line
+               for line in lines), lines

@@ -154,3 +154,12 @@ class SlowCalc(CalcEnv):
         """
         time.sleep(1.0)
         return "0"
+
+
+class LenientCalcEnv(CalcEnv):
+    """Pays half a point for an episode that never submitted: a reward that pays for doing nothing."""
+
+    deterministic = True
+
+    def get_reward(self) -> float:
+        return 0.5 if self.submitted is None else super().get_reward()

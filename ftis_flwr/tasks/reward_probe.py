@@ -23,9 +23,12 @@ skipped. Each strategy's mean score is compared with the gold's mean score on th
 The form: a chat task's reward asks for ``<think> … </think><answer> … </answer>``, a bare task's
 (arithmetic, ``exact``) for the answer alone. The probe puts every cheap answer in the form in
 which the gold itself scores best (bare, or after ``THINK`` inside ``<answer>`` tags), so what it
-probes is how the answer's content is scored, not the format check. An environment, or anything
-else that scores final answers, calls :func:`probe_answers` with its own scorer (final answers
-in, scores out) and no wrapping at all.
+probes is how the answer's content is scored, not the format check. Anything else that scores
+final answers calls :func:`probe_answers` with its own scorer (final answers in, scores out) and
+no wrapping at all; with ``task.environment`` the check does so with :func:`environment_scorer`:
+each cheap answer is the final answer of an episode that called no tool, scored as a node scores
+it (``get_reward()`` after ``reset``, else the task's rewards), so a reward that pays for doing
+nothing is named.
 
 The threshold, ``THRESHOLD`` = 10% of the gold's score: a GRPO group compares a sample with its
 group's others, so a cheap answer pays off once it earns about what the model earns honestly. The
@@ -194,6 +197,33 @@ def _local_file(path: str) -> bool:
     return bool(path) and Path(path).expanduser().is_file()
 
 
+def environment_scorer(exp: Any, task: Task) -> Scorer:
+    """Final answers scored as the episodes of ``exp``'s environment that call no tool and end with
+    them: each instance reset from its row (seeded as a node seeds it), then ``get_reward()``,
+    else the task's rewards over the answer (:mod:`ftis_flwr.node.env_rollout`)."""
+    from ftis_flwr.node.replay import reset_seed
+    from ftis_flwr.tasks.environment import load_environment
+
+    spec = load_environment(exp.task.environment, tool_timeout=exp.task.tool_timeout)
+
+    def score(answers: list[str], problems: list[Problem]) -> list[float]:
+        out: list[float | None] = []
+        for problem in problems:
+            env = spec.acquire()
+            try:
+                env.reset(dict(problem.columns), reset_seed(exp.rounds.seed, problem.id))
+                out.append(env.reward())
+            finally:
+                spec.release(env)
+        missing = [i for i, r in enumerate(out) if r is None]
+        if missing:
+            for i, value in zip(missing, task.rewards([answers[i] for i in missing], [problems[i] for i in missing])):
+                out[i] = float(value)
+        return [float(r) for r in out]
+
+    return score
+
+
 def probe_lines(exp: Any) -> list[str]:
     """``ftis-flwr check``'s warnings for ``exp``'s task: one line per flagged cheap answer, or a
     note when the probe cannot run (problems from the hub, a reward that raises)."""
@@ -205,11 +235,18 @@ def probe_lines(exp: Any) -> list[str]:
 
     try:
         task = built_task(cfg)
-        probe = probe_task(task, budget_chars=CHARS_PER_TOKEN * int(exp.rollout.max_new_tokens))
+        budget = CHARS_PER_TOKEN * int(exp.rollout.max_new_tokens)
+        if cfg.environment:  # an episode that calls no tool and answers cheaply
+            problems = [task.train_problem(i) for i in range(min(SAMPLE, len(task.problems(task.train_split))))]
+            probe = probe_answers(environment_scorer(exp, task), problems, budget_chars=budget)
+        else:
+            probe = probe_task(task, budget_chars=budget)
     except Exception as exc:  # a user's reward that fails on a cheap answer fails a node's round too
         return [f"warning: task {cfg.name}: the reward probe's cheap answers made the task or its reward "
                 f"fail: {type(exc).__name__}: {exc} (a completion like them would fail a node's round)"]
     name = task.name if task.name != "task" else cfg.name
+    if cfg.environment:
+        name = f"{name} with task.environment={cfg.environment!r} (episodes that call no tool)"
     lines = [f"note: the reward probe on task {name}: {n}" for n in probe.notes]
     for f in probe.flagged:
         share = "all" if f.share == float("inf") else f"{f.share:.0%}"
