@@ -61,7 +61,7 @@ def test_environment_needs_dataset_rows_and_episode_keys_need_an_environment(row
 
 
 def test_the_tool_format_choices_are_the_episode_loops():
-    from ftis_flwr.node.turns import TOOL_FORMATS as READERS
+    from ftis_flwr.tasks.tool_calls import TOOL_FORMATS as READERS
 
     assert set(TOOL_FORMATS) == {"", *READERS}
 

@@ -10,7 +10,7 @@ the ``env/*`` metrics) lives here.
   goes to ``reset(**row)`` (TRL's contract);
 - **prompt**: the problem's question as the user message (after the paper's system prompt when
   ``task.chat``), rendered with the tools' schemas by :func:`ftis_flwr.node.turns.prompt_ids`;
-- **seeds**: ``reset`` runs with the row's seed (:func:`ftis_flwr.node.replay.reset_seed`: the
+- **seeds**: ``reset`` runs with the row's seed (:func:`ftis_flwr.tasks.environment.reset_seed`: the
   run's seed and the prompt id), so the G episodes of a group start from the same state and a
   receiver can replay them from it; their turns are sampled with the node's seed of the round
   and the prompt's train index;
@@ -34,10 +34,9 @@ from typing import Any
 import numpy as np
 
 from ftis_flwr.node.episodes import EpisodeGroup, Sampling, run_group
-from ftis_flwr.node.replay import reset_seed
-from ftis_flwr.node.turns import tool_format_for
 from ftis_flwr.tasks.base import Problem
-from ftis_flwr.tasks.environment import EnvironmentSpec, load_environment
+from ftis_flwr.tasks.environment import EnvironmentSpec, load_environment, reset_seed
+from ftis_flwr.tasks.tool_calls import tool_format_for
 from ftis_flwr.wire.groups import Group, PayloadError
 
 log = logging.getLogger(__name__)
@@ -147,7 +146,7 @@ def evaluate(node: Any, problems: list[Problem]) -> tuple[list[float], list[str]
     """Greedy episodes (``top_k=1``: the most likely token at every step) of ``problems``, one each:
     their rewards (as in training: the environment's, else the task's over the final answer text)
     and final answer texts. Each problem's ``reset`` and turns are seeded from ``rounds.seed`` and
-    its id (:func:`~ftis_flwr.node.replay.reset_seed`), the same on every node and round, so the
+    its id (:func:`~ftis_flwr.tasks.environment.reset_seed`), the same on every node and round, so the
     evaluation is the same test each time."""
     env = node.env
     greedy = dataclasses.replace(env.sampling, temperature=1.0, top_k=1, top_p=1.0)

@@ -32,6 +32,7 @@ import numpy as np
 
 from ftis_flwr.node import turns as turn_tokens
 from ftis_flwr.tasks.environment import Environment, EnvironmentFault, EnvironmentSpec, ToolResult
+from ftis_flwr.tasks.tool_calls import tool_format_for
 from ftis_flwr.wire.groups import Group
 
 STOPS = ("answer", "length", "max_turns", "budget")
@@ -114,10 +115,10 @@ def run_group(engine: Any, tokenizer: Any, spec: EnvironmentSpec, *, row: Mappin
               sampling: Sampling, tool_format: Any = None, sample_seed: int | None = None) -> EpisodeGroup:
     """``n`` episodes of ``row`` through ``engine`` (its ``sample``), from ``messages`` (the
     prompt before ``reset``'s text); ``seed`` seeds ``reset``, ``sample_seed`` (default ``seed``)
-    the turns; ``tool_format``: a :data:`ftis_flwr.node.turns.TOOL_FORMATS` reader (default:
-    :func:`~ftis_flwr.node.turns.tool_format_for` the tokenizer). EnvironmentFault when the
+    the turns; ``tool_format``: a :data:`ftis_flwr.tasks.tool_calls.TOOL_FORMATS` reader (default:
+    :func:`~ftis_flwr.tasks.tool_calls.tool_format_for` the tokenizer). EnvironmentFault when the
     environment cannot start or score the episodes."""
-    fmt = tool_format or turn_tokens.tool_format_for(tokenizer)
+    fmt = tool_format or tool_format_for(tokenizer)
     envs = [spec.acquire() for _ in range(int(n))]
     try:
         extras = [env.reset(row, seed) for env in envs]

@@ -9,9 +9,10 @@ matches:
 1. the environment declares itself deterministic (a class attribute ``deterministic = True``:
    the same row, seed and tool calls give the same observations and reward). Without it the
    group is refused as ``episode_no_replay``: nothing can be checked;
-2. every instance is reset from the row with the row's reset seed (:func:`reset_seed`: the run's
-   seed and the prompt id, derived by the receiver itself, so a sender cannot pick an easy
-   start), and the prompt the sender trained on is this node's rendering of it;
+2. every instance is reset from the row with the row's reset seed
+   (:func:`~ftis_flwr.tasks.environment.reset_seed`: the run's seed and the prompt id, derived by
+   the receiver itself, so a sender cannot pick an easy start), and the prompt the sender trained
+   on is this node's rendering of it;
 3. each sampled turn but the last must call a tool (else nothing would follow it), the calls are
    read from its text with this node's tool-call format and run through the instance, and the
    tool turn that follows on the wire must be exactly this node's tokens of the results (an
@@ -26,14 +27,13 @@ refused as ``episode_no_replay`` until they can be aligned span by span.
 
 from __future__ import annotations
 
-import zlib
 from typing import Any
 
 import numpy as np
 
 from ftis_flwr.node import turns as turn_tokens
 from ftis_flwr.tasks.base import Problem
-from ftis_flwr.tasks.environment import Environment, EnvironmentFault, ToolResult
+from ftis_flwr.tasks.environment import Environment, EnvironmentFault, ToolResult, reset_seed
 from ftis_flwr.wire.groups import Group
 
 REFUSED = "env_replay_refused"
@@ -42,12 +42,6 @@ REFUSED = "env_replay_refused"
 
 class ReplayMismatch(ValueError):
     """An episode that does not replay here; the message says where it parted."""
-
-
-def reset_seed(run_seed: int, prompt_id: str) -> int:
-    """The seed ``reset`` runs with for a row: the run's seed and the prompt id, the same on every
-    node and round, so a receiver derives it itself."""
-    return (int(run_seed) * 1_000_003 + zlib.crc32(prompt_id.encode()) * 7_919 + 17) % (2**63)
 
 
 def spans(mask: np.ndarray) -> list[tuple[int, int, bool]]:

@@ -43,6 +43,7 @@ import math
 import random
 import threading
 import types
+import zlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,6 +82,12 @@ class ToolResult:
     error: str = ""
     """"" when the tool ran and returned; else why not (counted as a tool error)."""
     timed_out: bool = False
+
+
+def reset_seed(run_seed: int, prompt_id: str) -> int:
+    """The seed ``reset`` runs with for a row: the run's seed and the prompt id, the same on every
+    node and round, so a receiver derives it itself."""
+    return (int(run_seed) * 1_000_003 + zlib.crc32(prompt_id.encode()) * 7_919 + 17) % (2**63)
 
 
 @contextlib.contextmanager

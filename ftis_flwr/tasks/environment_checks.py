@@ -48,12 +48,11 @@ def episode_errors(exp: ExperimentConfig) -> list[str]:
     spec = _spec(exp)
     if spec is None:
         return []
-    from ftis_flwr.node.replay import reset_seed
-    from ftis_flwr.node.turns import tool_format_for
     from ftis_flwr.tasks.checks import built_task
-    from ftis_flwr.tasks.environment import EnvironmentFault
+    from ftis_flwr.tasks.environment import EnvironmentFault, reset_seed
     from ftis_flwr.tasks.node_models import node_models
     from ftis_flwr.tasks.prompt_fit import lost_characters
+    from ftis_flwr.tasks.tool_calls import tool_format_for
 
     key = f"task.environment={exp.task.environment!r}"
     errors = []

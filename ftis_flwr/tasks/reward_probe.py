@@ -201,8 +201,7 @@ def environment_scorer(exp: Any, task: Task) -> Scorer:
     """Final answers scored as the episodes of ``exp``'s environment that call no tool and end with
     them: each instance reset from its row (seeded as a node seeds it), then ``get_reward()``,
     else the task's rewards over the answer (:mod:`ftis_flwr.node.env_rollout`)."""
-    from ftis_flwr.node.replay import reset_seed
-    from ftis_flwr.tasks.environment import load_environment
+    from ftis_flwr.tasks.environment import load_environment, reset_seed
 
     spec = load_environment(exp.task.environment, tool_timeout=exp.task.tool_timeout)
 
