@@ -180,6 +180,23 @@ def test_an_environment_that_does_not_declare_itself_deterministic_is_not_replay
     assert any("does not declare itself deterministic" in r for r in res.rejections)
 
 
+def test_a_saved_state_keeps_the_pending_episodes_masks(node, first, tmp_path):
+    """A resumed node trains on the episodes it made before it stopped, their tool turns still
+    masked out of the loss (node/state.py saves each sampled mask)."""
+    from ftis_flwr.node.state import load_state, save_state
+
+    node.pending = list(first.groups)  # the first round's: episodes with tool turns
+    before = [(g.prompt_id, [m.copy() for m in g.sampled_masks]) for g in node.pending]
+    assert any((m == 0).any() for _, masks in before for m in masks)
+    save_state(node, tmp_path, node.round)
+    node.pending = []
+    assert load_state(node, tmp_path) == node.round
+    after = [(g.prompt_id, g.sampled_masks) for g in node.pending]
+    assert [p for p, _ in after] == [p for p, _ in before]
+    for (_, a), (_, b) in zip(before, after):
+        assert all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
 def test_an_environment_fault_stops_the_round_with_its_reason(node):
     spec = node.env.spec
     node.env.spec = load_environment("toy_environments:BadReset")
