@@ -122,7 +122,7 @@ def parse_run_config(values: list[str]) -> tuple[dict[str, Any], list[str]]:
 PATH_KEYS = ("run-dir", "cache-dir", "config-file", "resume", "task.train-path", "task.data-files.train",
              "task.data-files.test", "task.data-files.validation", "task.data-files.ood")
 """Run-config keys that name a path on the machine the ServerApp runs on."""
-CODE_KEYS = ("task.name", "task.reward", "task.rewards")
+CODE_KEYS = ("task.name", "task.reward", "task.rewards", "task.environment")
 """Run-config keys that may name a file of the user's code (``<file.py>:<name>``, comma-separated)."""
 
 

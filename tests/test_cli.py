@@ -85,12 +85,15 @@ def test_a_local_run_writes_where_the_user_is(tmp_path, monkeypatch):
 
 
 def test_a_local_run_finds_the_users_data_files_and_reward_code_where_the_user_is(tmp_path, monkeypatch):
-    """The nodes' workers run elsewhere: a relative data file or ``<file.py>:<name>`` becomes absolute."""
+    """The nodes' workers run elsewhere: a relative data file or ``<file.py>:<name>`` (a reward, an
+    environment) becomes absolute."""
     monkeypatch.chdir(REPO / "docs")
     given, exp = check(REPO, ["task.name='dataset' task.dataset='json' task.data-files.train='own-task/train.jsonl' "
                               "task.data-files.test='own-task/test.jsonl' task.reward='own-task/reward.py:reward' "
-                              "task.rewards='exact,own-task/reward.py:reward'"], local=True)
+                              "task.rewards='exact,own-task/reward.py:reward' "
+                              "task.environment='own-environment/calc_env.py:CalcEnv'"], local=True)
     assert given["task.data-files.train"] == str(REPO / "docs" / "own-task" / "train.jsonl")
+    assert given["task.environment"] == f"{REPO / 'docs' / 'own-environment' / 'calc_env.py'}:CalcEnv"
     assert given["task.reward"] == f"{REPO / 'docs' / 'own-task' / 'reward.py'}:reward"
     assert given["task.rewards"] == f"exact,{REPO / 'docs' / 'own-task' / 'reward.py'}:reward"
     assert exp.task.data_files["test"] == str(REPO / "docs" / "own-task" / "test.jsonl")
