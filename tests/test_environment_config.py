@@ -156,3 +156,9 @@ def test_a_class_peers_cannot_replay_is_named_in_a_warning_only_where_peers_shar
     assert episode_notes(exp) == []
     exp.advantage.mode, exp.task.environment = "vertical", f"{TOYS}:CalcEnv"
     assert episode_notes(exp) == []
+
+
+def test_check_refuses_an_episode_prompt_that_fills_a_nodes_positions(rows):
+    """The tiny models have 64 positions: reset's text of 80 characters leaves no room to answer."""
+    msg = _errors({**rows, "task.environment": f"{TOYS}:LongReset"})
+    assert "the episode prompt of the first train row (train:0)" in msg and "more than the model's 64" in msg

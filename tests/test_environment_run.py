@@ -24,9 +24,10 @@ import torch
 from ftis_flwr.config.merge import load_experiment
 from ftis_flwr.node.env_rollout import METRICS
 from ftis_flwr.node.node import Node, Received, StepRequest
-from ftis_flwr.node.turns import PLAIN_TOOL_TURN, prompt_ids
+from ftis_flwr.node.turns import PLAIN_TOOL_TURN
 from ftis_flwr.server.metric_names import find
 from ftis_flwr.tasks.environment import EnvironmentFault, load_environment
+from ftis_flwr.tasks.episode_prompt import prompt_ids
 
 pytestmark = pytest.mark.slow  # a real tiny node taught and run: 15-20 s
 

@@ -37,8 +37,9 @@ from ftis_flwr.node.engines import make_engine
 from ftis_flwr.node.episodes import Sampling, run_group
 from ftis_flwr.node.logprobs import completion_logprobs, pack_batch
 from ftis_flwr.node.tiny import build_char_tokenizer, tiny_config
-from ftis_flwr.node.turns import PLAIN_TOOL_TURN, prompt_ids, tool_turn_ids
+from ftis_flwr.node.turns import PLAIN_TOOL_TURN, tool_turn_ids
 from ftis_flwr.tasks.environment import EnvironmentFault, ToolResult, load_environment
+from ftis_flwr.tasks.episode_prompt import prompt_ids
 from ftis_flwr.tasks.tool_calls import TOOL_FORMATS, tool_format_for
 
 ROW = {"question": "12+34=", "answer": "46"}

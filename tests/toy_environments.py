@@ -163,3 +163,11 @@ class LenientCalcEnv(CalcEnv):
 
     def get_reward(self) -> float:
         return 0.5 if self.submitted is None else super().get_reward()
+
+
+class LongReset(CalcEnv):
+    """``reset`` appends 80 characters to the prompt: more than the tiny models' 64 positions."""
+
+    def reset(self, **row) -> str:
+        super().reset(**row)
+        return " " + "1+1=" * 20

@@ -36,6 +36,7 @@ import numpy as np
 from ftis_flwr.node.episodes import EpisodeGroup, Sampling, run_group
 from ftis_flwr.tasks.base import Problem
 from ftis_flwr.tasks.environment import EnvironmentSpec, load_environment, reset_seed
+from ftis_flwr.tasks.episode_prompt import prompt_messages
 from ftis_flwr.tasks.tool_calls import tool_format_for
 from ftis_flwr.wire.groups import Group, PayloadError
 
@@ -48,17 +49,6 @@ METRICS = ("env/episodes", "env/turns_mean", "env/tool_calls", "env/tool_errors"
 def prompt_seed(round_seed: int, index: int) -> int:
     """The seed of one prompt's group: its ``reset`` and its episodes' turns."""
     return (int(round_seed) * 1_000_003 + int(index) * 7_919 + 17) % (2**63)
-
-
-def prompt_messages(problem: Problem, chat: bool) -> list[dict]:
-    """The prompt of an episode before ``reset``'s text: the question as the user's message, after
-    the paper's system prompt when the task renders through the chat template (``task.chat``)."""
-    messages = [{"role": "user", "content": problem.question}]
-    if chat:
-        from ftis_flwr.tasks.rewards import SYSTEM_PROMPT
-
-        messages.insert(0, {"role": "system", "content": SYSTEM_PROMPT})
-    return messages
 
 
 class EnvironmentRollout:

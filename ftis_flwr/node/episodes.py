@@ -32,6 +32,7 @@ import numpy as np
 
 from ftis_flwr.node import turns as turn_tokens
 from ftis_flwr.tasks.environment import Environment, EnvironmentFault, EnvironmentSpec, ToolResult
+from ftis_flwr.tasks.episode_prompt import prompt_ids, with_reset_text
 from ftis_flwr.tasks.tool_calls import tool_format_for
 from ftis_flwr.wire.groups import Group
 
@@ -127,8 +128,8 @@ def run_group(engine: Any, tokenizer: Any, spec: EnvironmentSpec, *, row: Mappin
                                    f"({extras[0]!r}, {next(e for e in extras if e != extras[0])!r}): the episodes of a "
                                    "group must start from the same state (draw randomness from 'random' or numpy's "
                                    "global generator, which are seeded, or seed your own from them)")
-        prompt_messages = turn_tokens.with_reset_text(messages, extras[0])
-        prompt = turn_tokens.prompt_ids(tokenizer, prompt_messages, spec.schemas)
+        prompt_messages = with_reset_text(messages, extras[0])
+        prompt = prompt_ids(tokenizer, prompt_messages, spec.schemas)
         turns = seed if sample_seed is None else sample_seed
         episodes = [run_episode(engine, tokenizer, env, prompt, seed=turn_seed(turns, j, 0), stop_ids=stop_ids,
                                 sampling=sampling, tool_format=fmt) for j, env in enumerate(envs)]

@@ -34,6 +34,7 @@ import numpy as np
 from ftis_flwr.node import turns as turn_tokens
 from ftis_flwr.tasks.base import Problem
 from ftis_flwr.tasks.environment import Environment, EnvironmentFault, ToolResult, reset_seed
+from ftis_flwr.tasks.episode_prompt import prompt_ids, prompt_messages, with_reset_text
 from ftis_flwr.wire.groups import Group
 
 REFUSED = "env_replay_refused"
@@ -67,10 +68,8 @@ def replay_group(node: Any, g: Group, problem: Problem) -> np.ndarray:
         if len(extras) > 1:
             raise ReplayMismatch(f"{spec.name}.reset(**row) returned different texts for one row and seed: "
                                  "the environment is not deterministic, though it says so")
-        from ftis_flwr.node.env_rollout import prompt_messages
-
-        messages = turn_tokens.with_reset_text(prompt_messages(problem, rollout.chat), extras.pop())
-        prompt = turn_tokens.prompt_ids(tok, messages, spec.schemas)
+        messages = with_reset_text(prompt_messages(problem, rollout.chat), extras.pop())
+        prompt = prompt_ids(tok, messages, spec.schemas)
         if not np.array_equal(np.asarray(prompt, np.int64), np.asarray(g.prompt_tokens, np.int64)):
             raise ReplayMismatch("its prompt is not this node's rendering of the row after reset")
         masks = g.sampled_masks or [np.ones(len(c), np.uint8) for c in g.completions]

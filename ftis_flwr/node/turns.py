@@ -1,5 +1,5 @@
 """How an episode's turns become tokens (algorithm §13, issue #57): the prompt with the tools'
-schemas, the model's tool calls read from its text, and the tools' results appended as tokens.
+schemas (:mod:`ftis_flwr.tasks.episode_prompt`), and the tools' results appended as tokens.
 
 Why apart from the episode loop: each piece is a property of the model family (its chat template
 and the tool-call format it was trained on), not of the loop. Two rules hold everywhere:
@@ -18,33 +18,11 @@ tokenizer without a chat template (the tiny models) gets each tool result as
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 PLAIN_TOOL_TURN = "={content}\n"
 """A tool result's text for a tokenizer without a chat template."""
-
-
-def prompt_ids(tokenizer: Any, messages: Sequence[Mapping[str, Any]], tools: Sequence[dict]) -> list[int]:
-    """An episode's prompt: the chat template over ``messages`` with the tools' schemas and the
-    generation prompt; without a template, the messages' text (with the tokenizer's own special
-    tokens, as :meth:`ftis_flwr.tasks.base.Task.prompt_ids` gives a plain prompt)."""
-    if getattr(tokenizer, "chat_template", None):
-        return list(tokenizer.apply_chat_template([dict(m) for m in messages], tools=list(tools) or None,
-                                                  add_generation_prompt=True, tokenize=True, return_dict=False))
-    text = "\n".join(str(m["content"]) for m in messages)
-    return list(tokenizer(text, add_special_tokens=True)["input_ids"])
-
-
-def with_reset_text(messages: Sequence[Mapping[str, Any]], extra: str | None) -> list[dict]:
-    """``messages`` with ``reset``'s string appended to the last user message (TRL's contract)."""
-    out = [dict(m) for m in messages]
-    if extra:
-        users = [i for i, m in enumerate(out) if m.get("role") == "user"]
-        if not users:
-            raise ValueError("the prompt has no user message to append the environment's reset text to")
-        out[users[-1]]["content"] = f"{out[users[-1]]['content']}{extra}"
-    return out
 
 
 def tool_turn_ids(tokenizer: Any, results: Sequence[Any], stop_ids: Sequence[int]) -> list[int]:

@@ -4,6 +4,8 @@ that it is well formed; these show that it fits this federation:
 
 - ``reset(**row)`` takes the data set's rows: it runs once on the first train row, seeded as a
   node seeds it, so a missing ``**kwargs`` or a column it needs shows now, not in round 0;
+- every node's model has room to answer: an episode's prompt, with the tools' schemas (which a
+  chat template writes into it) and ``reset``'s text, leaves it a position;
 - every node's model can write a tool call: each tokenizer has a tool-call format
   (``task.tool-format``, else the one its chat template implies) and the characters to write one
   (the tiny char tokenizer has no braces, so no ``hermes`` call);
@@ -50,6 +52,7 @@ def episode_errors(exp: ExperimentConfig) -> list[str]:
         return []
     from ftis_flwr.tasks.checks import built_task
     from ftis_flwr.tasks.environment import EnvironmentFault, reset_seed
+    from ftis_flwr.tasks.episode_prompt import prompt_ids, prompt_messages, with_reset_text
     from ftis_flwr.tasks.node_models import node_models
     from ftis_flwr.tasks.prompt_fit import lost_characters
     from ftis_flwr.tasks.tool_calls import tool_format_for
@@ -57,20 +60,27 @@ def episode_errors(exp: ExperimentConfig) -> list[str]:
     key = f"task.environment={exp.task.environment!r}"
     errors = []
     problem = built_task(exp.task).train_problem(0)
-    env = spec.acquire()
+    env, extra = spec.acquire(), None
     try:
-        env.reset(dict(problem.columns), reset_seed(exp.rounds.seed, problem.id))
+        extra = env.reset(dict(problem.columns), reset_seed(exp.rounds.seed, problem.id))
     except EnvironmentFault as exc:
         errors.append(f"{key}: on the first train row ({problem.id}, columns {', '.join(problem.columns)}): {exc}")
     finally:
         spec.release(env)
-    if not spec.tools:
-        return errors
     models, _ = node_models(exp)
+    messages = with_reset_text(prompt_messages(problem, exp.task.chat), extra)
     for model in models:
         try:
             tok = model.tokenizer()
         except Exception:  # noqa: BLE001 - not on this machine: the prompt check's warning names it
+            continue
+        need = len(prompt_ids(tok, messages, spec.schemas)) + 1
+        if need > model.positions:
+            errors.append(f"{model.names} ({model.what}): {key}: the episode prompt of the first train row "
+                          f"({problem.id}), with the tools' schemas and reset's text, leaves no position to answer "
+                          f"in: {need} positions with one token, more than the model's {model.positions}: shorten "
+                          "the tools' docstrings or reset's text, or use a model with more positions")
+        if not spec.tools:
             continue
         try:
             fmt = tool_format_for(tok, exp.task.tool_format or "auto")
