@@ -138,14 +138,16 @@ def test_a_node_trains_on_its_episodes_and_replays_a_peers(node, first):
 
 
 def test_a_single_turn_episode_without_its_mask_is_still_replayed(node):
-    """The wire drops a mask of all ones: such a group is an episode all the same (replayed, its
-    reward this node's: a cut answer that submitted nothing scores 0)."""
+    """The wire drops a mask of all ones: such a group is an episode all the same, replayed (not
+    scored as a single completion); cut to 5 tokens with room left to sample, it is refused as cut."""
     groups = node.step(StepRequest(1, 2, [0], 8, False)).groups
     cut = dataclasses.replace(groups[0], node="b", sampled_masks=None, rewards=np.ones(8, np.float32),
                               completions=[c[:5] for c in groups[0].completions],
                               logprobs=[lp[:5] for lp in groups[0].logprobs])
-    m = node.step(StepRequest(2, 2, [], 8, False, foreign=[Received("b", [cut], [0])])).metrics
-    assert m["b/env_replayed"] == 8 and m["samples_foreign"] == 8 and m["train_reward_foreign"] == 0.0
+    res = node.step(StepRequest(2, 2, [], 8, False, foreign=[Received("b", [cut], [0])]))
+    assert res.metrics["b/env_replay_refused"] == 8 and not res.metrics.get("samples_foreign")
+    assert any("turn 1 is not closed by an end-of-turn token, yet it stops with tokens left to sample" in r
+               for r in res.rejections), res.rejections
 
 
 def test_an_episode_from_another_prompt_or_past_the_turn_limit_is_refused_on_replay(node, first):
@@ -164,6 +166,32 @@ def test_an_episode_from_another_prompt_or_past_the_turn_limit_is_refused_on_rep
     finally:
         node.cfg.task.max_turns, node.cfg.task.episode_tokens = limit, budget
     assert any("model turns, more than task.max_turns=1" in r for r in res.rejections), res.rejections
+
+
+def test_a_mask_that_lies_or_a_missing_turn_is_refused_on_replay(node, first):
+    """The hostile peer's other forgeries (issue #57): a mask that calls a tool result's first token
+    sampled (so the loss would train on the environment's text), and an episode cut after its first
+    turn, which called a tool (the loop stops after a call only at the turn limit or the budget)."""
+    g = next(g for g in first.groups if any((m == 0).any() for m in g.sampled_masks))
+    j = next(k for k, m in enumerate(g.sampled_masks) if (m == 0).any())
+    masks = [m.copy() for m in g.sampled_masks]
+    masks[j][int(np.flatnonzero(masks[j] == 0)[0])] = 1
+    lying = dataclasses.replace(g, node="b", sampled_masks=masks)
+    at = int(np.flatnonzero(g.sampled_masks[j] == 0)[0])  # the first model turn ends just before
+    cut = [c.copy() for c in g.completions]
+    cut[j] = cut[j][:at]
+    lps = [lp.copy() for lp in g.logprobs]
+    lps[j] = lps[j][:at]
+    short = [m.copy() for m in g.sampled_masks]
+    short[j] = short[j][:at]
+    missing = dataclasses.replace(g, node="c", completions=cut, logprobs=lps, sampled_masks=short)
+    res = node.step(StepRequest(5, 6, [], 8, False, foreign=[Received("b", [lying], [0, 1]),
+                                                             Received("c", [missing], [0, 1])]))
+    m = res.metrics
+    assert m["b/env_replay_refused"] == 8 and m["c/env_replay_refused"] == 8 and not m.get("samples_foreign")
+    assert any(r.startswith("b: 1 group(s), 8 sample(s) rejected: env_replay_refused") for r in res.rejections)
+    assert any(r.startswith("c: ") and "ends on turn 1, which called a tool, with turns and tokens left" in r
+               for r in res.rejections), res.rejections
 
 
 def test_an_environment_that_does_not_declare_itself_deterministic_is_not_replayed(node):

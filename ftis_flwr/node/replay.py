@@ -17,7 +17,9 @@ matches:
    read from its text with this node's tool-call format and run through the instance, and the
    tool turn that follows on the wire must be exactly this node's tokens of the results (an
    altered observation fails here); the last turn's calls are run too (they may change the state
-   ``get_reward`` reads), as the sender ran them;
+   ``get_reward`` reads), as the sender ran them. The episode must also have ended where the loop
+   ends one (:mod:`ftis_flwr.node.episodes`): after a turn without a call, at the turn limit or the
+   token budget, never earlier (a cut episode is refused);
 4. the reward is this node's: ``get_reward()``, else the task's reward over the final answer text.
 
 A mismatch refuses the whole group (its advantages need all G episodes) with the first reason,
@@ -104,7 +106,7 @@ def replay_episode(node: Any, env: Environment, tokens: np.ndarray, mask: np.nda
     turns = [(a, b) for a, b, sampled in runs if sampled]
     if not runs or not runs[0][2] or not runs[-1][2]:
         raise ReplayMismatch("it does not start and end with a sampled turn")
-    limit = node.cfg.task.max_turns
+    limit, budget, cap = node.cfg.task.max_turns, node.cfg.episode_budget(), node.cfg.rollout.max_new_tokens
     if len(turns) > limit:
         raise ReplayMismatch(f"{len(turns)} model turns, more than task.max_turns={limit}")
     text = ""
@@ -112,20 +114,25 @@ def replay_episode(node: Any, env: Environment, tokens: np.ndarray, mask: np.nda
         turn = tokens[a:b].tolist()
         last = k == len(turns) - 1
         ended = turn[-1] in stops
-        if not ended and not last:
-            raise ReplayMismatch(f"turn {k + 1} is not closed by an end-of-turn token, yet the episode goes on")
+        if not ended and (not last or len(turn) < min(cap, budget - a)):
+            raise ReplayMismatch(f"turn {k + 1} is not closed by an end-of-turn token, yet "
+                                 + ("the episode goes on" if not last else "it stops with tokens left to sample"))
         text = tok.decode(turn[:-1] if ended else turn, skip_special_tokens=False)
         calls = fmt.parse(text, env.spec.tools) if ended else []
         if not calls and not last:
             raise ReplayMismatch(f"turn {k + 1} calls no tool, yet a tool turn follows it")
         results = [env.call(c.name, c.arguments) if not c.error else
                    ToolResult(c.name, str({"error": c.error}), error=c.error) for c in calls]
-        if last:
+        if last and not calls:
             break
         try:
             expected = turn_tokens.tool_turn_ids(tok, results, node.stop_ids)
         except ValueError as exc:
             raise ReplayMismatch(f"the tool turn after turn {k + 1} cannot be rendered here: {exc}") from None
+        if last:  # the loop stops after a call only at the turn limit or the token budget
+            if len(turns) < limit and b + len(expected) < budget:
+                raise ReplayMismatch(f"it ends on turn {k + 1}, which called a tool, with turns and tokens left")
+            break
         sent = tokens[b:turns[k + 1][0]].tolist()
         if sent != list(expected):
             raise ReplayMismatch(f"the tool turn after turn {k + 1} is not this node's tokens of what its replayed "
