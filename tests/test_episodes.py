@@ -243,3 +243,20 @@ def test_the_loss_runs_over_sampled_tokens_only(share_prompts, reduction):
         torch.testing.assert_close(x, y)
     every = loss_inputs(model, [s._replace(sampled=None) for s in samples], **kw)
     assert not torch.allclose(compute_loss(every, cfg).loss, a.loss)  # the mask matters
+
+
+def test_a_groups_live_episodes_sample_each_turn_in_one_engine_call(taught):
+    """The G episodes of a group sample turn by turn together (one engine call a step, over the
+    episodes still live), not one episode after another: 4 taught episodes of 3 turns, 3 calls."""
+    tok, engine = taught[0], taught[1]
+    calls = []
+
+    class Counting:  # the real engine, its calls counted
+        def sample(self, prompts, n, **kw):
+            calls.append(len(prompts))
+            return engine.sample(prompts, n, **kw)
+
+    spec = load_environment("toy_environments:CalcEnv")
+    group = run_group(Counting(), tok, spec, row=ROW, messages=MESSAGES, n=4, seed=5, stop_ids=[tok.eos_token_id],
+                      sampling=Sampling(max_turns=4, max_tokens=50, temperature=0.1))
+    assert [ep.turns for ep in group.episodes] == [3, 3, 3, 3] and calls == [4, 4, 4]

@@ -4,8 +4,8 @@ An episode is one token sequence after the prompt that interleaves what the mode
 turns, each closed by one of the node's stop ids) with what it did **not** (each tool turn: the
 chat template's markers and the tools' results). Per turn:
 
-1. sample from the episode's tokens so far (the engine's ``sample`` on one context) until a stop
-   id, the per-turn cap or what is left of the episode's token budget;
+1. sample from the episode's tokens so far until a stop id, the per-turn cap or what is left of
+   the episode's token budget (the group's live episodes in one engine call: :func:`run_episodes`);
 2. decode the turn and read its tool calls in the model family's format
    (:mod:`ftis_flwr.node.turns`); a turn without one ends the episode (the model answered), and so
    does a turn cut by the budget;
@@ -84,11 +84,12 @@ class EpisodeGroup:
                      tokenizer_fp=tokenizer_fp, sampled_masks=[e.sampled for e in self.episodes])
 
 
-def turn_seed(seed: int | None, episode: int, turn: int) -> int | None:
-    """The engine's seed for one turn of one episode of a group (None: the global generator)."""
+def turn_seed(seed: int | None, step: int) -> int | None:
+    """The engine's seed for one step of a group's episodes, each live episode sampling its next
+    turn (None: the global generator)."""
     if seed is None:
         return None
-    return (int(seed) * 1_000_003 + episode * 7_919 + turn) % (2**63)
+    return (int(seed) * 1_000_003 + step * 7_919 + 1) % (2**63)
 
 
 @dataclass
@@ -130,9 +131,8 @@ def run_group(engine: Any, tokenizer: Any, spec: EnvironmentSpec, *, row: Mappin
                                    "global generator, which are seeded, or seed your own from them)")
         prompt_messages = with_reset_text(messages, extras[0])
         prompt = prompt_ids(tokenizer, prompt_messages, spec.schemas)
-        turns = seed if sample_seed is None else sample_seed
-        episodes = [run_episode(engine, tokenizer, env, prompt, seed=turn_seed(turns, j, 0), stop_ids=stop_ids,
-                                sampling=sampling, tool_format=fmt) for j, env in enumerate(envs)]
+        episodes = run_episodes(engine, tokenizer, envs, prompt, seed=seed if sample_seed is None else sample_seed,
+                                stop_ids=stop_ids, sampling=sampling, tool_format=fmt)
         for env, ep in zip(envs, episodes):
             ep.reward = env.reward()
     finally:
@@ -141,51 +141,86 @@ def run_group(engine: Any, tokenizer: Any, spec: EnvironmentSpec, *, row: Mappin
     return EpisodeGroup(np.asarray(prompt, np.int64), prompt_messages, episodes)
 
 
-def run_episode(engine: Any, tokenizer: Any, env: Environment, prompt: Sequence[int], *, seed: int | None,
-                stop_ids: Sequence[int], sampling: Sampling, tool_format: Any) -> Episode:
-    """One episode from ``prompt`` (token ids) with ``env`` already reset (module docstring); turn t
-    is sampled with ``seed + t`` (None: the global generator). ``stop_ids`` must be the engine's."""
-    ids: list[int] = []
-    lps: list[float] = []
-    mask: list[int] = []
-    ep = Episode(np.zeros(0, np.int64), np.zeros(0, np.float32), np.zeros(0, np.uint8))
+@dataclass
+class _Live:
+    """An episode being sampled: its tokens so far, their log-probs and mask, and its record."""
+
+    env: Environment
+    ids: list[int] = field(default_factory=list)
+    lps: list[float] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    ep: Episode = field(default_factory=lambda: Episode(np.zeros(0, np.int64), np.zeros(0, np.float32),
+                                                        np.zeros(0, np.uint8)))
+    done: bool = False
+
+    def cap(self, sampling: Sampling) -> int:
+        """Tokens its next turn may sample: what is left of the budget, at most the per-turn cap."""
+        left = sampling.max_tokens - len(self.ids)
+        return left if sampling.max_turn_tokens is None else min(left, sampling.max_turn_tokens)
+
+
+def run_episodes(engine: Any, tokenizer: Any, envs: Sequence[Environment], prompt: Sequence[int], *,
+                 seed: int | None, stop_ids: Sequence[int], sampling: Sampling, tool_format: Any) -> list[Episode]:
+    """One episode per instance of ``envs`` (each already reset) from ``prompt`` (token ids), the
+    live ones sampling their next turn together in one engine call (module docstring); step t of
+    the group samples with ``turn_seed(seed, t)`` (None: the global generator). A turn sampled
+    past an episode's own cap (the batch samples up to the largest) is cut there, unfinished: its
+    first tokens are distributed as if sampled with that cap. ``stop_ids`` must be the engine's."""
+    live = [_Live(env) for env in envs]
+    step = 0
     while True:
-        left = sampling.max_tokens - len(ids)
-        cap = left if sampling.max_turn_tokens is None else min(left, sampling.max_turn_tokens)
-        s = engine.sample([list(prompt) + ids], 1, temperature=sampling.temperature, top_k=sampling.top_k,
-                          top_p=sampling.top_p, max_new_tokens=cap, batch_size=1,
-                          generator_seed=None if seed is None else seed + ep.turns)[0][0]
-        tokens = [int(t) for t in s.tokens]
-        ids += tokens
-        lps += [float(x) for x in s.logprobs]
-        mask += [1] * len(tokens)
-        ep.turns += 1
-        ended = bool(s.finished)  # closed by a stop id (kept as its last token), not cut by the cap
-        text = tokenizer.decode(tokens[:-1] if ended else tokens, skip_special_tokens=False)
-        calls = tool_format.parse(text, env.spec.tools) if ended else []
-        ep.messages.append({"role": "assistant", "content": text})
-        if not ended:
-            ep.stop = "length"
+        active = [s for s in live if not s.done]
+        if not active:
             break
-        if not calls:
-            ep.stop = "answer"
-            break
-        results = [env.call(c.name, c.arguments) if not c.error else
-                   ToolResult(c.name, str({"error": c.error}), error=c.error) for c in calls]
-        ep.tool_calls += len(results)
-        ep.tool_errors += sum(1 for r in results if r.error)
-        ep.messages += [{"role": "tool", "name": r.name, "content": r.content} for r in results]
-        if ep.turns >= sampling.max_turns:
-            ep.stop = "max_turns"
-            break
-        suffix = turn_tokens.tool_turn_ids(tokenizer, results, stop_ids)
-        if len(ids) + len(suffix) >= sampling.max_tokens:
-            ep.stop = "budget"
-            break
-        ids += suffix
-        lps += [0.0] * len(suffix)
-        mask += [0] * len(suffix)
-    ep.tokens = np.asarray(ids, np.int64)
-    ep.logprobs = np.asarray(lps, np.float32)
-    ep.sampled = np.asarray(mask, np.uint8)
-    return ep
+        caps = [s.cap(sampling) for s in active]
+        outs = engine.sample([list(prompt) + s.ids for s in active], 1, temperature=sampling.temperature,
+                             top_k=sampling.top_k, top_p=sampling.top_p, max_new_tokens=max(caps),
+                             batch_size=len(active), generator_seed=turn_seed(seed, step))
+        for s, out, cap in zip(active, outs, caps):
+            tokens, lps, finished = [int(t) for t in out[0].tokens], [float(x) for x in out[0].logprobs], \
+                bool(out[0].finished)
+            if len(tokens) > cap:
+                tokens, lps, finished = tokens[:cap], lps[:cap], False
+            s.done = _take_turn(s, tokens, lps, finished, tokenizer, stop_ids, sampling, tool_format)
+        step += 1
+    for s in live:
+        s.ep.tokens = np.asarray(s.ids, np.int64)
+        s.ep.logprobs = np.asarray(s.lps, np.float32)
+        s.ep.sampled = np.asarray(s.mask, np.uint8)
+    return [s.ep for s in live]
+
+
+def _take_turn(s: _Live, tokens: list[int], lps: list[float], finished: bool, tokenizer: Any,
+               stop_ids: Sequence[int], sampling: Sampling, tool_format: Any) -> bool:
+    """Append one sampled turn to ``s``, run its tool calls and append their turn; True when the
+    episode ended (its ``stop`` set)."""
+    ep, env = s.ep, s.env
+    s.ids += tokens
+    s.lps += lps
+    s.mask += [1] * len(tokens)
+    ep.turns += 1
+    text = tokenizer.decode(tokens[:-1] if finished else tokens, skip_special_tokens=False)
+    calls = tool_format.parse(text, env.spec.tools) if finished else []
+    ep.messages.append({"role": "assistant", "content": text})
+    if not finished:
+        ep.stop = "length"
+        return True
+    if not calls:
+        ep.stop = "answer"
+        return True
+    results = [env.call(c.name, c.arguments) if not c.error else
+               ToolResult(c.name, str({"error": c.error}), error=c.error) for c in calls]
+    ep.tool_calls += len(results)
+    ep.tool_errors += sum(1 for r in results if r.error)
+    ep.messages += [{"role": "tool", "name": r.name, "content": r.content} for r in results]
+    if ep.turns >= sampling.max_turns:
+        ep.stop = "max_turns"
+        return True
+    suffix = turn_tokens.tool_turn_ids(tokenizer, results, stop_ids)
+    if len(s.ids) + len(suffix) >= sampling.max_tokens:
+        ep.stop = "budget"
+        return True
+    s.ids += suffix
+    s.lps += [0.0] * len(suffix)
+    s.mask += [0] * len(suffix)
+    return False
