@@ -34,7 +34,7 @@ from ftis_flwr.config.schema import LossConfig
 from ftis_flwr.maths.loss import LossInputs, compute_loss
 from ftis_flwr.node.batch import Sample, loss_inputs
 from ftis_flwr.node.engines import make_engine
-from ftis_flwr.node.episodes import Sampling, run_group
+from ftis_flwr.node.episodes import Sampling, run_group, run_groups
 from ftis_flwr.node.logprobs import completion_logprobs, pack_batch
 from ftis_flwr.node.tiny import build_char_tokenizer, tiny_config
 from ftis_flwr.node.turns import PLAIN_TOOL_TURN, tool_turn_ids
@@ -247,16 +247,22 @@ def test_the_loss_runs_over_sampled_tokens_only(share_prompts, reduction):
 
 def test_a_groups_live_episodes_sample_each_turn_in_one_engine_call(taught):
     """The G episodes of a group sample turn by turn together (one engine call a step, over the
-    episodes still live), not one episode after another: 4 taught episodes of 3 turns, 3 calls."""
+    episodes still live), not one episode after another: 4 taught episodes of 3 turns, 3 calls; a
+    round's groups sample together too, in batches of rollout.batch_size."""
     tok, engine = taught[0], taught[1]
     calls = []
 
     class Counting:  # the real engine, its calls counted
         def sample(self, prompts, n, **kw):
-            calls.append(len(prompts))
+            calls.append((len(prompts), kw["batch_size"]))
             return engine.sample(prompts, n, **kw)
 
     spec = load_environment("toy_environments:CalcEnv")
     group = run_group(Counting(), tok, spec, row=ROW, messages=MESSAGES, n=4, seed=5, stop_ids=[tok.eos_token_id],
                       sampling=Sampling(max_turns=4, max_tokens=50, temperature=0.1))
-    assert [ep.turns for ep in group.episodes] == [3, 3, 3, 3] and calls == [4, 4, 4]
+    assert [ep.turns for ep in group.episodes] == [3, 3, 3, 3] and calls == [(4, 4)] * 3
+    calls.clear()  # two rows' groups together, at most 4 sequences a batch (rollout.batch_size)
+    groups = run_groups(Counting(), tok, spec, rows=[(ROW, MESSAGES, 5), (ROW, MESSAGES, 6)], n=3, sample_seed=5,
+                        stop_ids=[tok.eos_token_id], sampling=Sampling(max_turns=4, max_tokens=50, temperature=0.1,
+                                                                       batch_size=4))
+    assert [len(g.episodes) for g in groups] == [3, 3] and calls == [(6, 4)] * 3

@@ -9,11 +9,12 @@ the ``env/*`` metrics) lives here.
 - **row**: the problem's data-set row, every column (:attr:`ftis_flwr.tasks.base.Problem.columns`),
   goes to ``reset(**row)`` (TRL's contract);
 - **prompt**: the problem's question as the user message (after the paper's system prompt when
-  ``task.chat``), rendered with the tools' schemas by :func:`ftis_flwr.node.turns.prompt_ids`;
+  ``task.chat``), rendered with the tools' schemas by :func:`ftis_flwr.tasks.episode_prompt.prompt_ids`;
 - **seeds**: ``reset`` runs with the row's seed (:func:`ftis_flwr.tasks.environment.reset_seed`: the
   run's seed and the prompt id), so the G episodes of a group start from the same state and a
-  receiver can replay them from it; their turns are sampled with the node's seed of the round
-  and the prompt's train index;
+  receiver can replay them from it; every episode of the round samples its turns together
+  (:func:`ftis_flwr.node.episodes.run_groups`, ``rollout.batch_size`` sequences an engine call),
+  seeded by the node's seed of the round;
 - **reward**: ``get_reward()`` of the episode's environment instance where the class has one and
   it gives a number; otherwise (no ``get_reward``, or it returned None) the task's reward
   functions over the episode's **final answer text**: the decoded text of its last model turn
@@ -33,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from ftis_flwr.node.episodes import EpisodeGroup, Sampling, run_group
+from ftis_flwr.node.episodes import EpisodeGroup, Sampling, run_groups
 from ftis_flwr.tasks.base import Problem
 from ftis_flwr.tasks.environment import EnvironmentSpec, load_environment, reset_seed
 from ftis_flwr.tasks.episode_prompt import prompt_messages
@@ -46,11 +47,6 @@ METRICS = ("env/episodes", "env/turns_mean", "env/tool_calls", "env/tool_errors"
 """The round metrics of a node's episodes (summed over its ranks but ``env/turns_mean``)."""
 
 
-def prompt_seed(round_seed: int, index: int) -> int:
-    """The seed of one prompt's group: its ``reset`` and its episodes' turns."""
-    return (int(round_seed) * 1_000_003 + int(index) * 7_919 + 17) % (2**63)
-
-
 class EnvironmentRollout:
     """The node's environment, loaded once, and how its episodes are sampled."""
 
@@ -61,20 +57,19 @@ class EnvironmentRollout:
         r = cfg.rollout
         self.sampling = Sampling(max_turns=cfg.task.max_turns, max_tokens=cfg.episode_budget(),
                                  max_turn_tokens=r.max_new_tokens, temperature=r.temperature, top_k=r.top_k,
-                                 top_p=r.top_p)
+                                 top_p=r.top_p, batch_size=r.batch_size)
         self.chat = bool(cfg.task.chat)
 
     def groups(self, node: Any, indices: list[int], n: int, round_seed: int) -> tuple[list[Group], dict[str, float]]:
         """``n`` episodes per train index in ``indices`` as wire groups with their sampled masks
         and rewards (module docstring), and this rank's ``env/*`` metrics."""
         out, episodes, turns, calls, errors = [], 0, 0, 0, 0
-        for index in indices:
-            problem = node.task.train_problem(index)
-            eg = run_group(node.engine, node.tokenizer, self.spec, row=dict(problem.columns),
-                           messages=prompt_messages(problem, self.chat), n=n,
-                           seed=reset_seed(node.cfg.rounds.seed, problem.id),
-                           sample_seed=prompt_seed(round_seed, index),
-                           stop_ids=node.stop_ids, sampling=self.sampling, tool_format=self.format)
+        problems = [node.task.train_problem(index) for index in indices]
+        rows = [(dict(p.columns), prompt_messages(p, self.chat), reset_seed(node.cfg.rounds.seed, p.id))
+                for p in problems]
+        made = run_groups(node.engine, node.tokenizer, self.spec, rows=rows, n=n, sample_seed=round_seed,
+                          stop_ids=node.stop_ids, sampling=self.sampling, tool_format=self.format) if rows else []
+        for problem, eg in zip(problems, made):
             g = eg.group(problem.id, node=node.card.name, model_id=node.policy.model_id,
                          tokenizer_fp=node.fingerprint, rewards=self.rewards(node, eg, problem))
             out.append(g)
@@ -135,17 +130,16 @@ def generate(node: Any, indices: list[int], n: int, round_seed: int) -> list[Gro
 def evaluate(node: Any, problems: list[Problem]) -> tuple[list[float], list[str]]:
     """Greedy episodes (``top_k=1``: the most likely token at every step) of ``problems``, one each:
     their rewards (as in training: the environment's, else the task's over the final answer text)
-    and final answer texts. Each problem's ``reset`` and turns are seeded from ``rounds.seed`` and
-    its id (:func:`~ftis_flwr.tasks.environment.reset_seed`), the same on every node and round, so the
-    evaluation is the same test each time."""
+    and final answer texts. Each problem's ``reset`` is seeded from ``rounds.seed`` and its id
+    (:func:`~ftis_flwr.tasks.environment.reset_seed`), the same on every node and round, so the
+    evaluation is the same test each time; the problems' episodes run together (greedy: no seed)."""
     env = node.env
     greedy = dataclasses.replace(env.sampling, temperature=1.0, top_k=1, top_p=1.0)
+    rows = [(dict(p.columns), prompt_messages(p, env.chat), reset_seed(node.cfg.rounds.seed, p.id)) for p in problems]
+    made = run_groups(node.engine, node.tokenizer, env.spec, rows=rows, n=1, sample_seed=node.cfg.rounds.seed,
+                      stop_ids=node.stop_ids, sampling=greedy, tool_format=env.format) if rows else []
     scores, answers = [], []
-    for problem in problems:
-        seed = reset_seed(node.cfg.rounds.seed, problem.id)
-        eg = run_group(node.engine, node.tokenizer, env.spec, row=dict(problem.columns),
-                       messages=prompt_messages(problem, env.chat), n=1, seed=seed, stop_ids=node.stop_ids,
-                       sampling=greedy, tool_format=env.format)
+    for problem, eg in zip(problems, made):
         scores.append(float(env.rewards(node, eg, problem)[0]))
         answers.append(final_answer(eg.episodes[0].messages).strip())
     return scores, answers

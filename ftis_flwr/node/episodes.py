@@ -105,6 +105,8 @@ class Sampling:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    batch_size: int = 0
+    """Sequences one engine call samples at most (``rollout.batch_size``); 0: every live episode."""
 
     def __post_init__(self) -> None:
         if self.max_turns < 1 or self.max_tokens < 1 or (self.max_turn_tokens is not None and self.max_turn_tokens < 1):
@@ -115,30 +117,47 @@ class Sampling:
 def run_group(engine: Any, tokenizer: Any, spec: EnvironmentSpec, *, row: Mapping[str, Any],
               messages: Sequence[Mapping[str, Any]], n: int, seed: int, stop_ids: Sequence[int],
               sampling: Sampling, tool_format: Any = None, sample_seed: int | None = None) -> EpisodeGroup:
-    """``n`` episodes of ``row`` through ``engine`` (its ``sample``), from ``messages`` (the
-    prompt before ``reset``'s text); ``seed`` seeds ``reset``, ``sample_seed`` (default ``seed``)
-    the turns; ``tool_format``: a :data:`ftis_flwr.tasks.tool_calls.TOOL_FORMATS` reader (default:
+    """``n`` episodes of ``row``: :func:`run_groups` for one row, ``seed`` seeding its ``reset`` and
+    ``sample_seed`` (default ``seed``) its turns."""
+    return run_groups(engine, tokenizer, spec, rows=[(row, messages, seed)], n=n, stop_ids=stop_ids,
+                      sampling=sampling, tool_format=tool_format,
+                      sample_seed=seed if sample_seed is None else sample_seed)[0]
+
+
+def run_groups(engine: Any, tokenizer: Any, spec: EnvironmentSpec, *,
+               rows: Sequence[tuple[Mapping[str, Any], Sequence[Mapping[str, Any]], int]], n: int,
+               sample_seed: int | None, stop_ids: Sequence[int], sampling: Sampling,
+               tool_format: Any = None) -> list[EpisodeGroup]:
+    """``n`` episodes of each ``(row, messages, reset seed)`` through ``engine`` (its ``sample``),
+    every episode of every row sampling its turns together (:func:`run_episodes`, seeded by
+    ``sample_seed``); ``messages`` is the row's prompt before ``reset``'s text; ``tool_format``: a
+    :data:`ftis_flwr.tasks.tool_calls.TOOL_FORMATS` reader (default:
     :func:`~ftis_flwr.tasks.tool_calls.tool_format_for` the tokenizer). EnvironmentFault when the
     environment cannot start or score the episodes."""
     fmt = tool_format or tool_format_for(tokenizer)
-    envs = [spec.acquire() for _ in range(int(n))]
+    envs = [[spec.acquire() for _ in range(int(n))] for _ in rows]
     try:
-        extras = [env.reset(row, seed) for env in envs]
-        if len(set(extras)) > 1:
-            raise EnvironmentFault(f"{spec.name}.reset(**row) returned different texts for one row and seed "
-                                   f"({extras[0]!r}, {next(e for e in extras if e != extras[0])!r}): the episodes of a "
-                                   "group must start from the same state (draw randomness from 'random' or numpy's "
-                                   "global generator, which are seeded, or seed your own from them)")
-        prompt_messages = with_reset_text(messages, extras[0])
-        prompt = prompt_ids(tokenizer, prompt_messages, spec.schemas)
-        episodes = run_episodes(engine, tokenizer, envs, prompt, seed=seed if sample_seed is None else sample_seed,
-                                stop_ids=stop_ids, sampling=sampling, tool_format=fmt)
-        for env, ep in zip(envs, episodes):
+        starts = []
+        for (row, messages, seed), mine in zip(rows, envs):
+            extras = [env.reset(row, seed) for env in mine]
+            if len(set(extras)) > 1:
+                raise EnvironmentFault(
+                    f"{spec.name}.reset(**row) returned different texts for one row and seed ({extras[0]!r}, "
+                    f"{next(e for e in extras if e != extras[0])!r}): the episodes of a group must start from the "
+                    "same state (draw randomness from 'random' or numpy's global generator, which are seeded, or "
+                    "seed your own from them)")
+            shown = with_reset_text(messages, extras[0])
+            starts.append((shown, prompt_ids(tokenizer, shown, spec.schemas)))
+        flat = [env for mine in envs for env in mine]
+        episodes = run_episodes(engine, tokenizer, flat, [prompt for _, prompt in starts for _ in range(int(n))],
+                                seed=sample_seed, stop_ids=stop_ids, sampling=sampling, tool_format=fmt)
+        for env, ep in zip(flat, episodes):
             ep.reward = env.reward()
     finally:
-        for env in envs:
+        for env in (env for mine in envs for env in mine):
             spec.release(env)
-    return EpisodeGroup(np.asarray(prompt, np.int64), prompt_messages, episodes)
+    return [EpisodeGroup(np.asarray(prompt, np.int64), shown, episodes[i * int(n):(i + 1) * int(n)])
+            for i, (shown, prompt) in enumerate(starts)]
 
 
 @dataclass
@@ -146,6 +165,7 @@ class _Live:
     """An episode being sampled: its tokens so far, their log-probs and mask, and its record."""
 
     env: Environment
+    prompt: list[int]
     ids: list[int] = field(default_factory=list)
     lps: list[float] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
@@ -159,23 +179,25 @@ class _Live:
         return left if sampling.max_turn_tokens is None else min(left, sampling.max_turn_tokens)
 
 
-def run_episodes(engine: Any, tokenizer: Any, envs: Sequence[Environment], prompt: Sequence[int], *,
+def run_episodes(engine: Any, tokenizer: Any, envs: Sequence[Environment], prompts: Sequence[Sequence[int]], *,
                  seed: int | None, stop_ids: Sequence[int], sampling: Sampling, tool_format: Any) -> list[Episode]:
-    """One episode per instance of ``envs`` (each already reset) from ``prompt`` (token ids), the
-    live ones sampling their next turn together in one engine call (module docstring); step t of
+    """One episode per instance of ``envs`` (each already reset) from its prompt in ``prompts``
+    (token ids), the live ones sampling their next turn together in engine calls of at most
+    ``sampling.batch_size`` sequences (0: all of them; module docstring); step t of
     the group samples with ``turn_seed(seed, t)`` (None: the global generator). A turn sampled
     past an episode's own cap (the batch samples up to the largest) is cut there, unfinished: its
     first tokens are distributed as if sampled with that cap. ``stop_ids`` must be the engine's."""
-    live = [_Live(env) for env in envs]
+    live = [_Live(env, [int(t) for t in prompt]) for env, prompt in zip(envs, prompts)]
     step = 0
     while True:
         active = [s for s in live if not s.done]
         if not active:
             break
         caps = [s.cap(sampling) for s in active]
-        outs = engine.sample([list(prompt) + s.ids for s in active], 1, temperature=sampling.temperature,
+        outs = engine.sample([s.prompt + s.ids for s in active], 1, temperature=sampling.temperature,
                              top_k=sampling.top_k, top_p=sampling.top_p, max_new_tokens=max(caps),
-                             batch_size=len(active), generator_seed=turn_seed(seed, step))
+                             batch_size=min(len(active), sampling.batch_size or len(active)),
+                             generator_seed=turn_seed(seed, step))
         for s, out, cap in zip(active, outs, caps):
             tokens, lps, finished = [int(t) for t in out[0].tokens], [float(x) for x in out[0].logprobs], \
                 bool(out[0].finished)
