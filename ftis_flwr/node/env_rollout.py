@@ -36,7 +36,7 @@ import numpy as np
 
 from ftis_flwr.node.episodes import EpisodeGroup, Sampling, run_groups
 from ftis_flwr.tasks.base import Problem
-from ftis_flwr.tasks.environment import EnvironmentSpec, load_environment, reset_seed
+from ftis_flwr.tasks.environment import EnvironmentSpec, load_environment, reset_seed, scored
 from ftis_flwr.tasks.episode_prompt import prompt_messages
 from ftis_flwr.tasks.tool_calls import tool_format_for
 from ftis_flwr.wire.groups import Group, PayloadError
@@ -84,13 +84,8 @@ class EnvironmentRollout:
     @staticmethod
     def rewards(node: Any, eg: EpisodeGroup, problem: Problem) -> np.ndarray:
         """Each episode's reward: its environment's, else the task's over its final answer text."""
-        rewards = [e.reward for e in eg.episodes]
-        missing = [i for i, r in enumerate(rewards) if r is None]
-        if missing:
-            texts = [final_answer(eg.episodes[i].messages) for i in missing]
-            for i, value in zip(missing, node.task.rewards(texts, [problem] * len(texts))):
-                rewards[i] = float(value)
-        return np.asarray(rewards, np.float32)
+        return np.asarray(scored([e.reward for e in eg.episodes], [final_answer(e.messages) for e in eg.episodes],
+                                 node.task, [problem] * len(eg.episodes)), np.float32)
 
 
 def final_answer(messages: list[dict]) -> str:

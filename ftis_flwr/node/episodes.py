@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ftis_flwr.node import turns as turn_tokens
-from ftis_flwr.tasks.environment import Environment, EnvironmentFault, EnvironmentSpec, ToolResult
+from ftis_flwr.tasks.environment import Environment, EnvironmentFault, EnvironmentSpec
 from ftis_flwr.tasks.episode_prompt import prompt_ids, with_reset_text
 from ftis_flwr.tasks.tool_calls import tool_format_for
 from ftis_flwr.wire.groups import Group
@@ -230,8 +230,7 @@ def _take_turn(s: _Live, tokens: list[int], lps: list[float], finished: bool, to
     if not calls:
         ep.stop = "answer"
         return True
-    results = [env.call(c.name, c.arguments) if not c.error else
-               ToolResult(c.name, str({"error": c.error}), error=c.error) for c in calls]
+    results = env.run(calls)
     ep.tool_calls += len(results)
     ep.tool_errors += sum(1 for r in results if r.error)
     ep.messages += [{"role": "tool", "name": r.name, "content": r.content} for r in results]

@@ -35,7 +35,7 @@ import numpy as np
 
 from ftis_flwr.node import turns as turn_tokens
 from ftis_flwr.tasks.base import Problem
-from ftis_flwr.tasks.environment import Environment, EnvironmentFault, ToolResult, reset_seed
+from ftis_flwr.tasks.environment import Environment, EnvironmentFault, reset_seed, scored
 from ftis_flwr.tasks.episode_prompt import prompt_ids, prompt_messages, with_reset_text
 from ftis_flwr.wire.groups import Group
 
@@ -90,12 +90,7 @@ def replay_group(node: Any, g: Group, problem: Problem) -> np.ndarray:
     finally:
         for env in envs:
             spec.release(env)
-    missing = [i for i, r in enumerate(rewards) if r is None]
-    if missing:
-        scored = node.task.rewards([finals[i] for i in missing], [problem] * len(missing))
-        for i, value in zip(missing, scored):
-            rewards[i] = float(value)
-    return np.asarray(rewards, np.float32)
+    return np.asarray(scored(rewards, finals, node.task, [problem] * len(finals)), np.float32)
 
 
 def replay_episode(node: Any, env: Environment, tokens: np.ndarray, mask: np.ndarray) -> str:
@@ -121,8 +116,7 @@ def replay_episode(node: Any, env: Environment, tokens: np.ndarray, mask: np.nda
         calls = fmt.parse(text, env.spec.tools) if ended else []
         if not calls and not last:
             raise ReplayMismatch(f"turn {k + 1} calls no tool, yet a tool turn follows it")
-        results = [env.call(c.name, c.arguments) if not c.error else
-                   ToolResult(c.name, str({"error": c.error}), error=c.error) for c in calls]
+        results = env.run(calls)
         if last and not calls:
             break
         try:

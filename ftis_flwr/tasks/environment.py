@@ -44,7 +44,7 @@ import random
 import threading
 import types
 import zlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,6 +88,17 @@ def reset_seed(run_seed: int, prompt_id: str) -> int:
     """The seed ``reset`` runs with for a row: the run's seed and the prompt id, the same on every
     node and round, so a receiver derives it itself."""
     return (int(run_seed) * 1_000_003 + zlib.crc32(prompt_id.encode()) * 7_919 + 17) % (2**63)
+
+
+def scored(rewards: Sequence[float | None], answers: Sequence[str], task: Any, problems: Sequence[Any]) -> list[float]:
+    """Each episode's reward: its environment's (``get_reward()``) where it gave one, else the
+    task's reward functions over its final answer text, scored together."""
+    out = list(rewards)
+    missing = [i for i, r in enumerate(out) if r is None]
+    if missing:
+        for i, value in zip(missing, task.rewards([answers[i] for i in missing], [problems[i] for i in missing])):
+            out[i] = float(value)
+    return [float(r) for r in out]
 
 
 @contextlib.contextmanager
@@ -187,6 +198,11 @@ class Environment:
         if error is not None:
             return _failed(name, str(error) or type(error).__name__)
         return ToolResult(name, str(value))
+
+    def run(self, calls: Sequence[Any]) -> list[ToolResult]:
+        """Run the calls read from one model turn (:class:`ftis_flwr.tasks.tool_calls.ToolCall`), in
+        order; a call that could not be read becomes its error observation, never run."""
+        return [self.call(c.name, c.arguments) if not c.error else _failed(c.name, c.error) for c in calls]
 
     def reward(self) -> float | None:
         """``get_reward()`` (sync or async) as a float; None when the class has none or returned

@@ -201,7 +201,7 @@ def environment_scorer(exp: Any, task: Task) -> Scorer:
     """Final answers scored as the episodes of ``exp``'s environment that call no tool and end with
     them: each instance reset from its row (seeded as a node seeds it), then ``get_reward()``,
     else the task's rewards over the answer (:mod:`ftis_flwr.node.env_rollout`)."""
-    from ftis_flwr.tasks.environment import load_environment, reset_seed
+    from ftis_flwr.tasks.environment import load_environment, reset_seed, scored
 
     spec = load_environment(exp.task.environment, tool_timeout=exp.task.tool_timeout)
 
@@ -214,11 +214,7 @@ def environment_scorer(exp: Any, task: Task) -> Scorer:
                 out.append(env.reward())
             finally:
                 spec.release(env)
-        missing = [i for i, r in enumerate(out) if r is None]
-        if missing:
-            for i, value in zip(missing, task.rewards([answers[i] for i in missing], [problems[i] for i in missing])):
-                out[i] = float(value)
-        return [float(r) for r in out]
+        return scored(out, answers, task, problems)
 
     return score
 
