@@ -161,7 +161,7 @@ def run_groups(engine: Any, tokenizer: Any, spec: EnvironmentSpec, *,
 
 
 @dataclass
-class _Live:
+class LiveEpisode:
     """An episode being sampled: its tokens so far, their log-probs and mask, and its record."""
 
     env: Environment
@@ -187,7 +187,7 @@ def run_episodes(engine: Any, tokenizer: Any, envs: Sequence[Environment], promp
     the group samples with ``turn_seed(seed, t)`` (None: the global generator). A turn sampled
     past an episode's own cap (the batch samples up to the largest) is cut there, unfinished: its
     first tokens are distributed as if sampled with that cap. ``stop_ids`` must be the engine's."""
-    live = [_Live(env, [int(t) for t in prompt]) for env, prompt in zip(envs, prompts)]
+    live = [LiveEpisode(env, [int(t) for t in prompt]) for env, prompt in zip(envs, prompts)]
     step = 0
     while True:
         active = [s for s in live if not s.done]
@@ -203,7 +203,7 @@ def run_episodes(engine: Any, tokenizer: Any, envs: Sequence[Environment], promp
                 bool(out[0].finished)
             if len(tokens) > cap:
                 tokens, lps, finished = tokens[:cap], lps[:cap], False
-            s.done = _take_turn(s, tokens, lps, finished, tokenizer, stop_ids, sampling, tool_format)
+            s.done = take_turn(s, tokens, lps, finished, tokenizer, stop_ids, sampling, tool_format)
         step += 1
     for s in live:
         s.ep.tokens = np.asarray(s.ids, np.int64)
@@ -212,10 +212,11 @@ def run_episodes(engine: Any, tokenizer: Any, envs: Sequence[Environment], promp
     return [s.ep for s in live]
 
 
-def _take_turn(s: _Live, tokens: list[int], lps: list[float], finished: bool, tokenizer: Any,
+def take_turn(s: LiveEpisode, tokens: list[int], lps: list[float], finished: bool, tokenizer: Any,
                stop_ids: Sequence[int], sampling: Sampling, tool_format: Any) -> bool:
     """Append one sampled turn to ``s``, run its tool calls and append their turn; True when the
-    episode ended (its ``stop`` set)."""
+    episode ended (its ``stop`` set). The loop's one step, which a receiver's replay also drives
+    (:mod:`ftis_flwr.node.replay`), so both end an episode by the same rule."""
     ep, env = s.ep, s.env
     s.ids += tokens
     s.lps += lps

@@ -33,7 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from ftis_flwr.node import turns as turn_tokens
+from ftis_flwr.node.env_rollout import final_answer
+from ftis_flwr.node.episodes import LiveEpisode, take_turn
 from ftis_flwr.tasks.base import Problem
 from ftis_flwr.tasks.environment import Environment, EnvironmentFault, reset_seed, scored
 from ftis_flwr.tasks.episode_prompt import prompt_ids, prompt_messages, with_reset_text
@@ -94,41 +95,37 @@ def replay_group(node: Any, g: Group, problem: Problem) -> np.ndarray:
 
 
 def replay_episode(node: Any, env: Environment, tokens: np.ndarray, mask: np.ndarray) -> str:
-    """Run one episode's tool calls through ``env`` (already reset), checking each tool turn
-    against this node's tokens of the results; returns the final answer text."""
-    tok, fmt, stops = node.tokenizer, node.env.format, {int(t) for t in node.stop_ids}
+    """Drive the episode loop's own step (:func:`ftis_flwr.node.episodes.take_turn`) through ``env``
+    (already reset) with the sender's sampled turns: everything it appends must be what was sent,
+    and it must end the episode exactly where the sent one ends; returns the final answer text."""
+    rollout, stops = node.env, {int(t) for t in node.stop_ids}
     runs = spans(mask)
     turns = [(a, b) for a, b, sampled in runs if sampled]
     if not runs or not runs[0][2] or not runs[-1][2]:
         raise ReplayMismatch("it does not start and end with a sampled turn")
-    limit, budget, cap = node.cfg.task.max_turns, node.cfg.episode_budget(), node.cfg.rollout.max_new_tokens
+    limit = node.cfg.task.max_turns
     if len(turns) > limit:
         raise ReplayMismatch(f"{len(turns)} model turns, more than task.max_turns={limit}")
-    text = ""
+    live = LiveEpisode(env, [])
     for k, (a, b) in enumerate(turns):
+        if live.done:
+            raise ReplayMismatch(f"turn {k} calls no tool, yet a tool turn follows it" if live.ep.stop == "answer"
+                                 else f"the episode ended after turn {k} ({live.ep.stop}), yet it goes on")
+        if k and live.ids != tokens[:a].tolist():
+            sent = turns[k - 1][1]
+            raise ReplayMismatch(f"the tool turn after turn {k} is not this node's tokens of what its replayed calls "
+                                 f"returned ({a - sent} tokens sent, {len(live.ids) - sent} replayed)")
         turn = tokens[a:b].tolist()
-        last = k == len(turns) - 1
-        ended = turn[-1] in stops
-        if not ended and (not last or len(turn) < min(cap, budget - a)):
+        finished = turn[-1] in stops
+        if not finished and (k < len(turns) - 1 or len(turn) < live.cap(rollout.sampling)):
             raise ReplayMismatch(f"turn {k + 1} is not closed by an end-of-turn token, yet "
-                                 + ("the episode goes on" if not last else "it stops with tokens left to sample"))
-        text = tok.decode(turn[:-1] if ended else turn, skip_special_tokens=False)
-        calls = fmt.parse(text, env.spec.tools) if ended else []
-        if not calls and not last:
-            raise ReplayMismatch(f"turn {k + 1} calls no tool, yet a tool turn follows it")
-        results = env.run(calls)
-        if last and not calls:
-            break
+                                 + ("the episode goes on" if k < len(turns) - 1 else
+                                    "it stops with tokens left to sample"))
         try:
-            expected = turn_tokens.tool_turn_ids(tok, results, node.stop_ids)
-        except ValueError as exc:
+            live.done = take_turn(live, turn, [0.0] * len(turn), finished, node.tokenizer, node.stop_ids,
+                                  rollout.sampling, rollout.format)
+        except ValueError as exc:  # the template cannot render the tool turn
             raise ReplayMismatch(f"the tool turn after turn {k + 1} cannot be rendered here: {exc}") from None
-        if last:  # the loop stops after a call only at the turn limit or the token budget
-            if len(turns) < limit and b + len(expected) < budget:
-                raise ReplayMismatch(f"it ends on turn {k + 1}, which called a tool, with turns and tokens left")
-            break
-        sent = tokens[b:turns[k + 1][0]].tolist()
-        if sent != list(expected):
-            raise ReplayMismatch(f"the tool turn after turn {k + 1} is not this node's tokens of what its replayed "
-                                 f"calls returned ({len(sent)} tokens sent, {len(expected)} replayed)")
-    return text
+    if not live.done:
+        raise ReplayMismatch(f"it ends on turn {len(turns)}, which called a tool, with turns and tokens left")
+    return final_answer(live.ep.messages)
