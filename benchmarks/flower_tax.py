@@ -161,7 +161,7 @@ def breakdown(a) -> None:
 
     from ftis_flwr.config.merge import load_experiment
     from ftis_flwr.node.node import Node
-    from ftis_flwr.node.worker import step_from_payloads
+    from ftis_flwr.node.payload_step import step_from_payloads
     from ftis_flwr.server.budget import compute_seconds
     from ftis_flwr.wire.rollouts import encode_groups
 

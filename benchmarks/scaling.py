@@ -59,7 +59,7 @@ def direct(a) -> None:
     from ftis_flwr.config.merge import load_experiment
     from ftis_flwr.config.schema import ExchangeConfig
     from ftis_flwr.node.node import Node
-    from ftis_flwr.node.worker import step_from_payloads
+    from ftis_flwr.node.payload_step import step_from_payloads
     from ftis_flwr.server.budget import ForeignBudget
     from ftis_flwr.wire.rollouts import encode_groups, payload_bytes
     from ftis_flwr.wire.selection import group_count

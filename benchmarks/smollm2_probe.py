@@ -26,7 +26,7 @@ from ftis_flwr.config.schema import default_cache_dir  # noqa: E402
 from ftis_flwr.node.models import load_tokenizer  # noqa: E402
 from ftis_flwr.node.sources import gguf_folder, smollm2_gguf  # noqa: E402
 from ftis_flwr.tasks.basic_math import DEMOS  # noqa: E402
-from ftis_flwr.tasks.gsm8k import chat_prompt  # noqa: E402
+from ftis_flwr.tasks.chat_prompt import chat_prompt  # noqa: E402
 from ftis_flwr.tasks.rewards import math_reward, parse_strict_answer  # noqa: E402
 
 

@@ -59,9 +59,11 @@ def models(grid: Grid) -> list[tuple[str, str, str]]:
         exp = load_experiment(s["preset"], s["overrides"], import_registries=False)
         for card in exp.nodes:
             if card.source == "tiny":
-                from ftis_flwr.node.tiny import MARKER, find_shipped, warmstart_dir
+                from ftis_flwr.node.tiny import MARKER, find_shipped
+                from ftis_flwr.node.tiny_tools import warm_started
 
-                d = warmstart_dir(card, make_task(exp.task), Path(exp.cache_dir) if exp.cache_dir else None)
+                d = warm_started(card, make_task(exp.task), Path(exp.cache_dir) if exp.cache_dir else None,
+                                 build=False)
                 state = ("cached" if (d / MARKER).is_file() else "shipped" if find_shipped(d.name)
                          else f"to warm-start (~{WARMSTART_ESTIMATE_S[card.tiny_size] // 60} min)")
                 out.append((s["name"], card.name, f"tiny {d.name}: {state}"))
@@ -91,7 +93,7 @@ def missing(grid: Grid) -> list[str]:
 def warm_all(grid: Grid) -> None:
     """Warm-start every tiny model of the grid once, before the runs (each run then finds it)."""
     from ftis_flwr.config.merge import load_experiment
-    from ftis_flwr.node.tiny import warm_start
+    from ftis_flwr.node.tiny_tools import warm_started
     from ftis_flwr.tasks import make_task
 
     done: set[str] = set()
@@ -100,7 +102,7 @@ def warm_all(grid: Grid) -> None:
         exp = load_experiment(s["preset"], s["overrides"], import_registries=False)
         for card in exp.nodes:
             if card.source == "tiny":
-                path = warm_start(card, make_task(exp.task), Path(exp.cache_dir) if exp.cache_dir else None)
+                path = warm_started(card, make_task(exp.task), Path(exp.cache_dir) if exp.cache_dir else None)
                 if str(path) not in done:
                     done.add(str(path))
                     print(f"model {s['name']}/{card.name}: {path}", flush=True)

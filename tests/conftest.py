@@ -165,6 +165,7 @@ def one_torch_thread():
 
 
 SLOWEST_FIRST = ("test_real_model.py", "test_secure_deployment.py", "test_chaos.py", "test_learning.py",
+                 "test_environment_learning.py",
                  "test_resume.py", "test_e2e_simulation.py", "test_sweep.py", "test_flwr_run.py",
                  "test_attacker.py", "test_worker.py", "test_async_rounds.py", "test_readme_serverapp.py",
                  "test_budget_e2e.py", "test_flwr_run_config_error.py")

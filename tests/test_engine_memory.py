@@ -10,18 +10,17 @@ from pathlib import Path
 import pytest
 
 from ftis_flwr.cli import main as cli
+from ftis_flwr.config.device_fit import device_fit_errors, planned_share
 from ftis_flwr.config.engine_memory import (
     GIB,
     OVERHEAD,
     EngineMemoryError,
-    device_fit_errors,
     engine_dtype,
     engine_need,
     engine_share,
     kv_bytes_per_token,
     learner_reserve,
     margin,
-    planned_share,
     round_sequences,
 )
 from ftis_flwr.config.merge import load_experiment

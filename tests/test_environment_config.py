@@ -48,7 +48,7 @@ def test_a_broken_environment_is_refused_by_its_key_with_the_loaders_message(row
 
 def test_environment_needs_dataset_rows_and_episode_keys_need_an_environment(rows):
     msg = _errors({"task.environment": f"{TOYS}:CalcEnv"})
-    assert "needs task.name='dataset'" in msg
+    assert "needs a task with rows (task.name 'dataset' or 'arithmetic-chain'" in msg
     msg = _errors({**rows, "task.max_turns": 2, "task.tool_format": "tiny"})
     assert "task.max_turns=2 is read only with task.environment set" in msg
     assert "task.tool_format='tiny' is read only with task.environment set" in msg

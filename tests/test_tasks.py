@@ -12,7 +12,7 @@ import pytest
 from ftis_flwr.config.schema import TaskConfig
 from ftis_flwr.node.tiny import build_char_tokenizer
 from ftis_flwr.tasks import ArithmeticTask, MathTask, Problem, load_jsonl, make_task, op_of
-from ftis_flwr.tasks.gsm8k import chat_prompt
+from ftis_flwr.tasks.chat_prompt import chat_prompt
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 """``../shared/data`` beside the clone (a session's and CI's layout); tests that read it skip without it."""
@@ -106,7 +106,9 @@ def test_make_task():
     assert isinstance(make_task(TaskConfig(name="gsm8k")), MathTask)
     assert make_task(TaskConfig(name="math500")).eval_splits[0] == "math500"
     assert make_task(TaskConfig(name="arithmetic-heldout")).name == "arithmetic-heldout"
-    with pytest.raises(ValueError, match="arithmetic, arithmetic-heldout, basic-math, basic-math-20, gsm8k, math500"):
+    assert make_task(TaskConfig(name="arithmetic-chain")).eval_splits == ("test",)
+    names = "arithmetic, arithmetic-heldout, arithmetic-chain, basic-math, basic-math-20, gsm8k, math500"
+    with pytest.raises(ValueError, match=names):
         make_task(TaskConfig(name="mnist"))
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ftis_flwr.config import choices, engine_memory, validation
+from ftis_flwr.config import choices, device_fit, validation
 from ftis_flwr.config.merge import load_experiment
 from ftis_flwr.config.schema import ConfigError, ExperimentConfig, ModelCard, to_dict
 
@@ -217,7 +217,7 @@ def test_every_rule_is_listed_and_quiet_on_the_defaults():
 @pytest.mark.parametrize("rule,sets,lead", RULE_CASES,
                          ids=[f"{r.__name__}-{i}" for i, (r, _, _) in enumerate(RULE_CASES)])
 def test_a_rule_names_the_one_key_it_blames_and_its_value(rule, sets, lead):
-    if rule is validation.vllm_fits_its_gpu and engine_memory.cuda_total_bytes("cuda:0") is None:
+    if rule is validation.vllm_fits_its_gpu and device_fit.cuda_total_bytes("cuda:0") is None:
         pytest.skip("it reads the GPU's memory, and none is visible here (test_engine_memory gives it as a number)")
     got = rule(_experiment(**sets))
     assert len(got) == 1 and got[0].startswith(lead + " "), got

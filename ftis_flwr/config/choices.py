@@ -163,7 +163,7 @@ TINY_SIZES = names(TinySize)
 TINY_TOKENIZERS = names(TinyTokenizer)
 CARD_DTYPES = names(CardDtype)
 TRACKERS = names(Tracker)
-TASK_NAMES = ("arithmetic", "arithmetic-heldout", "basic-math", "basic-math-20", "gsm8k", "math500",
+TASK_NAMES = ("arithmetic", "arithmetic-heldout", "arithmetic-chain", "basic-math", "basic-math-20", "gsm8k", "math500",
               "uppercase", "dataset")
 """``task.name``'s registered names (:func:`ftis_flwr.tasks.make_task`); besides them a name may be
 ``<prefix>:<name>`` for a prefix in TASK_PREFIXES, or an import path ``<module>:<factory>``."""
@@ -172,8 +172,10 @@ TASK_PREFIXES = ("reasoning-gym",)
 TOOL_FORMATS = ("", "hermes", "tiny")
 """``task.tool_format``: "" (chosen from the tokenizer) or a format of :mod:`ftis_flwr.node.turns`
 (its ``TOOL_FORMATS``, kept equal by a test)."""
-GENERATED_TASKS = ("arithmetic", "arithmetic-heldout")
+GENERATED_TASKS = ("arithmetic", "arithmetic-heldout", "arithmetic-chain")
 """The tasks the tiny character-level models know (they were warm-started on arithmetic)."""
+ROW_TASKS = ("dataset", "arithmetic-chain")
+"""The tasks whose problems carry rows (columns) that an environment's ``reset(**row)`` takes."""
 
 EXPERIMENT_CHOICES: dict[str, tuple] = {
     "loss.filter_rule": FILTER_RULES,

@@ -244,6 +244,11 @@ class ModelCard:
     """tiny source only: warm-start stops once the model answers this fraction of a check slice
     of its warm-start data exactly (0 = always run all warmstart_steps). Default 0.7, the
     starting skill of the CPU-scale study (algorithm §11)."""
+    warmstart_tools: float = field(default=0.0, metadata={"ge": 0, "le": 1})
+    """tiny source only: after the arithmetic warm start, a short supervised stage on episodes of the
+    shipped calculator environment (``arithmetic-chain`` rows): this share of them call the calculator
+    and copy its result, the rest answer directly. 0 (default) = no such stage. Leaves both paths
+    open for reinforcement learning to choose between (preset cpu-pair-calc: 0.5)."""
     seed: int = 0
     """Seed of the model's initialisation, warm-start data and sampling."""
     dtype: str = "float32"
@@ -327,6 +332,8 @@ class TaskConfig:
 
     name: str = "arithmetic"
     """A built-in task: "arithmetic" (offline, generated, for the tiny character models),
+    "arithmetic-chain" (three-term sums, offline, whose rows go to an environment: the shipped
+    calculator's task, preset cpu-pair-calc),
     "basic-math" (offline, generated one-step questions in words for small real chat models),
     "uppercase" (a word written in capitals, for small real chat models; the ``[tasks]`` extra),
     "gsm8k" or "math500"; or "dataset" (rows read by ``datasets.load_dataset``: ``dataset``,
@@ -380,12 +387,12 @@ class TaskConfig:
     (an exact answer). ``ftis-flwr check`` warns when a cheap answer earns more than a tenth of the
     gold's score (:mod:`ftis_flwr.tasks.reward_probe`)."""
     environment: str = ""
-    """``task.name=dataset``: a multi-turn, tool-using environment written for TRL's
+    """``task.name`` dataset or arithmetic-chain: a multi-turn, tool-using environment written for TRL's
     ``environment_factory`` (``"<module>:<factory>"`` / ``"<file.py>:<factory>"``; issue #57,
     algorithm §13): each prompt's G completions become episodes; each row's columns go to
     ``reset(**row)``, the class's public methods are the tools, and ``get_reward()`` scores an
     episode (else the task's reward over the episode's last model turn). Empty (default): none,
-    one completion per sample."""
+    one completion per sample. Shipped: ``ftis_flwr.tasks.calculator:Calculator``."""
     max_turns: int = field(default=4, metadata={"ge": 1})
     """``task.environment``: model turns per episode at most (each but the last may call tools)."""
     tool_timeout: float = field(default=10.0, metadata={"gt": 0})

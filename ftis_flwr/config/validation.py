@@ -44,6 +44,7 @@ from ftis_flwr.config.choices import (
     CARD_DTYPES,
     EXPERIMENT_CHOICES,
     GENERATED_TASKS,
+    ROW_TASKS,
     SELECT_RULES,
     TASK_NAMES,
     TASK_PREFIXES,
@@ -56,7 +57,7 @@ from ftis_flwr.config.choices import (
     Tracker,
     WeightSync,
 )
-from ftis_flwr.config.engine_memory import device_fit_errors
+from ftis_flwr.config.device_fit import device_fit_errors
 from ftis_flwr.config.schema import ConfigError, ExperimentConfig, ModelCard, TaskConfig
 from ftis_flwr.config.task_keys import unread_task_keys
 
@@ -288,7 +289,7 @@ def tiny_models_know_arithmetic(cfg: ExperimentConfig) -> list[str]:
 
 def vllm_fits_its_gpu(cfg: ExperimentConfig) -> list[str]:
     """A vLLM card on a GPU this machine shows must fit it: the learner and the engine (weights, the
-    round's KV cache, vLLM's runtime) with a margin (:func:`ftis_flwr.config.engine_memory.device_fit_errors`;
+    round's KV cache, vLLM's runtime) with a margin (:func:`ftis_flwr.config.device_fit.device_fit_errors`;
     torch is imported only where an NVIDIA driver is present). No GPU here: nothing (``ftis-flwr plan``
     shows the figures); a card with other errors is left to them."""
     return [m for card in cfg.nodes if card.engine == Engine.VLLM and not card_errors(card, import_registries=False)
@@ -300,8 +301,8 @@ EPISODE_KEYS = ("max_turns", "tool_timeout", "episode_tokens", "tool_format")
 
 
 def environment_reads_dataset_rows(cfg: ExperimentConfig) -> list[str]:
-    """``task.environment`` takes each row's columns in ``reset(**row)``: only ``task.name=dataset``
-    has rows with columns (a generated task's problems have none); the episode keys mean nothing
+    """``task.environment`` takes each row's columns in ``reset(**row)``: only the tasks of ``ROW_TASKS``
+    have rows with columns (other generated tasks' problems have none); the episode keys mean nothing
     without an environment."""
     task = cfg.task
     if not task.environment:
@@ -310,13 +311,14 @@ def environment_reads_dataset_rows(cfg: ExperimentConfig) -> list[str]:
                 "task.environment or leave it out"
                 for key in EPISODE_KEYS if getattr(task, key) != getattr(defaults, key)]
     errors = []
-    if task.name != "dataset":
-        errors.append(f"task.environment={task.environment!r} needs task.name='dataset' (its rows' columns go to "
-                      f"reset(**row)); task.name={task.name!r} has no such rows")
+    if task.name not in ROW_TASKS:
+        errors.append(f"task.environment={task.environment!r} needs a task with rows (task.name "
+                      f"{' or '.join(map(repr, ROW_TASKS))}: their columns go to reset(**row)); "
+                      f"task.name={task.name!r} has no such rows")
     if cfg.advantage.mode == AdvantageMode.HORIZONTAL:
-        errors.append(f"task.environment={task.environment!r} needs advantage.mode 'vertical' or 'alone': a node "
-                      "cannot yet verify a peer's episode rewards (no replay), so it refuses foreign episodes, and "
-                      "horizontal mode pools every node's share of a group")
+        errors.append(f"task.environment={task.environment!r} needs advantage.mode 'vertical' or 'alone': "
+                      "horizontal mode pools every node's share of a group, and a share its receivers cannot replay "
+                      "(another tokenizer, an environment that is not deterministic) would leave every group broken")
     return errors
 
 

@@ -28,8 +28,7 @@ from ftis_flwr.config.dtypes import BF16_CPU_FLAGS, cpu_has_native_bf16, resolve
 from ftis_flwr.config.schema import ModelCard, default_cache_dir
 from ftis_flwr.node import sources
 from ftis_flwr.node.tiny import MARKER as TINY_MARKER
-from ftis_flwr.node.tiny import digest, warm_start
-from ftis_flwr.tasks.arithmetic import ArithmeticTask
+from ftis_flwr.node.tiny import digest
 
 log = logging.getLogger(__name__)
 
@@ -157,9 +156,9 @@ def load_policy(card: ModelCard, *, task: Any = None, cache_dir: Path | None = N
     if slow:
         log.warning(slow)
     if card.source == "tiny":
-        if task is not None and not isinstance(task, ArithmeticTask):  # a user's task: the arithmetic warm start
-            task = ArithmeticTask(seed=getattr(task, "seed", ArithmeticTask().seed))
-        base = warm_start(card, task, cache_dir)
+        from ftis_flwr.node.tiny_tools import warm_started  # arithmetic, then the calculator stage if asked
+
+        base = warm_started(card, task, cache_dir)
         desc = "tiny-" + base.name.rsplit("-", 1)[0]  # e.g. tiny-small-addsub-2500steps-seed0
     else:
         base, desc = card.source, card.source

@@ -80,7 +80,7 @@ def _resume(host: Host, at_most: int | None) -> int | None:
 
 
 def _step(host: Host, payload: dict[str, Any]) -> dict[str, Any]:
-    from ftis_flwr.node.worker import step_from_payloads
+    from ftis_flwr.node.payload_step import step_from_payloads
 
     return step_from_payloads(host.node, payload)
 

@@ -1,4 +1,5 @@
-"""Writing the shipped tiny models: the warm-starts of the presets' tiny cards, as bfloat16
+"""Writing the shipped tiny models: the warm-starts of the presets' tiny cards (the calculator stage
+included where a card asks for it, :mod:`ftis_flwr.node.tiny_tools`), as bfloat16
 safetensors with a manifest (key, report, SHA-256) under ``ftis_flwr/assets/tiny``, which
 :func:`ftis_flwr.node.tiny.warm_start` installs instead of training when the key matches.
 
@@ -16,10 +17,12 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from ftis_flwr.node.tiny import MARKER, sha256_file, warm_start, warmstart_dir
+from ftis_flwr.node.tiny import MARKER, sha256_file
+from ftis_flwr.node.tiny_tools import warm_started
 
-SHIPPED_PRESETS = ("cpu-pair", "cpu-xtok")
-"""Presets whose tiny models are shipped (the default run, its cross-tokenizer variant)."""
+SHIPPED_PRESETS = ("cpu-pair", "cpu-xtok", "cpu-pair-calc")
+"""Presets whose tiny models are shipped (the default run, its cross-tokenizer variant, the
+calculator environment's pair)."""
 
 
 def ship(presets: tuple[str, ...] = SHIPPED_PRESETS, out_dir: Path | None = None,
@@ -44,14 +47,14 @@ def ship(presets: tuple[str, ...] = SHIPPED_PRESETS, out_dir: Path | None = None
         for card in exp.nodes:
             if card.source != "tiny":
                 continue
-            name = warmstart_dir(card, task, cache_dir).name
+            name = warm_started(card, task, cache_dir, build=False).name
             weights, meta = out_dir / f"{name}.safetensors", out_dir / f"{name}.json"
             written.append(weights)
             if weights.is_file() and meta.is_file() and \
                     json.loads(meta.read_text()).get("sha256") == sha256_file(weights):
                 print(f"kept {weights} (shipped already)", flush=True)
                 continue
-            folder = warm_start(card, task, cache_dir)
+            folder = warm_started(card, task, cache_dir)
             model = AutoModelForCausalLM.from_pretrained(str(folder))
             save_file({k: v.to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()
                        if k != "lm_head.weight"}, str(weights))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ftis_flwr.config.choices import TASK_NAMES
 from ftis_flwr.tasks.arithmetic import ArithmeticTask, carry_add, op_of, op_weights, parse_ops
+from ftis_flwr.tasks.arithmetic_chain import ArithmeticChainTask
 from ftis_flwr.tasks.base import Problem, Task
 from ftis_flwr.tasks.basic_math import BasicMathTask
 from ftis_flwr.tasks.dataset import DatasetTask
@@ -18,6 +19,7 @@ from ftis_flwr.tasks.uppercase import UppercaseTask
 
 register_task("arithmetic", lambda cfg: ArithmeticTask(seed=cfg.seed))
 register_task("arithmetic-heldout", lambda cfg: ArithmeticTask(seed=cfg.seed, heldout=True))
+register_task("arithmetic-chain", lambda cfg: ArithmeticChainTask(seed=cfg.seed))
 register_task("basic-math", lambda cfg: BasicMathTask(seed=cfg.seed, shots=cfg.shots))
 register_task("basic-math-20", lambda cfg: BasicMathTask(seed=cfg.seed, shots=cfg.shots, max_operand=20,
                                                          test_size=256))
@@ -28,6 +30,7 @@ register_task("dataset", DatasetTask)
 register_task_prefix("reasoning-gym", reasoning_gym_task)
 
 
-__all__ = ["ArithmeticTask", "BasicMathTask", "MathTask", "Problem", "ReasoningGymTask", "reasoning_gym_task", "Task",
+__all__ = ["ArithmeticTask", "ArithmeticChainTask",
+           "BasicMathTask", "MathTask", "Problem", "ReasoningGymTask", "reasoning_gym_task", "Task",
            "TASK_NAMES", "gsm8k_task", "load_jsonl", "make_task", "register_task", "register_task_prefix", "task_names",
            "TaskError", "UppercaseTask", "math500_task", "op_of", "op_weights", "parse_ops", "carry_add"]

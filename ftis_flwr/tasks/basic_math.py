@@ -25,7 +25,7 @@ import re
 from typing import Any
 
 from ftis_flwr.tasks.base import Problem, Task
-from ftis_flwr.tasks.gsm8k import chat_prompt, check_shots
+from ftis_flwr.tasks.chat_prompt import chat_prompt, check_shots
 
 DEMOS = (
     ("What is 2 plus 3?", "<think> 2 plus 3 is 5. </think><answer> 5 </answer>"),

@@ -65,9 +65,7 @@ class DatasetTask(Task):
             self.reward_set = RewardSet.build(["strict-math" if self.chat else "exact"])
 
     def _rows(self, split: str):
-        from ftis_flwr.tasks.gsm8k import _datasets
-
-        datasets = _datasets(f"task.name=dataset ({self.source!r})")
+        datasets = datasets_module(f"task.name=dataset ({self.source!r})")
         if self.source in BUILDERS:
             file = Path(self.files[split]).expanduser()
             if not file.is_file():
@@ -139,10 +137,20 @@ class DatasetTask(Task):
 
     def prompt_text(self, problem: Problem, tokenizer: Any) -> str:
         if self.chat:
-            from ftis_flwr.tasks.gsm8k import chat_prompt
+            from ftis_flwr.tasks.chat_prompt import chat_prompt
 
             return chat_prompt(problem.question, tokenizer)
         return problem.question
 
     def reward(self, completion_text: str, problem: Problem) -> float:
         return self.rewards([completion_text], [problem])[0]
+
+
+def datasets_module(why: str):
+    """The ``datasets`` package, its progress bars off; ImportError saying what needs it otherwise."""
+    try:
+        import datasets
+    except ImportError:
+        raise ImportError(f"{why} needs the 'datasets' package: pip install datasets") from None
+    datasets.utils.logging.disable_progress_bar()
+    return datasets

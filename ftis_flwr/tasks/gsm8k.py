@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from ftis_flwr.tasks.base import Problem
-from ftis_flwr.tasks.dataset import DatasetTask
+from ftis_flwr.tasks.chat_prompt import chat_prompt, check_shots
+from ftis_flwr.tasks.dataset import DatasetTask, datasets_module
 
 ROW_SOURCES = "gsm8k-or-math-rows"
 """MathTask's ``task.dataset``: each split's source is a JSONL file or a hub spec of its own."""
@@ -75,18 +76,9 @@ def load_jsonl(path: str | Path, split: str) -> list[Problem]:
                 rows += 1
     if not rows:
         raise ValueError(f"problem file {str(path)!r} (split {split!r}) has no rows")
-    datasets = _datasets(f"reading {path}")
+    datasets = datasets_module(f"reading {path}")
     data = datasets.load_dataset("json", data_files=str(path.resolve()), split="train")
     return problems_from_rows(data, split, str(path))
-
-
-def _datasets(why: str):
-    try:
-        import datasets
-    except ImportError:
-        raise ImportError(f"{why} needs the 'datasets' package: pip install datasets") from None
-    datasets.utils.logging.disable_progress_bar()
-    return datasets
 
 
 def load_hub(spec: str, split: str) -> list[Problem]:
@@ -95,7 +87,7 @@ def load_hub(spec: str, split: str) -> list[Problem]:
     if not sep or not repo or not hf_split:
         raise ValueError(f"hub source {spec!r} must look like '<repo_id>[@<config>]:<split>'")
     repo, _, hf_config = repo.partition("@")
-    data = _datasets(f"reading {spec!r} from the hub").load_dataset(repo, hf_config or None,
+    data = datasets_module(f"reading {spec!r} from the hub").load_dataset(repo, hf_config or None,
                                                                      split=hf_split)
     return problems_from_rows(data, split, spec)
 
@@ -119,21 +111,6 @@ GSM8K_DEMOS = (
      "</think><answer> 10 </answer>"),
 )
 """Worked examples for ``TaskConfig.shots`` (GSM8K train rows 1-2, answers in the strict format)."""
-
-
-def chat_prompt(question: str, tokenizer: Any, demos: tuple[tuple[str, str], ...] = ()) -> str:
-    """SYSTEM_PROMPT, worked ``demos`` as earlier turns, then the question, through the
-    tokenizer's chat template (plain text if it has none)."""
-    from ftis_flwr.tasks.rewards import SYSTEM_PROMPT
-
-    if getattr(tokenizer, "chat_template", None):
-        messages = [{"role": "system", "content": SYSTEM_PROMPT}]
-        for q, a in demos:
-            messages += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
-        messages.append({"role": "user", "content": question})
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    shown = "".join(f"User: {q}\nAssistant: {a}\n\n" for q, a in demos)
-    return f"{SYSTEM_PROMPT}\n\n{shown}User: {question}\nAssistant:"
 
 
 class MathTask(DatasetTask):
@@ -174,12 +151,6 @@ class MathTask(DatasetTask):
         from ftis_flwr.tasks.rewards import math_reward
 
         return float(math_reward(completion_text, problem.gold))
-
-
-def check_shots(shots: int, demos: tuple, task: str) -> int:
-    if not 0 <= int(shots) <= len(demos):
-        raise ValueError(f"task {task!r}: shots={shots} must be in 0..{len(demos)}")
-    return int(shots)
 
 
 def gsm8k_task(train_path: str = "", eval_paths: Mapping[str, str] | None = None,

@@ -48,7 +48,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ftis_flwr.tasks.base import Problem, Task
-from ftis_flwr.tasks.gsm8k import chat_prompt
+from ftis_flwr.tasks.chat_prompt import chat_prompt
 from ftis_flwr.tasks.registry import TaskError
 
 log = logging.getLogger(__name__)

@@ -32,7 +32,7 @@ import random
 from typing import Any
 
 from ftis_flwr.tasks.base import Problem, Task
-from ftis_flwr.tasks.gsm8k import chat_prompt, check_shots
+from ftis_flwr.tasks.chat_prompt import chat_prompt, check_shots
 from ftis_flwr.tasks.reasoning_gym import INSTALL
 
 TEST_SIZE = 256
