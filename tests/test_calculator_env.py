@@ -78,17 +78,17 @@ def test_the_tool_warm_start_labels_only_what_the_model_writes_as_the_episode_lo
         round(0.25 * len(problems))
 
 
-def test_the_preset_validates_and_its_tool_warm_starts_are_shipped(tmp_path, monkeypatch):
-    exp = load_experiment("cpu-pair-calc")
+@pytest.mark.parametrize("preset", ["cpu-pair-calc", "cpu-xtok-calc"])
+def test_the_preset_validates_and_its_tool_warm_starts_are_shipped(preset, tmp_path, monkeypatch):
+    exp = load_experiment(preset)
     assert exp.task.name == "arithmetic-chain" and exp.task.environment == ENV
-    assert all(c.warmstart_tools == 0.5 for c in exp.nodes) and "cpu-pair-calc" in tiny_assets.SHIPPED_PRESETS
+    assert all(c.warmstart_tools == 0.5 for c in exp.nodes) and preset in tiny_assets.SHIPPED_PRESETS
     task = make_task(exp.task)
     for card in exp.nodes:
         name = tiny_tools.warm_started(card, task, tmp_path, build=False).name
         assert "-calc50-" in name
         shipped = find_shipped(name)
-        assert shipped is not None, \
-            f"{name} is not shipped: python -m ftis_flwr.node.tiny_assets --ship --presets cpu-pair-calc"
+        assert shipped is not None, f"not shipped: python -m ftis_flwr.node.tiny_assets --ship --presets {preset}"
         assert shipped[1]["report"]["key"]["share"] == 0.5
 
     def boom(*a, **k):
@@ -96,9 +96,11 @@ def test_the_preset_validates_and_its_tool_warm_starts_are_shipped(tmp_path, mon
 
     monkeypatch.setattr(tiny, "train_tiny", boom)
     monkeypatch.setattr(tiny_tools, "train_tools", boom)
-    policy = load_policy(exp.nodes[0], task=task, cache_dir=tmp_path)
+    policy = load_policy(exp.nodes[-1], task=task, cache_dir=tmp_path)
     assert json.loads((Path(policy.base) / tiny.MARKER).read_text())["shipped"].endswith(".safetensors")
-    assert ":tiny-small-addsub-2500steps-seed0-calc50:" in policy.model_id
+    assert "-calc50:" in policy.model_id
+    tok = policy.tokenizer  # the tokenizer the stage trained with: the tool turn keeps its newline
+    assert tok.decode(tok("=41\n", add_special_tokens=False)["input_ids"]) == "=41\n"
 
 
 def test_an_environment_needs_a_task_with_rows():

@@ -23,7 +23,7 @@ from test_rollouts import FP, WIRE, decode, make_group, wire_trip
 
 from ftis_flwr.config.schema import WireConfig
 from ftis_flwr.wire import compact as wc
-from ftis_flwr.wire.groups import Group, PayloadError
+from ftis_flwr.wire.groups import Group, PayloadError, span_ends
 from ftis_flwr.wire.rollouts import encode_groups
 from ftis_flwr.wire.selection import Cuttable, merge, subset_payload
 
@@ -119,14 +119,14 @@ def test_the_servers_cut_and_merge_keep_the_masks(fmt):
     (lambda g: g.sampled_masks[0].__setitem__(0, 0), r"completion 0: its first and last tokens must be sampled"),
     (lambda g: g.sampled_masks[0].__setitem__(6, 0), r"completion 0: its first and last tokens must be sampled"),
     (lambda g: g.logprobs[0].__setitem__(2, -0.5), r"completion 0: token 2 is not sampled but has log-prob -0.5"),
-    (lambda g: setattr(g, "texts", [b"x"] * 3), r"an episode \(sampled masks\) cannot carry texts yet"),
+    (lambda g: setattr(g, "texts", [b""] * 3), r"completion 0: token \d+ covers 0 bytes \(only a model turn's end"),
 ])
 def test_a_mask_that_lies_is_refused_by_the_sender(edit, message):
     g = episode_group(np.random.default_rng(5), "train:1")
     g.byte_lengths = None
     edit(g)
-    if g.texts is not None:
-        g.byte_lengths = [np.ones(len(c), np.int64) for c in g.completions]
+    if g.texts is not None:  # every token but each model turn's last covers no byte: only those may
+        g.byte_lengths = [np.zeros(len(c), np.int64) for c in g.completions]
     with pytest.raises(PayloadError, match=message):
         g.validate(VOCAB)
     with pytest.raises(PayloadError, match=message):
@@ -178,10 +178,36 @@ def _count(blob: bytes, value: int) -> bytes:
     (None, lambda b: _count(b, wc.read_header(b)["tokens"] + 1), r"compact payload: \d+ sampled tokens of \d+"),
     (lambda f: setattr(f, "sampled", np.concatenate([f.sampled[:-1], [1 - f.sampled[-1]]]).astype(np.uint8)),
      None, r"group 2 \(prompt_id 'train:3'\): completion 3: its first and last tokens must be sampled"),
-    (lambda f: (setattr(f, "text", np.zeros(len(f.completion_ids), np.uint8)),
-                setattr(f, "byte_lengths", np.ones(len(f.completion_ids), np.int64))), None,
-     r"a payload with sampled masks carries texts"),
+    (lambda f: (setattr(f, "text", np.zeros(0, np.uint8)),
+                setattr(f, "byte_lengths", np.zeros(len(f.completion_ids), np.int64))), None,
+     r"token \d+ covers 0 bytes \(only a model turn's end-of-turn token covers none\)"),
 ])
 def test_a_mask_that_lies_is_refused_by_the_receiver_in_the_compact_format(edit, raw, message):
     with pytest.raises(PayloadError, match=message):
         decode(*_compact(edit, raw), VOCAB, fp=FP, wire=WireConfig())
+
+
+def test_an_episodes_text_may_leave_only_each_model_turns_last_token_empty():
+    """An episode's text (for peers of another tokenizer) covers its model and tool turns; each model
+    turn's end-of-turn token covers no byte, every other token at least one."""
+    g = episode_group(np.random.default_rng(5), "train:1")
+    g.texts, g.byte_lengths = [], []
+    for m in g.sampled_masks:
+        lengths = np.where(span_ends(m), 0, 1).astype(np.int64)
+        g.texts.append(b"x" * int(lengths.sum()))
+        g.byte_lengths.append(lengths)
+    g.validate(VOCAB)
+    for fmt in ("compact", "arrays"):
+        (back,) = decode(*encode_groups([g], vocab_size=VOCAB, format=fmt, compress="none", logprob_dtype="fp32"),
+                         VOCAB)
+        same([g], [back])
+        assert [bytes(t) for t in back.texts] == g.texts
+        assert all(np.array_equal(a, b) for a, b in zip(back.byte_lengths, g.byte_lengths))
+    inner = next(k for k, e in enumerate(span_ends(g.sampled_masks[0])) if not e)
+    g.byte_lengths[0] = g.byte_lengths[0].copy()
+    g.byte_lengths[0][inner] = 0
+    g.texts[0] = g.texts[0][1:]
+    with pytest.raises(PayloadError, match=f"completion 0: token {inner} covers 0 bytes"):
+        g.validate(VOCAB)
+    with pytest.raises(PayloadError, match=f"token {inner} covers 0 bytes"):
+        encode_groups([g], vocab_size=VOCAB)

@@ -65,8 +65,9 @@ def loss_inputs(model: Any, chunk: Sequence[Sample], old: torch.Tensor | None = 
     chunk_ids = None
     if any(c is not None for c in chunks):
         chunk_ids = torch.zeros(lp.shape, dtype=torch.long)
-        for i, (c, comp) in enumerate(zip(chunks, comps)):
-            chunk_ids[i, : len(comp)] = torch.arange(len(comp)) if c is None else torch.from_numpy(c)
+        for i, (c, comp, s) in enumerate(zip(chunks, comps, sampled)):
+            chunk_ids[i, : len(comp)] = torch.from_numpy(c) if c is not None else torch.arange(len(comp)) \
+                if s is None else torch.from_numpy(_own_chunks(s))
         if sequence_ratio:
             gen = sequence_gen(gen, old if old is not None else lp.detach(), chunks, comps)
         chunk_ids = chunk_ids.to(device)
@@ -80,3 +81,9 @@ def loss_inputs(model: Any, chunk: Sequence[Sample], old: torch.Tensor | None = 
         old_logprobs=None if old is None else old.to(device),
         chunks=chunk_ids,
     )
+
+
+def _own_chunks(sampled: np.ndarray) -> np.ndarray:
+    """A token-path episode beside text-path samples: each sampled token its own chunk, counted over
+    the sampled tokens only (a tool token takes the chunk before it; the loss masks it out)."""
+    return np.maximum(np.cumsum(np.asarray(sampled, bool)) - 1, 0).astype(np.int64)

@@ -102,10 +102,11 @@ def round_metrics(parts: dict[str, float]) -> dict[str, float]:
             "env/tool_calls": parts.get("env/tool_calls", 0.0), "env/tool_errors": parts.get("env/tool_errors", 0.0)}
 
 
-def generate(node: Any, indices: list[int], n: int, round_seed: int) -> list[Group]:
+def generate(node: Any, indices: list[int], n: int, round_seed: int, *, send_text: bool = False) -> list[Group]:
     """The node's episode groups of one round (this rank's share of ``indices``, gathered), its
-    ``generate_metrics`` set: the ``env/*`` metrics and ``groups_dropped_unencodable``. Episode
-    groups carry no texts (a peer of another tokenizer cannot use them before replay exists)."""
+    ``generate_metrics`` set: the ``env/*`` metrics and ``groups_dropped_unencodable``. ``send_text``:
+    each group also carries its episodes' texts, model and tool turns, for peers of another tokenizer
+    (:mod:`ftis_flwr.node.replay_text`)."""
     with node.compute():
         groups, parts = node.env.groups(node, node.ranks.share(indices), n, round_seed + node.ranks.rank)
     kept = []
@@ -115,6 +116,8 @@ def generate(node: Any, indices: list[int], n: int, round_seed: int) -> list[Gro
         except PayloadError as exc:
             log.warning("node %s drops its own episode group %s: %s", node.card.name, g.prompt_id, exc)
             continue
+        if send_text:
+            node._attach_texts(g)
         kept.append(g)
     parts = {k: node.ranks.all_sum(v) for k, v in parts.items()}
     node.generate_metrics = {"groups_dropped_unencodable": node.ranks.all_sum(float(len(groups) - len(kept))),

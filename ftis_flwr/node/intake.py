@@ -20,6 +20,7 @@ import numpy as np
 from ftis_flwr.config.choices import CrossTokenizerMode, CrossTokenizerRatio
 from ftis_flwr.node.replay import REFUSED as REPLAY_REFUSED
 from ftis_flwr.node.replay import ReplayMismatch, replay_group
+from ftis_flwr.node.replay_text import replay_text_group
 from ftis_flwr.wire import protocol
 from ftis_flwr.wire.groups import Group
 from ftis_flwr.xtok.represent import REASONS
@@ -60,8 +61,8 @@ def usable(node, received: list[Received], metrics: dict[str, float], reasons: l
             reason = why_unusable(node, g, src, assigned, seen)
             seen.add(g.prompt_id)
             if reason is None and is_episode(node, g):
-                reason = replayed(node, g, src, metrics)
-            if reason is None and text_path(node, g):
+                reason, g = replayed(node, g, src, metrics)  # another tokenizer's: rebuilt in this node's tokens
+            elif reason is None and text_path(node, g):
                 try:
                     g, one = to_own_tokens(
                         g, node.tokenizer, node._prompt_tokens(node.task.problem(g.prompt_id)),
@@ -169,25 +170,29 @@ def episode_unusable(node, g: Group) -> str | None:
         return (f"{NO_REPLAY}: the environment {env.spec.name} does not declare itself deterministic (a class "
                 "attribute deterministic = True), so its episodes cannot be replayed and their rewards cannot be "
                 "recomputed here; a node never trusts a reward it did not compute")
-    if text_path(node, g):
-        return (f"{NO_REPLAY}: an episode in another tokenizer's tokens (or exchange.cross_tokenizer=always) "
-                "cannot be replayed here yet")
     return None
 
 
-def replayed(node, g: Group, src: str, metrics: dict[str, float]) -> str | None:
-    """Replay ``g`` through this node's environment: None, its ``replayed_rewards`` set and its
-    episodes counted in ``<src>/env_replayed``; else the reason, the episodes counted in
-    ``<src>/env_replay_refused``."""
+def replayed(node, g: Group, src: str, metrics: dict[str, float]) -> tuple[str | None, Group]:
+    """Replay ``g`` through this node's environment: (None, the group with its ``replayed_rewards``),
+    its episodes counted in ``<src>/env_replayed``; else (the reason, ``g``), the episodes counted in
+    ``<src>/env_replay_refused``. Another tokenizer's episodes are replayed from their text and come
+    back in this node's tokens (:mod:`ftis_flwr.node.replay_text`)."""
     try:
-        g.replayed_rewards = replay_group(node, g, node.task.problem(g.prompt_id))
+        problem = node.task.problem(g.prompt_id)
+        if text_path(node, g):
+            out = replay_text_group(node, g, problem)
+            metrics[f"{src}/text_samples"] = metrics.get(f"{src}/text_samples", 0.0) + g.size
+        else:
+            g.replayed_rewards = replay_group(node, g, problem)
+            out = g
     except KeyError as exc:
-        return f"unknown prompt id: {exc}"
+        return f"unknown prompt id: {exc}", g
     except ReplayMismatch as exc:
         metrics[f"{src}/{REPLAY_REFUSED}"] = metrics.get(f"{src}/{REPLAY_REFUSED}", 0.0) + g.size
-        return f"{REPLAY_REFUSED}: {exc}"
+        return f"{REPLAY_REFUSED}: {exc}", g
     metrics[f"{src}/env_replayed"] = metrics.get(f"{src}/env_replayed", 0.0) + g.size
-    return None
+    return None, out
 
 
 def text_path(node, g: Group) -> bool:

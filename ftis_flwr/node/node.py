@@ -40,7 +40,7 @@ from ftis_flwr.node.sharding import norm_value, sync_copy
 from ftis_flwr.tasks import make_task
 from ftis_flwr.tasks.fingerprint import task_parts
 from ftis_flwr.wire import protocol
-from ftis_flwr.wire.groups import Group, PayloadError, text_fault, tokenizer_fingerprint
+from ftis_flwr.wire.groups import Group, PayloadError, span_ends, text_fault, tokenizer_fingerprint
 from ftis_flwr.xtok.align import alignment_fault
 from ftis_flwr.xtok.represent import describe_limits, text_limits
 from ftis_flwr.xtok.token_bytes import TokenBytesError, completion_text
@@ -380,7 +380,7 @@ class Node:
             return []
         if self.env is not None:  # episodes (task.environment)
             seed = sampling_seed(self.card.seed, self.cfg.rounds.seed, round_idx)
-            return env_rollout.generate(self, indices, n, seed)
+            return env_rollout.generate(self, indices, n, seed, send_text=send_text)
         r = self.cfg.rollout
         problems = [self.task.train_problem(i) for i in self.ranks.share(indices)]  # this rank's prompts
         prompts = [self._prompt_tokens(p) for p in problems]
@@ -414,13 +414,14 @@ class Node:
         when one cannot be put on the wire (a token that stands for no text; a completion cut
         inside a multi-byte character is not valid UTF-8)."""
         texts, lengths = [], []
-        for ids in g.completions:
+        masks = g.sampled_masks or [None] * g.size  # an episode: the text of its model and tool turns
+        for ids, mask in zip(g.completions, masks):
             try:
-                text, lens = completion_text(self.tokenizer, ids, self.stop_ids)
+                text, lens = completion_text(self.tokenizer, ids, self.stop_ids, mask)
             except TokenBytesError as exc:
                 why = str(exc)
             else:
-                why = text_fault(text, lens, len(ids))
+                why = text_fault(text, lens, len(ids), None if mask is None else span_ends(mask))
             if why:
                 log.warning("node %s: group %s goes without its texts (peers of another tokenizer "
                             "cannot use it): %s", self.card.name, g.prompt_id, why)

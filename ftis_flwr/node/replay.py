@@ -23,8 +23,8 @@ matches:
 4. the reward is this node's: ``get_reward()``, else the task's reward over the final answer text.
 
 A mismatch refuses the whole group (its advantages need all G episodes) with the first reason,
-counted in ``<source>/env_replay_refused``. The token path only: episodes of another tokenizer are
-refused as ``episode_no_replay`` until they can be aligned span by span.
+counted in ``<source>/env_replay_refused``. The token path; episodes of another tokenizer are
+replayed from their text (:mod:`ftis_flwr.node.replay_text`).
 """
 
 from __future__ import annotations

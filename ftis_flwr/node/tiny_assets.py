@@ -20,9 +20,9 @@ from transformers import AutoModelForCausalLM
 from ftis_flwr.node.tiny import MARKER, sha256_file
 from ftis_flwr.node.tiny_tools import warm_started
 
-SHIPPED_PRESETS = ("cpu-pair", "cpu-xtok", "cpu-pair-calc")
+SHIPPED_PRESETS = ("cpu-pair", "cpu-xtok", "cpu-pair-calc", "cpu-xtok-calc")
 """Presets whose tiny models are shipped (the default run, its cross-tokenizer variant, the
-calculator environment's pair)."""
+calculator environment's pairs)."""
 
 
 def ship(presets: tuple[str, ...] = SHIPPED_PRESETS, out_dir: Path | None = None,

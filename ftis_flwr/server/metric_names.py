@@ -150,10 +150,11 @@ METRICS: tuple[Metric, ...] = (
                                               "scoring of their text (its own is used)", "intake"),
     _m("<source>/episodes_no_replay", "count", "episodes from `<source>` not trained on because they cannot "
                                                "be replayed here (an environment that does not declare itself "
-                                               "deterministic, or another tokenizer): a receiver never trusts "
+                                               "deterministic, or no environment here): a receiver never trusts "
                                                "a reward it did not compute (algorithm §8)", "intake"),
     _m("<source>/env_replayed", "count", "episodes from `<source>` replayed through this node's environment, "
-                                         "every tool turn matching, and trained on with this node's rewards",
+                                         "every tool turn matching, and trained on with this node's rewards "
+                                         "(another tokenizer's: replayed from their text, in this node's tokens)",
        "intake"),
     _m("<source>/env_replay_refused", "count", "episodes from `<source>` whose replay parted from what was sent "
                                                "(a prompt, a tool turn, a turn without a call): their groups are "

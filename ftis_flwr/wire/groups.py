@@ -118,8 +118,6 @@ class Group:
             if not isinstance(self.sampled_masks, list) or len(self.sampled_masks) != len(self.completions):
                 raise PayloadError(f"{where}: sampled_masks must be a list of one array per completion "
                                    f"({len(self.completions)})")
-            if self.texts is not None:
-                raise PayloadError(f"{where}: {EPISODE_TEXT_NOTE}")
             for i, (mask, lps) in enumerate(zip(self.sampled_masks, self.logprobs)):
                 why = mask_fault(np.asarray(mask), np.asarray(lps))
                 if why:
@@ -130,16 +128,19 @@ class Group:
             if len(self.texts) != len(self.completions) or len(self.byte_lengths) != len(self.completions):
                 raise PayloadError(f"{where}: {len(self.completions)} completions but {len(self.texts)} "
                                    f"texts and {len(self.byte_lengths)} byte-length arrays")
-            for i, (ids, text, lengths) in enumerate(zip(self.completions, self.texts, self.byte_lengths)):
-                why = text_fault(text, np.asarray(lengths), len(ids))
+            masks = self.sampled_masks or [None] * len(self.completions)
+            for i, (ids, text, lengths, mask) in enumerate(zip(self.completions, self.texts, self.byte_lengths, masks)):
+                why = text_fault(text, np.asarray(lengths), len(ids), None if mask is None else span_ends(mask))
                 if why:
                     raise PayloadError(f"{where}: completion {i}: {why}")
 
 
-EPISODE_TEXT_NOTE = ("an episode (sampled masks) cannot carry texts yet: peers of another tokenizer do not "
-                     "train on episodes")
-"""Why a group with ``sampled_masks`` and ``texts`` is refused: the text path (:mod:`ftis_flwr.xtok`)
-does not split a completion into its sampled spans yet, so it would train on tool text."""
+def span_ends(mask: np.ndarray) -> np.ndarray:
+    """Per token of an episode: whether it is the last token of a sampled span (a model turn), the
+    only tokens of an episode's text that may cover no bytes (the turn's end-of-turn token)."""
+    mask = np.asarray(mask).astype(bool)
+    nxt = np.append(mask[1:], False)
+    return mask & ~nxt
 
 
 def mask_fault(mask: np.ndarray, logprobs: np.ndarray) -> str:
@@ -163,19 +164,24 @@ def mask_fault(mask: np.ndarray, logprobs: np.ndarray) -> str:
     return ""
 
 
-def text_fault(text: bytes, lengths: np.ndarray, n_tokens: int) -> str:
+def text_fault(text: bytes, lengths: np.ndarray, n_tokens: int, turn_ends: np.ndarray | None = None) -> str:
     """Why one completion's text and byte lengths break the wire rules (``Group.byte_lengths``),
-    or "" when they meet them."""
+    or "" when they meet them. Only an end-of-turn token covers no bytes: the last token, or in an
+    episode the last token of each sampled span (``turn_ends``, :func:`span_ends`)."""
     if not isinstance(text, (bytes, bytearray)):
         return f"text must be bytes, got {type(text).__name__}"
     if lengths.ndim != 1 or lengths.dtype.kind not in "iu" or len(lengths) != n_tokens:
         return f"byte lengths must be a 1-D integer array of {n_tokens} (one per token)"
-    inner = lengths[:-1]
-    if (inner <= 0).any():
-        return (f"token {int(np.argmax(inner <= 0))} covers {int(inner.min())} bytes (only a final "
-                "end-of-turn token covers none)")
-    if lengths[-1] < 0:
-        return f"the last token covers {int(lengths[-1])} bytes"
+    may_be_empty = np.zeros(n_tokens, bool)
+    may_be_empty[-1:] = True
+    if turn_ends is not None and len(turn_ends) == n_tokens:
+        may_be_empty |= np.asarray(turn_ends, bool)
+    if (lengths < 0).any():
+        return f"token {int(np.argmax(lengths < 0))} covers {int(lengths.min())} bytes"
+    empty = (lengths == 0) & ~may_be_empty
+    if empty.any():
+        return (f"token {int(np.argmax(empty))} covers 0 bytes (only a model turn's end-of-turn token "
+                "covers none)")
     if int(lengths.sum()) != len(text):
         return f"byte lengths add up to {int(lengths.sum())}, the text has {len(text)} bytes"
     try:

@@ -39,7 +39,7 @@ from ftis_flwr.wire.arrays import (  # noqa: F401 (re-exported: format 1's names
 from ftis_flwr.wire.compact import Fields
 from ftis_flwr.wire.compact import flat as _flat
 from ftis_flwr.wire.compact import offsets as _offsets
-from ftis_flwr.wire.groups import EPISODE_TEXT_NOTE, Group, PayloadError, _first_bad_logprob, mask_fault, text_fault
+from ftis_flwr.wire.groups import Group, PayloadError, _first_bad_logprob, mask_fault, span_ends, text_fault
 
 FORMATS = WIRE_FORMATS
 WIRE_KEY = "wire"
@@ -265,7 +265,8 @@ def check_fields(f: Fields, wire: WireConfig, *, vocab_size: int | None = None) 
         text = f.text.tobytes()
         for c in range(n_comp):
             lo, hi = int(c_off[c]), int(c_off[c + 1])
-            why = text_fault(text[at[lo]:at[hi]], f.byte_lengths[lo:hi], hi - lo)
+            ends = None if f.sampled is None else span_ends(f.sampled[lo:hi])
+            why = text_fault(text[at[lo]:at[hi]], f.byte_lengths[lo:hi], hi - lo, ends)
             if why:
                 raise PayloadError(f"{name_completion(c)}: {why}")
 
@@ -276,8 +277,6 @@ def _check_sampled(f: Fields, n_comp: int, name_completion) -> None:
     c_off = f.completion_offsets
     if len(f.sampled) != len(f.completion_ids):
         raise PayloadError(f"{len(f.sampled)} sampled-mask entries for {len(f.completion_ids)} completion tokens")
-    if f.text is not None:
-        raise PayloadError(f"a payload with sampled masks carries texts: {EPISODE_TEXT_NOTE}")
     mask = np.asarray(f.sampled)
     bad = (mask > 1) | ((mask == 0) & (f.logprobs != 0))
     ends = np.zeros(len(mask), bool)

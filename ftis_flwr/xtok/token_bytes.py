@@ -84,16 +84,24 @@ def token_bytes(tokenizer, ids, *, specials: str = "empty") -> list[bytes]:
     return out
 
 
-def completion_text(tokenizer, ids, stop_ids) -> tuple[bytes, np.ndarray]:
+def completion_text(tokenizer, ids, stop_ids, sampled=None) -> tuple[bytes, np.ndarray]:
     """(text, byte lengths) a sender puts on the wire for one generated completion
     (``Group.texts`` / ``Group.byte_lengths``): a final token in ``stop_ids`` is the end of the
     turn and covers 0 bytes; a special token inside the completion stands for its own text.
+    ``sampled``: an episode's sampled mask (``Group.sampled_masks``): the end-of-turn token that
+    closes each sampled span covers 0 bytes, and the tool turns' tokens their own text.
     TokenBytesError when some other token covers no byte (it could not be aligned)."""
     ids = [int(i) for i in ids]
-    eot = bool(ids) and ids[-1] in set(int(i) for i in stop_ids)
-    pieces = token_bytes(tokenizer, ids[:-1] if eot else ids, specials="content")
-    empty = [k for k, p in enumerate(pieces) if not p]
+    stops = {int(i) for i in stop_ids}
+    if sampled is None:
+        ends = [len(ids) - 1] if ids else []
+    else:
+        mask = [int(m) for m in sampled]
+        ends = [k for k in range(len(ids)) if mask[k] and (k + 1 == len(ids) or not mask[k + 1])]
+    closing = {k for k in ends if ids[k] in stops}  # a span cut by its cap has no end-of-turn token
+    pieces = token_bytes(tokenizer, ids, specials="content")
+    pieces = [b"" if k in closing else p for k, p in enumerate(pieces)]
+    empty = [k for k, p in enumerate(pieces) if not p and k not in closing]
     if empty:
         raise TokenBytesError(f"token {ids[empty[0]]} at position {empty[0]} stands for no text")
-    lengths = [len(p) for p in pieces] + ([0] if eot else [])
-    return b"".join(pieces), np.asarray(lengths, np.int64)
+    return b"".join(pieces), np.asarray([len(p) for p in pieces], np.int64)

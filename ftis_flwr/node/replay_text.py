@@ -1,0 +1,169 @@
+"""Replaying a peer's episodes across tokenizers (algorithm §4 and §13, issue #57): the receiver
+rebuilds each episode in its own tokens from the sender's text, checking it as it goes, and aligns
+only the turns the sender sampled with the sender's log-probs.
+
+A peer of another tokenizer sends each episode's text (its model turns and tool turns) with the
+bytes each of its tokens covers (``Group.texts`` / ``Group.byte_lengths``) and its sampled mask.
+The receiver, as on the token path (:mod:`ftis_flwr.node.replay`), resets its own instances from the
+row with the row's seed and renders the prompt itself (the sender's prompt, in other tokens, is not
+compared), then for each sampled span (a model turn) in order:
+
+1. encodes the turn's text with its own tokenizer, aligned byte for byte with the sender's tokens
+   (:func:`ftis_flwr.xtok.translate._one_completion`: the sender's log-probs summed per chunk, the
+   sender's end-of-turn token becoming this node's); a turn its tokens cannot stand for refuses the
+   group;
+2. drives the episode loop's own step (:func:`ftis_flwr.node.episodes.take_turn`) with it: the
+   calls are read with this node's tool-call format and run through its instance;
+3. checks that the tool turn the sender conditioned on is, byte for byte, the text of this node's
+   tool turn of the same results (an altered observation fails here; so does a peer whose chat
+   template writes tool turns differently: such peers do not share episodes yet);
+4. ends where the sender ended: after a turn without a call, at the turn limit, or where the
+   sender's own token budget ran out (checked in the sender's tokens), never earlier.
+
+Tool tokens are context (mask 0) and never a ratio term. The reward is this node's
+(``get_reward()``, else the task's reward over the final answer). Any difference refuses the whole
+group, counted in ``<source>/env_replay_refused``, like the token path. ``loss.cross_tokenizer_ratio``
+``chunk`` and ``word`` are supported; ``sequence`` (one ratio per completion) is not, for episodes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from ftis_flwr.node.env_rollout import final_answer
+from ftis_flwr.node.episodes import LiveEpisode, take_turn
+from ftis_flwr.node.replay import ReplayMismatch, spans
+from ftis_flwr.tasks.base import Problem
+from ftis_flwr.tasks.environment import Environment, EnvironmentFault, reset_seed, scored
+from ftis_flwr.tasks.episode_prompt import prompt_ids, prompt_messages, with_reset_text
+from ftis_flwr.wire.groups import Group
+from ftis_flwr.xtok.align import AlignError
+from ftis_flwr.xtok.represent import Unrepresentable
+from ftis_flwr.xtok.token_bytes import token_bytes
+from ftis_flwr.xtok.translate import _one_completion
+
+
+@dataclasses.dataclass
+class OwnEpisode:
+    """One replayed episode in this node's tokens, ready for the loss."""
+
+    ids: np.ndarray
+    gen: np.ndarray
+    """The sender's log-probs summed per chunk, on each chunk's last token; 0 on tool tokens."""
+    chunks: np.ndarray
+    mask: np.ndarray
+    final: str
+
+
+def replay_text_group(node: Any, g: Group, problem: Problem) -> Group:
+    """``g`` (another tokenizer's episodes, with texts) replayed and rebuilt in this node's tokens:
+    a group with its own prompt, tokens, chunks, sampled masks and ``replayed_rewards``;
+    :class:`ReplayMismatch` naming the first difference otherwise."""
+    if g.texts is None or g.byte_lengths is None:
+        raise ReplayMismatch("it carries no texts: a peer of another tokenizer replays episodes from their text")
+    if node.cfg.loss.cross_tokenizer_ratio == "sequence":
+        raise ReplayMismatch("loss.cross_tokenizer_ratio=sequence has no per-turn ratio for episodes (use chunk "
+                             "or word)")
+    rollout, tok = node.env, node.tokenizer
+    spec = rollout.spec
+    envs = [spec.acquire() for _ in range(g.size)]
+    try:
+        try:
+            extras = {env.reset(dict(problem.columns), reset_seed(node.cfg.rounds.seed, problem.id)) for env in envs}
+        except EnvironmentFault as exc:
+            raise ReplayMismatch(f"this node's environment failed to reset the row: {exc}") from None
+        if len(extras) > 1:
+            raise ReplayMismatch(f"{spec.name}.reset(**row) returned different texts for one row and seed: "
+                                 "the environment is not deterministic, though it says so")
+        prompt = prompt_ids(tok, with_reset_text(prompt_messages(problem, rollout.chat), extras.pop()), spec.schemas)
+        masks = g.sampled_masks or [np.ones(len(c), np.uint8) for c in g.completions]
+        own = []
+        for i, (env, text, lengths, gen, mask) in enumerate(zip(envs, g.texts, g.byte_lengths, g.logprobs, masks)):
+            try:
+                own.append(replay_text_episode(node, env, bytes(text), np.asarray(lengths, np.int64),
+                                               np.asarray(gen, np.float32), np.asarray(mask)))
+            except ReplayMismatch as exc:
+                raise ReplayMismatch(f"episode {i}: {exc}") from None
+        rewards: list[float | None] = []
+        for env in envs:
+            try:
+                rewards.append(env.reward())
+            except EnvironmentFault as exc:
+                raise ReplayMismatch(f"this node's get_reward failed after the replay: {exc}") from None
+    finally:
+        for env in envs:
+            spec.release(env)
+    scores = scored(rewards, [e.final for e in own], node.task, [problem] * len(own))
+    return Group(prompt_id=g.prompt_id, prompt_tokens=np.asarray(prompt, np.int64),
+                 completions=[e.ids for e in own], logprobs=[e.gen for e in own], rewards=g.rewards, node=g.node,
+                 model_id=g.model_id, tokenizer_fp=g.tokenizer_fp, chunks=[e.chunks for e in own],
+                 sampled_masks=[e.mask for e in own], replayed_rewards=np.asarray(scores, np.float32))
+
+
+def replay_text_episode(node: Any, env: Environment, text: bytes, lengths: np.ndarray, gen: np.ndarray,
+                        mask: np.ndarray) -> OwnEpisode:
+    """One episode (``env`` already reset) rebuilt from the sender's text (module docstring)."""
+    rollout, tok = node.env, node.tokenizer
+    cfg = node.cfg
+    at = np.concatenate([[0], np.cumsum(lengths)])  # byte offset of each sender token
+    runs = spans(mask)
+    turns = [(a, b) for a, b, sampled in runs if sampled]
+    if not runs or not runs[0][2] or not runs[-1][2]:
+        raise ReplayMismatch("it does not start and end with a sampled turn")
+    if len(turns) > cfg.task.max_turns:
+        raise ReplayMismatch(f"{len(turns)} model turns, more than task.max_turns={cfg.task.max_turns}")
+    budget, per_turn = cfg.episode_budget(), rollout.sampling.max_turn_tokens
+    # this node's own counts never end the replay: the sender's tokens and the turn limit do (checked here)
+    loose = dataclasses.replace(rollout.sampling, max_tokens=cfg.wire.max_tokens_per_completion + 1)
+    live = LiveEpisode(env, [])
+    gens, chunks, n_chunks, tool_ids = [], [], 0, []
+    words = cfg.loss.cross_tokenizer_ratio == "word"
+    for k, (a, b) in enumerate(turns):
+        if live.done:
+            raise ReplayMismatch(f"turn {k} calls no tool, yet a tool turn follows it" if live.ep.stop == "answer"
+                                 else f"the episode ended after turn {k} ({live.ep.stop}), yet it goes on")
+        if k:  # the tool turn the sender conditioned on: this node's text of the same results
+            sent = text[at[turns[k - 1][1]]:at[a]]
+            mine = b"".join(token_bytes(tok, tool_ids, specials="content"))
+            if sent != mine:
+                raise ReplayMismatch(f"the tool turn after turn {k} is not this node's text of what its replayed "
+                                     f"calls returned ({len(sent)} bytes sent, {len(mine)} replayed)")
+        raw = text[at[a]:at[b]]
+        finished = lengths[b - 1] == 0
+        if not finished and (k < len(turns) - 1 or (b - a) < min(budget - a, per_turn or budget)):
+            raise ReplayMismatch(f"turn {k + 1} is not closed by an end-of-turn token, yet "
+                                 + ("the episode goes on" if k < len(turns) - 1 else
+                                    "it stops with tokens left to sample"))
+        try:
+            ids, r_gen, r_chunks, _ = _one_completion(raw.decode("utf-8"), raw, lengths[a:b], gen[a:b], tok,
+                                                      node.stop_ids[0], cfg.wire.max_tokens_per_completion, words)
+        except (Unrepresentable, AlignError, UnicodeDecodeError) as exc:
+            raise ReplayMismatch(f"turn {k + 1} cannot be written in this node's tokens: {exc}") from None
+        gens.append(r_gen)
+        chunks.append(r_chunks + n_chunks)
+        n_chunks += int(r_chunks.max()) + 1 if len(r_chunks) else 0
+        start = len(live.ids)
+        try:
+            live.done = take_turn(live, ids.tolist(), [0.0] * len(ids), bool(finished), tok, node.stop_ids, loose,
+                                  rollout.format)
+        except ValueError as exc:  # the template cannot render the tool turn
+            raise ReplayMismatch(f"the tool turn after turn {k + 1} cannot be rendered here: {exc}") from None
+        tool_ids = live.ids[start + len(ids):]
+        if tool_ids:  # context: no ratio term, the chunk of the turn before (masked out of the loss)
+            gens.append(np.zeros(len(tool_ids), np.float32))
+            chunks.append(np.full(len(tool_ids), n_chunks - 1, np.int64))
+    if not live.done:  # the sender stopped after a tool call: only where its budget ran out
+        tool = b"".join(token_bytes(tok, tool_ids, specials="content"))
+        if len(mask) + len(tool) < budget:  # its tool turn, in its tokens, is at most as long as in bytes
+            raise ReplayMismatch(f"it ends on turn {len(turns)}, which called a tool, with turns and tokens left")
+        cut = len(live.ids) - len(tool_ids)
+        live.ids, live.mask = live.ids[:cut], live.mask[:cut]
+        gens, chunks = gens[:-1], chunks[:-1]
+    ids = np.asarray(live.ids, np.int64)
+    if len(ids) > cfg.wire.max_tokens_per_completion:
+        raise ReplayMismatch(f"{len(ids)} tokens here, more than wire.max_tokens_per_completion")
+    return OwnEpisode(ids=ids, gen=np.concatenate(gens).astype(np.float32), chunks=np.concatenate(chunks),
+                      mask=np.asarray(live.mask, np.uint8), final=final_answer(live.ep.messages))

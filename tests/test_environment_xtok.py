@@ -1,0 +1,131 @@
+"""Episodes across tokenizers (issue #57, algorithm §4 and §13): a peer of another tokenizer replays
+an episode from its text, rebuilt in its own tokens (ftis_flwr/node/replay_text.py), and trains on the
+sender's sampled turns only, aligned byte for byte; an altered tool observation is refused.
+
+The pair: cpu-xtok-calc's (shipped): cpu-pair-calc's small model (character tokenizer) sends; a small
+model on the byte-level BPE tokenizer receives; both tool-warm-started, so both call the calculator.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from ftis_flwr.config.merge import load_experiment
+from ftis_flwr.node.node import Node, Received, StepRequest
+from ftis_flwr.wire.groups import span_ends
+from ftis_flwr.wire.rollouts import decode_groups, encode_groups
+
+YAML = """
+task: {name: arithmetic-chain, environment: "ftis_flwr.tasks.calculator:Calculator", max_turns: 3}
+rollout: {group_size: 8, temperature: 1.0, max_new_tokens: 16}
+train: {lr: 2e-4, micro_batch_size: 64}
+rounds: {num_rounds: 2, prompts_per_node: 4, eval_size: 16}
+exchange: {cross_tokenizer: auto}
+nodes:
+  - {name: small, tiny_size: small, warmstart_target: 0.6, warmstart_tools: 0.5, seed: 0}
+  - {name: bpe, tiny_size: small, tiny_tokenizer: bpe, warmstart_target: 0.6, warmstart_tools: 0.5, seed: 2}
+"""
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("env-xtok")
+    exp = load_experiment(yaml_text=YAML, overrides={"cache_dir": str(tmp / "cache")})
+    return [Node(card, exp, cache_dir=tmp / "cache") for card in exp.nodes]
+
+
+@pytest.fixture(scope="module")
+def sent(pair):
+    """The character model's first round, with its episodes' texts (what a BPE peer receives)."""
+    small, _ = pair
+    res = small.step(StepRequest(0, 2, [0, 1, 2, 3], 8, False, send_text=True))
+    assert len(res.groups) == 4 and all(g.texts is not None for g in res.groups)
+    return res.groups
+
+
+def test_an_episodes_text_covers_its_model_and_tool_turns_and_crosses_the_wire(pair, sent):
+    small, bpe = pair
+    g = next(g for g in sent if any((m == 0).any() for m in g.sampled_masks))
+    i = next(k for k, m in enumerate(g.sampled_masks) if (m == 0).any())
+    text, lengths, mask = bytes(g.texts[i]), g.byte_lengths[i], g.sampled_masks[i]
+    assert text == small.tokenizer.decode(g.completions[i], skip_special_tokens=True).encode()
+    assert (lengths[span_ends(mask)] <= 1).all() and (lengths[~span_ends(mask)] >= 1).all()
+    assert text.startswith(b"#calc(") and b"\n" in text  # a call, then the tool's turn "=<value>\n"
+    arrays, meta = encode_groups(sent, vocab_size=small.vocab_size)
+    back = decode_groups(arrays, meta, vocab_size=small.vocab_size, expected_fp=bpe.fingerprint, wire=bpe.cfg.wire,
+                         cross_tokenizer="auto")
+    assert [bytes(t) for t in back[0].texts] == [bytes(t) for t in sent[0].texts]
+    assert all(np.array_equal(a, b) for a, b in zip(back[0].sampled_masks, sent[0].sampled_masks))
+
+
+def test_a_peer_of_another_tokenizer_replays_and_trains_on_the_sampled_turns(pair, sent):
+    _, bpe = pair
+    own = bpe.step(StepRequest(0, 2, [4, 5, 6, 7], 8, False))  # its own episodes, with tool turns, train beside
+    assert any((m == 0).any() for g in own.groups for m in g.sampled_masks)
+    before = [p.detach().clone() for p in bpe.params]
+    res = bpe.step(StepRequest(1, 2, [], 8, False, foreign=[Received("small", sent, [0, 1, 2, 3])]))
+    m = res.metrics
+    assert m["small/env_replayed"] == 32 and "small/env_replay_refused" not in m, res.rejections
+    assert m["samples_foreign"] == 32 and m["samples_own"] == 32 and m["small/text_samples"] == 32
+    assert any(not torch.equal(p, q) for p, q in zip(before, bpe.params)), "the update left the node unchanged"
+    # the rewards are the receiver's: the task's, over each episode's final answer in its own replay
+    assert m["train_reward_foreign"] == pytest.approx(float(np.mean([g.rewards for g in sent])))
+
+
+def test_the_rebuilt_episode_is_the_receivers_tokens_with_the_senders_turns_aligned(pair, sent):
+    from ftis_flwr.node.replay_text import replay_text_group
+
+    _, bpe = pair
+    g = next(g for g in sent if any((m == 0).any() for m in g.sampled_masks))
+    own = replay_text_group(bpe, g, bpe.task.problem(g.prompt_id))
+    for i, (ids, mask, chunks, gen) in enumerate(zip(own.completions, own.sampled_masks, own.chunks, own.logprobs)):
+        sampled = mask == 1
+        assert bpe.tokenizer.decode(ids, skip_special_tokens=True) == bytes(g.texts[i]).decode()
+        counts = np.diff(chunks[sampled])
+        assert chunks[sampled][0] == 0 and set(counts.tolist()) <= {0, 1}  # chunks 0, 1, ... over the sampled tokens
+        assert (gen[~sampled] == 0).all()
+        # per chunk, the sender's log-probs summed: the totals over the sampled turns agree
+        sender = g.logprobs[i][g.sampled_masks[i] == 1].sum()
+        assert gen[sampled].sum() == pytest.approx(float(sender), abs=1e-4)
+    assert np.array_equal(own.replayed_rewards, g.rewards)  # the same task reward, replayed here
+
+
+def test_an_altered_tool_observation_is_refused_across_tokenizers(pair, sent):
+    _, bpe = pair
+    gi = next(k for k, g in enumerate(sent) if any((m == 0).any() for m in g.sampled_masks))
+    g = sent[gi]
+    j = next(k for k, m in enumerate(g.sampled_masks) if (m == 0).any())
+    text = bytearray(g.texts[j])
+    at = text.index(b"\n=") + 2 if b"\n=" in text else text.index(b"=") + 1  # the first digit the tool returned
+    text[at] = ord("9") if text[at] != ord("9") else ord("8")
+    texts = list(g.texts)
+    texts[j] = bytes(text)
+    forged = dataclasses.replace(g, texts=texts)
+    res = bpe.step(StepRequest(2, 2, [], 8, False, foreign=[Received("small", [forged], [0, 1, 2, 3])]))
+    assert res.metrics["small/env_replay_refused"] == 8
+    assert any(f"episode {j}: the tool turn after turn 1 is not this node's text" in r for r in res.rejections), \
+        res.rejections
+
+
+@pytest.mark.slow
+def test_the_cross_tokenizer_pair_keeps_each_others_episodes_in_a_flower_simulation(tmp_path):
+    """cpu-xtok-calc in a real Flower simulation: both nodes replay every episode the other sent, from
+    its text, and train on them; none is refused."""
+    from conftest import simulate
+
+    from ftis_flwr.server.summary import load_metrics
+
+    exp = load_experiment("cpu-xtok-calc", overrides={
+        "rounds.num_rounds": 2, "rounds.prompts_per_node": 8, "rounds.eval_every": 0, "rounds.eval_size": 32,
+        "cache_dir": str(tmp_path / "cache"), "run_dir": str(tmp_path / "runs")})
+    rows = load_metrics(simulate(exp))
+    for node, peer in (("small", "bpe"), ("bpe", "small")):
+        per = [r["nodes"][node] for r in rows]
+        assert sum(m.get(f"{peer}/env_replayed", 0) for m in per) == 2 * 8 * 8, (node, per[-1])
+        assert sum(m.get(f"{peer}/env_replay_refused", 0) for m in per) == 0
+        assert sum(m.get("samples_foreign", 0) for m in per) == 2 * 8 * 8
+        assert max(m["env/turns_mean"] for m in per[:-1]) > 1.0  # its own episodes call the calculator
