@@ -162,3 +162,22 @@ def test_check_refuses_an_episode_prompt_that_fills_a_nodes_positions(rows):
     """The tiny models have 64 positions: reset's text of 80 characters leaves no room to answer."""
     msg = _errors({**rows, "task.environment": f"{TOYS}:LongReset"})
     assert "the episode prompt of the first train row (train:0)" in msg and "more than the model's 64" in msg
+
+
+def test_nodes_whose_templates_write_tool_turns_differently_are_warned(monkeypatch):
+    """A receiver needs the tool turn a peer conditioned on to be its own text of the results, so
+    nodes of two chat templates refuse each other's episodes: check says so, naming the nodes."""
+    from ftis_flwr.node.tiny import build_char_tokenizer
+    from ftis_flwr.tasks import node_models as nm
+    from ftis_flwr.tasks.environment_checks import episode_notes
+
+    exp = load_experiment("cpu-xtok-calc")
+    assert episode_notes(exp) == []  # two tokenizers, no template: their tool turns are the same text
+    plain, templated = build_char_tokenizer(), build_char_tokenizer()
+    templated.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    models = [nm.NodeModel(["small"], "tiny", 64, _tokenizer=plain), nm.NodeModel(["bpe"], "tiny", 64,
+                                                                                  _tokenizer=templated)]
+    monkeypatch.setattr(nm, "node_models", lambda exp: (models, []))
+    (note,) = episode_notes(exp)
+    assert "write tool turns with different chat templates (nodes[small]; nodes[bpe])" in note
+    assert "env_replay_refused" in note

@@ -9,8 +9,9 @@ that it is well formed; these show that it fits this federation:
 - every node's model can write a tool call: each tokenizer has a tool-call format
   (``task.tool-format``, else the one its chat template implies) and the characters to write one
   (the tiny char tokenizer has no braces, so no ``hermes`` call);
-- (a warning) peers can replay each other's episodes: with more than one node sharing, a class
-  without ``deterministic = True`` has every node refuse its peers' episodes and train alone.
+- (warnings) peers can replay each other's episodes: with more than one node sharing, a class
+  without ``deterministic = True``, or nodes whose chat templates write tool turns differently,
+  have every node refuse its peers' episodes and train alone.
 """
 
 from __future__ import annotations
@@ -97,15 +98,34 @@ def episode_errors(exp: ExperimentConfig) -> list[str]:
 
 
 def episode_notes(exp: ExperimentConfig) -> list[str]:
-    """The warning that peers will refuse each other's episodes, when they will."""
+    """The warnings that peers will refuse each other's episodes, when they will: a class that does
+    not declare itself deterministic, or nodes whose chat templates write tool turns differently (a
+    receiver requires the tool turn a peer conditioned on to be its own text of the results)."""
     from ftis_flwr.config.choices import AdvantageMode
 
     if not exp.task.environment or len(exp.nodes) < 2 or exp.advantage.mode == AdvantageMode.ALONE:
         return []
     spec = _spec(exp)
-    if spec is None or spec.deterministic:
+    if spec is None:
         return []
-    return [f"warning: task.environment={exp.task.environment!r}: {spec.name} does not declare deterministic = True, "
-            "so the nodes cannot replay each other's episodes and will refuse them (each trains on its own, "
-            "counted in <source>/episodes_no_replay); add the class attribute if the same row, seed and tool calls "
-            "always give the same results (docs/your-own-environment.md)"]
+    if not spec.deterministic:
+        return [f"warning: task.environment={exp.task.environment!r}: {spec.name} does not declare deterministic = "
+                "True, so the nodes cannot replay each other's episodes and will refuse them (each trains on its own, "
+                "counted in <source>/episodes_no_replay); add the class attribute if the same row, seed and tool "
+                "calls always give the same results (docs/your-own-environment.md)"]
+    from ftis_flwr.tasks.node_models import node_models
+
+    templates: dict[str, list[str]] = {}
+    for model in node_models(exp)[0]:
+        try:
+            template = getattr(model.tokenizer(), "chat_template", None)
+        except Exception:  # noqa: BLE001 - not on this machine: the prompt check's warning names it
+            continue
+        templates.setdefault(str(template or ""), []).append(model.names)
+    if len(templates) < 2:
+        return []
+    groups = "; ".join(", ".join(names) for names in templates.values())
+    return [f"warning: task.environment={exp.task.environment!r}: the nodes write tool turns with different chat "
+            f"templates ({groups}), so each refuses the other's episodes on replay (counted in "
+            "<source>/env_replay_refused) and trains on its own; episodes are shared between nodes of one template "
+            "(docs/your-own-environment.md#what-a-receiver-checks-replay)"]
