@@ -154,13 +154,12 @@ def _circles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
 
 
 KNOWN_CIRCLES = {
-    frozenset({"ftis_flwr.node.tiny", "ftis_flwr.node.tiny_bpe"}),
     frozenset({"ftis_flwr.config.device_fit", "ftis_flwr.config.merge", "ftis_flwr.config.plan",
                "ftis_flwr.config.task_keys", "ftis_flwr.config.validation"}),
 }
-"""The import circles still there (issue #58): the tiny models and their tokenizers want a package of
-their own; the configuration's (``plan.main`` loads an experiment, ``task_keys`` reads a preset
-through ``merge``) want the command-line parts and the preset lookup out of the modules they serve.
+"""The import circle still there (issue #58): the configuration's (``plan.main`` loads an experiment,
+``task_keys`` reads a preset through ``merge``) wants the command-line part and the preset lookup out
+of the modules they serve.
 Remove an entry when its circle is gone; a new circle fails."""
 
 

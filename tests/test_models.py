@@ -339,7 +339,9 @@ def test_a_damaged_shipped_model_is_refused(task, tmp_path, monkeypatch):
     bad.mkdir()
     (bad / weights.name).write_bytes(weights.read_bytes()[:-8] + b"\0" * 8)
     (bad / f"{name}.json").write_text(json.dumps(manifest))
-    monkeypatch.setattr(models, "shipped_dirs", lambda: [bad])
+    from ftis_flwr.node import tiny_shipped
+
+    monkeypatch.setattr(tiny_shipped, "shipped_dirs", lambda: [bad])
     with pytest.raises(ValueError, match="SHA-256"):
         warm_start(c, task, tmp_path / "cache")
     assert not (tmp_path / "cache" / "tiny" / name).exists()

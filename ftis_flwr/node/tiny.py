@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config
 
 from ftis_flwr.config.choices import TINY_TOKENIZERS  # noqa: F401 (implemented here)
@@ -43,6 +42,8 @@ from ftis_flwr.config.tiny_models import (  # noqa: F401 (TINY_MAX_POSITIONS, TI
     TINY_SPECIAL_TOKENS,
     char_tokenizer_backend,
 )
+from ftis_flwr.node.tiny_chars import as_tiny_tokenizer, build_char_tokenizer  # noqa: F401 (the node's names)
+from ftis_flwr.node.tiny_shipped import find_shipped, sha256_file, shipped_dirs  # noqa: F401 (the node's names)
 from ftis_flwr.tasks.arithmetic import ArithmeticTask, op_weights, parse_ops
 
 log = logging.getLogger(__name__)
@@ -64,26 +65,6 @@ MARKER = "warmstart.json"
 
 
 # ------------------------------------------------------------------------------ tokenizer
-
-def build_char_tokenizer() -> PreTrainedTokenizerFast:
-    """The shared character-level tokenizer: one token per character, ids fixed by :data:`CHARS`.
-
-    Characters outside the vocabulary (e.g. upper case) become ``<unk>`` (id 2), never dropped.
-    ``decode`` joins tokens without separators (``decoders.Fuse``), so text round-trips exactly.
-    """
-    return as_tiny_tokenizer(char_tokenizer_backend())
-
-
-def as_tiny_tokenizer(backend: Tokenizer) -> PreTrainedTokenizerFast:
-    """A tiny model's ``tokenizers`` backend as a transformers tokenizer, with the tiny models'
-    conventions: specials ``<pad> <eos> <unk>``, left padding (batched generation), no clean-up
-    of spaces, ``model_max_length`` :data:`TINY_MAX_POSITIONS`."""
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>",
-                                  unk_token="<unk>", clean_up_tokenization_spaces=False,
-                                  model_max_length=TINY_MAX_POSITIONS)
-    tok.padding_side = "left"
-    return tok
-
 
 def tiny_config(size: str, vocab_size: int, pad_token_id: int, eos_token_id: int) -> Qwen2Config:
     """Qwen2 architecture at toy scale: small ~0.5M params, large ~1.6M (tied embeddings)."""
@@ -270,52 +251,6 @@ def round_to_bf16(model: Any) -> None:
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(p.to(torch.bfloat16).to(p.dtype))
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def shipped_dirs() -> list[Path]:
-    """Folders that may hold shipped warm-starts, most specific first.
-
-    The package's own ``assets/tiny``; and, when this module was imported from a copy without
-    them (Flower runs apps from an unpacked bundle that holds only .py/.toml/.yaml/.json/.md
-    files), the installed distribution's copy: its files, or the source folder of an editable
-    install.
-    """
-    dirs = [Path(__file__).resolve().parents[1] / "assets" / "tiny"]
-    try:
-        from importlib import metadata
-
-        dist = metadata.distribution("ftis-flwr")
-        dirs.append(Path(str(dist.locate_file("ftis_flwr/assets/tiny"))))
-        direct = dist.read_text("direct_url.json")
-        if direct:
-            url = json.loads(direct).get("url", "")
-            if url.startswith("file://"):
-                dirs.append(Path(url[len("file://"):]) / "ftis_flwr" / "assets" / "tiny")
-    except Exception:  # not installed as a distribution: the package folder is all there is
-        pass
-    seen, out = set(), []
-    for d in dirs:
-        if d not in seen and d.is_dir():
-            seen.add(d)
-            out.append(d)
-    return out
-
-
-def find_shipped(name: str) -> tuple[Path, dict[str, Any]] | None:
-    """(weights file, manifest) of the shipped warm-start called ``name``, or None."""
-    for d in shipped_dirs():
-        weights, manifest = d / f"{name}.safetensors", d / f"{name}.json"
-        if weights.is_file() and manifest.is_file():
-            return weights, json.loads(manifest.read_text())
-    return None
 
 
 def _install_shipped(card: ModelCard, weights: Path, manifest: dict[str, Any], out: Path) -> None:

@@ -25,15 +25,11 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from ftis_flwr.config.choices import TinyTokenizer
-from ftis_flwr.node.tiny import (
-    CHARS,
-    SPECIAL_TOKENS,
-    TINY_TOKENIZERS,
-    as_tiny_tokenizer,
-    build_char_tokenizer,
-    shipped_dirs,
-)
+from ftis_flwr.config.choices import TINY_TOKENIZERS, TinyTokenizer
+from ftis_flwr.config.tiny_models import TINY_CHARS as CHARS
+from ftis_flwr.config.tiny_models import TINY_SPECIAL_TOKENS as SPECIAL_TOKENS
+from ftis_flwr.node.tiny_chars import as_tiny_tokenizer, build_char_tokenizer
+from ftis_flwr.node.tiny_shipped import shipped_dirs
 from ftis_flwr.tasks.arithmetic import ArithmeticTask
 
 BPE_VOCAB_SIZE = 384
