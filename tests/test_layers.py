@@ -155,11 +155,11 @@ def _circles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
 
 KNOWN_CIRCLES = {
     frozenset({"ftis_flwr.config.device_fit", "ftis_flwr.config.merge", "ftis_flwr.config.plan",
-               "ftis_flwr.config.task_keys", "ftis_flwr.config.validation"}),
+               "ftis_flwr.config.validation"}),
 }
-"""The import circle still there (issue #58): the configuration's (``plan.main`` loads an experiment,
-``task_keys`` reads a preset through ``merge``) wants the command-line part and the preset lookup out
-of the modules they serve.
+"""The import circle still there (issue #58): ``plan.main`` (``python -m ftis_flwr.config.plan``) loads an
+experiment through ``merge``, whose validation reads the plan; it wants the command line out of the
+module it serves (``ftis-flwr plan`` is the same command).
 Remove an entry when its circle is gone; a new circle fails."""
 
 

@@ -25,20 +25,13 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from ftis_flwr.config.fields import card_fields, coerce, experiment_fields, normalise_key
+from ftis_flwr.config.preset_files import PRESET_DIR, resolve_preset  # noqa: F401 (merge's names too)
 from ftis_flwr.config.schema import ConfigError, ExperimentConfig, ModelCard
 from ftis_flwr.config.validation import card_errors, experiment_errors, raise_errors
 from ftis_flwr.config.yaml_layers import checked_yaml, forget_overridden, located, omegaconf_error
 
 APP_KEYS = {"preset", "config_file", "overrides", "resume"}
 """Run-config keys read by the apps themselves, not experiment fields."""
-PRESET_DIR = Path(__file__).resolve().parent / "presets"
-"""The named presets, shipped inside the package (source checkout and wheel alike)."""
-
-
-def _preset_dirs() -> list[Path]:
-    return [d for d in (PRESET_DIR,) if d.is_dir()]
-
-
 def _lookup(parts: list[str], fields: dict[str, Any]) -> tuple[list[str], Any] | None:
     """Match normalised ``parts`` against dotted ``fields``; the key of a dict field stays raw."""
     norm = [normalise_key(p) for p in parts]
@@ -121,20 +114,6 @@ def parse_overrides(text: str) -> dict[str, str]:
                               "(e.g. overrides='nodes.0.lr=1e-3 nodes.1.seed=3')")
         out[key.strip()] = value
     return out
-
-
-def resolve_preset(preset: str) -> Path:
-    """A preset name (file stem under ftis_flwr/config/presets) or a path to a YAML file."""
-    path = Path(preset).expanduser()
-    if path.suffix in (".yaml", ".yml") and path.is_file():
-        return path
-    candidate = next((d / f"{preset}.yaml" for d in _preset_dirs() if (d / f"{preset}.yaml").is_file()),
-                     PRESET_DIR / f"{preset}.yaml")
-    if candidate.is_file():
-        return candidate
-    available = sorted({p.stem for d in _preset_dirs() for p in d.glob("*.yaml")})
-    raise ConfigError(f"preset {preset!r} is neither a YAML file nor one of: "
-                      f"{', '.join(available) or '(none found)'}")
 
 
 def _nodes_overrides(nested: dict[str, Any], base_nodes: list[Any]) -> list[str]:

@@ -17,7 +17,7 @@ from typing import Any
 from ftis_flwr.config.choices import BUILTIN_LOSSES, CARD_CHOICES, CARD_DTYPES, EXPERIMENT_CHOICES
 from ftis_flwr.config.fields import dotted_fields, scalar_type
 from ftis_flwr.config.keys import APP_ENTRIES, _docs_of, run_config_keys
-from ftis_flwr.config.merge import PRESET_DIR
+from ftis_flwr.config.preset_files import PRESET_DIR
 from ftis_flwr.config.schema import ExperimentConfig, ModelCard
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "configuration.md"

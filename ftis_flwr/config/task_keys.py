@@ -51,7 +51,7 @@ def _preset_task(preset: str) -> dict[str, Any]:
     try:
         import yaml
 
-        from ftis_flwr.config.merge import resolve_preset
+        from ftis_flwr.config.preset_files import resolve_preset
 
         section = (yaml.safe_load(resolve_preset(preset).read_text()) or {}).get("task") or {}
     except Exception:  # a preset that cannot be read here: every set key counts as the user's
