@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from ftis_flwr.config.choices import CrossTokenizerRatio
 from ftis_flwr.node.env_rollout import final_answer
 from ftis_flwr.node.episodes import LiveEpisode, take_turn
 from ftis_flwr.node.replay import ReplayMismatch, spans
@@ -64,7 +65,7 @@ def replay_text_group(node: Any, g: Group, problem: Problem) -> Group:
     :class:`ReplayMismatch` naming the first difference otherwise."""
     if g.texts is None or g.byte_lengths is None:
         raise ReplayMismatch("it carries no texts: a peer of another tokenizer replays episodes from their text")
-    if node.cfg.loss.cross_tokenizer_ratio == "sequence":
+    if node.cfg.loss.cross_tokenizer_ratio == CrossTokenizerRatio.SEQUENCE:
         raise ReplayMismatch("loss.cross_tokenizer_ratio=sequence has no per-turn ratio for episodes (use chunk "
                              "or word)")
     rollout, tok = node.env, node.tokenizer
@@ -120,7 +121,7 @@ def replay_text_episode(node: Any, env: Environment, text: bytes, lengths: np.nd
     loose = dataclasses.replace(rollout.sampling, max_tokens=cfg.wire.max_tokens_per_completion + 1)
     live = LiveEpisode(env, [])
     gens, chunks, n_chunks, tool_ids = [], [], 0, []
-    words = cfg.loss.cross_tokenizer_ratio == "word"
+    words = cfg.loss.cross_tokenizer_ratio == CrossTokenizerRatio.WORD
     for k, (a, b) in enumerate(turns):
         if live.done:
             raise ReplayMismatch(f"turn {k} calls no tool, yet a tool turn follows it" if live.ep.stop == "answer"
