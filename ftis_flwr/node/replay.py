@@ -29,6 +29,8 @@ replayed from their text (:mod:`ftis_flwr.node.replay_text`).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -55,42 +57,61 @@ def spans(mask: np.ndarray) -> list[tuple[int, int, bool]]:
     return [(a, b, bool(mask[a])) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
-def replay_group(node: Any, g: Group, problem: Problem) -> np.ndarray:
-    """The rewards of ``g``'s episodes as this node computes them by replay (module docstring);
-    :class:`ReplayMismatch` naming the first difference otherwise. ``node`` gives the environment
-    (``node.env``), tokenizer, stop ids, task and run seed."""
-    rollout, tok = node.env, node.tokenizer
-    spec = rollout.spec
-    seed = reset_seed(node.cfg.rounds.seed, problem.id)
-    envs = [spec.acquire() for _ in range(g.size)]
+@contextmanager
+def reset_instances(node: Any, n: int, problem: Problem) -> Iterator[tuple[list[Environment], list[int]]]:
+    """``n`` instances of this node's environment, each reset from ``problem``'s row with the row's
+    seed, and this node's prompt of the row after reset; the instances go back to the pool after.
+    :class:`ReplayMismatch` when the reset fails or gives different texts."""
+    spec = node.env.spec
+    envs = [spec.acquire() for _ in range(n)]
     try:
         try:
-            extras = {env.reset(dict(problem.columns), seed) for env in envs}
+            extras = {env.reset(dict(problem.columns), reset_seed(node.cfg.rounds.seed, problem.id)) for env in envs}
         except EnvironmentFault as exc:
             raise ReplayMismatch(f"this node's environment failed to reset the row: {exc}") from None
         if len(extras) > 1:
             raise ReplayMismatch(f"{spec.name}.reset(**row) returned different texts for one row and seed: "
                                  "the environment is not deterministic, though it says so")
-        messages = with_reset_text(prompt_messages(problem, rollout.chat), extras.pop())
-        prompt = prompt_ids(tok, messages, spec.schemas)
-        if not np.array_equal(np.asarray(prompt, np.int64), np.asarray(g.prompt_tokens, np.int64)):
-            raise ReplayMismatch("its prompt is not this node's rendering of the row after reset")
-        masks = g.sampled_masks or [np.ones(len(c), np.uint8) for c in g.completions]
-        finals = []
-        for i, (env, tokens, mask) in enumerate(zip(envs, g.completions, masks)):
-            try:
-                finals.append(replay_episode(node, env, np.asarray(tokens), np.asarray(mask)))
-            except ReplayMismatch as exc:
-                raise ReplayMismatch(f"episode {i}: {exc}") from None
-        rewards: list[float | None] = []
-        for env in envs:
-            try:
-                rewards.append(env.reward())
-            except EnvironmentFault as exc:
-                raise ReplayMismatch(f"this node's get_reward failed after the replay: {exc}") from None
+        messages = with_reset_text(prompt_messages(problem, node.env.chat), extras.pop())
+        yield envs, prompt_ids(node.tokenizer, messages, spec.schemas)
     finally:
         for env in envs:
             spec.release(env)
+
+
+def each_episode(replay: Callable[..., Any], envs: list[Environment], *columns: Any) -> list[Any]:
+    """``replay(env, *column values)`` for each episode, a mismatch named with the episode's index."""
+    out = []
+    for i, (env, *values) in enumerate(zip(envs, *columns)):
+        try:
+            out.append(replay(env, *values))
+        except ReplayMismatch as exc:
+            raise ReplayMismatch(f"episode {i}: {exc}") from None
+    return out
+
+
+def env_rewards(envs: list[Environment]) -> list[float | None]:
+    """Each replayed instance's ``get_reward()`` (None: no opinion); a failure is a mismatch."""
+    rewards: list[float | None] = []
+    for env in envs:
+        try:
+            rewards.append(env.reward())
+        except EnvironmentFault as exc:
+            raise ReplayMismatch(f"this node's get_reward failed after the replay: {exc}") from None
+    return rewards
+
+
+def replay_group(node: Any, g: Group, problem: Problem) -> np.ndarray:
+    """The rewards of ``g``'s episodes as this node computes them by replay (module docstring);
+    :class:`ReplayMismatch` naming the first difference otherwise. ``node`` gives the environment
+    (``node.env``), tokenizer, stop ids, task and run seed."""
+    with reset_instances(node, g.size, problem) as (envs, prompt):
+        if not np.array_equal(np.asarray(prompt, np.int64), np.asarray(g.prompt_tokens, np.int64)):
+            raise ReplayMismatch("its prompt is not this node's rendering of the row after reset")
+        masks = g.sampled_masks or [np.ones(len(c), np.uint8) for c in g.completions]
+        finals = each_episode(lambda env, tokens, mask: replay_episode(node, env, np.asarray(tokens), np.asarray(mask)),
+                              envs, g.completions, masks)
+        rewards = env_rewards(envs)
     return np.asarray(scored(rewards, finals, node.task, [problem] * len(finals)), np.float32)
 
 

@@ -36,10 +36,9 @@ import numpy as np
 from ftis_flwr.config.choices import CrossTokenizerRatio
 from ftis_flwr.node.env_rollout import final_answer
 from ftis_flwr.node.episodes import LiveEpisode, take_turn
-from ftis_flwr.node.replay import ReplayMismatch, spans
+from ftis_flwr.node.replay import ReplayMismatch, each_episode, env_rewards, reset_instances, spans
 from ftis_flwr.tasks.base import Problem
-from ftis_flwr.tasks.environment import Environment, EnvironmentFault, reset_seed, scored
-from ftis_flwr.tasks.episode_prompt import prompt_ids, prompt_messages, with_reset_text
+from ftis_flwr.tasks.environment import Environment, scored
 from ftis_flwr.wire.groups import Group
 from ftis_flwr.xtok.align import AlignError
 from ftis_flwr.xtok.represent import Unrepresentable
@@ -68,35 +67,12 @@ def replay_text_group(node: Any, g: Group, problem: Problem) -> Group:
     if node.cfg.loss.cross_tokenizer_ratio == CrossTokenizerRatio.SEQUENCE:
         raise ReplayMismatch("loss.cross_tokenizer_ratio=sequence has no per-turn ratio for episodes (use chunk "
                              "or word)")
-    rollout, tok = node.env, node.tokenizer
-    spec = rollout.spec
-    envs = [spec.acquire() for _ in range(g.size)]
-    try:
-        try:
-            extras = {env.reset(dict(problem.columns), reset_seed(node.cfg.rounds.seed, problem.id)) for env in envs}
-        except EnvironmentFault as exc:
-            raise ReplayMismatch(f"this node's environment failed to reset the row: {exc}") from None
-        if len(extras) > 1:
-            raise ReplayMismatch(f"{spec.name}.reset(**row) returned different texts for one row and seed: "
-                                 "the environment is not deterministic, though it says so")
-        prompt = prompt_ids(tok, with_reset_text(prompt_messages(problem, rollout.chat), extras.pop()), spec.schemas)
-        masks = g.sampled_masks or [np.ones(len(c), np.uint8) for c in g.completions]
-        own = []
-        for i, (env, text, lengths, gen, mask) in enumerate(zip(envs, g.texts, g.byte_lengths, g.logprobs, masks)):
-            try:
-                own.append(replay_text_episode(node, env, bytes(text), np.asarray(lengths, np.int64),
-                                               np.asarray(gen, np.float32), np.asarray(mask)))
-            except ReplayMismatch as exc:
-                raise ReplayMismatch(f"episode {i}: {exc}") from None
-        rewards: list[float | None] = []
-        for env in envs:
-            try:
-                rewards.append(env.reward())
-            except EnvironmentFault as exc:
-                raise ReplayMismatch(f"this node's get_reward failed after the replay: {exc}") from None
-    finally:
-        for env in envs:
-            spec.release(env)
+    masks = g.sampled_masks or [np.ones(len(c), np.uint8) for c in g.completions]
+    with reset_instances(node, g.size, problem) as (envs, prompt):
+        own = each_episode(lambda env, text, lengths, gen, mask: replay_text_episode(
+            node, env, bytes(text), np.asarray(lengths, np.int64), np.asarray(gen, np.float32), np.asarray(mask)),
+            envs, g.texts, g.byte_lengths, g.logprobs, masks)
+        rewards = env_rewards(envs)
     scores = scored(rewards, [e.final for e in own], node.task, [problem] * len(own))
     return Group(prompt_id=g.prompt_id, prompt_tokens=np.asarray(prompt, np.int64),
                  completions=[e.ids for e in own], logprobs=[e.gen for e in own], rewards=g.rewards, node=g.node,

@@ -313,20 +313,30 @@ def warm_start(card: ModelCard, task: ArithmeticTask, cache_dir: Path | None = N
         raise ValueError(f"tiny models are warm-started on the arithmetic task, got {task!r}")
     final = warmstart_dir(card, task, cache_dir)
 
+    def done(report: dict[str, Any]) -> str:
+        return (f"{report['steps_run']} steps in {report['seconds']:.1f}s, check exact match "
+                f"{report['train_exact_match']:.3f}" + ("" if report["reached_target"] else " (target not reached)"))
+
+    return shipped_or_trained(card, final, "warm-start", lambda: train_tiny(card, task), done)
+
+
+def shipped_or_trained(card: ModelCard, final: Path, what: str, train: Callable[[], tuple[Any, Any, dict]],
+                       done: Callable[[dict[str, Any]], str]) -> Path:
+    """``final``: the shipped model of its name installed, else ``train()``'s (model, tokenizer,
+    report) saved there with its report; built once (:func:`build_once`). ``what`` and ``done(report)``
+    name the stage in the log."""
     def build(tmp: Path) -> None:
         shipped = find_shipped(final.name)
         if shipped is not None:
-            log.info("%s: using the shipped warm-start %s", card.name, shipped[0])
+            log.info("%s: using the shipped %s %s", card.name, what, shipped[0])
             _install_shipped(card, *shipped, tmp)
             return
-        log.info("warm-starting %s into %s (no shipped model for this key: trained once, then "
-                 "cached)", card.name, final)
-        model, tok, report = train_tiny(card, task)
+        log.info("%s of %s into %s (no shipped model for this key: trained once, then cached)", what, card.name,
+                 final)
+        model, tok, report = train()
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         (tmp / MARKER).write_text(json.dumps(report, indent=1))
-        log.info("warm-started %s: %d steps in %.1fs, check exact match %.3f%s", final.name,
-                 report["steps_run"], report["seconds"], report["train_exact_match"],
-                 "" if report["reached_target"] else " (target not reached)")
+        log.info("%s %s: %s", what, final.name, done(report))
 
     return build_once(final, MARKER, build)

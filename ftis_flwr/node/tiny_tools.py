@@ -20,7 +20,6 @@ reward far more often. The result is cached next to its base model (and shipped 
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import time
@@ -31,7 +30,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from ftis_flwr.config.schema import ModelCard
-from ftis_flwr.node.tiny import MARKER, _install_shipped, build_once, digest, find_shipped, round_to_bf16
+from ftis_flwr.node.tiny import digest, round_to_bf16, shipped_or_trained
 from ftis_flwr.node.turns import tool_turn_ids
 from ftis_flwr.tasks.arithmetic_chain import ArithmeticChainTask
 from ftis_flwr.tasks.environment import ToolResult, load_environment
@@ -140,24 +139,9 @@ def train_tools(card: ModelCard, base: Path, task_seed: int) -> tuple[Any, Any, 
 
 def tool_warm_start(card: ModelCard, base: Path, task_seed: int) -> Path:
     """The tool-warm-started model of ``card`` on ``base``: shipped, or trained here once."""
-    final = tool_dir(card, base, task_seed)
-
-    def build(tmp: Path) -> None:
-        shipped = find_shipped(final.name)
-        if shipped is not None:
-            log.info("%s: using the shipped tool warm start %s", card.name, shipped[0])
-            _install_shipped(card, *shipped, tmp)
-            return
-        log.info("tool warm start of %s into %s (no shipped model for this key: trained once, then cached)",
-                 card.name, final)
-        model, tok, report = train_tools(card, base, task_seed)
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        (tmp / MARKER).write_text(json.dumps(report, indent=1))
-        log.info("tool warm start %s: %d steps in %.1fs, final loss %.3f", final.name, report["steps_run"],
-                 report["seconds"], report["final_loss"])
-
-    return build_once(final, MARKER, build)
+    return shipped_or_trained(card, tool_dir(card, base, task_seed), "tool warm start",
+                              lambda: train_tools(card, base, task_seed),
+                              lambda r: f"{r['steps_run']} steps in {r['seconds']:.1f}s, loss {r['final_loss']:.3f}")
 
 
 def warm_started(card: ModelCard, task: Any, cache_dir: Path | None = None, *, build: bool = True) -> Path:
