@@ -138,12 +138,10 @@ def test_a_model_package_missing_here_stops_a_simulation_before_it_starts(monkey
 
 def test_version_and_a_bad_preset_for_the_memory_plan(capsys):
     """``--version`` names the installed package; the plan names a bad preset (exit 2), no traceback."""
-    from ftis_flwr.config import plan
-
     with pytest.raises(SystemExit) as done:
         main(["--version"])
     assert done.value.code == 0 and capsys.readouterr().out.startswith("ftis-flwr ")
-    assert plan.main(["paper-size-bas"]) == 2  # `python -m ftis_flwr.config.plan` exits with it
+    assert main(["plan", "paper-size-bas"]) == 2
     err = capsys.readouterr().err
     assert "preset 'paper-size-bas' is neither" in err and "Traceback" not in err
 

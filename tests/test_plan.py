@@ -2,8 +2,14 @@
 
 import pytest
 
+from ftis_flwr.cli import main as cli
 from ftis_flwr.config.merge import load_experiment
-from ftis_flwr.config.plan import GIB, KNOWN, estimate, main
+from ftis_flwr.config.plan import GIB, KNOWN, estimate
+
+
+def main(argv):
+    """``ftis-flwr plan ARGV``."""
+    return cli(["plan", *argv])
 
 PAPER = ["paper-size-base", "paper-size-coder", "paper-expertise-1.5b", "paper-expertise-3b",
          "paper-peft-1.5b", "paper-peft-3b"]

@@ -1,7 +1,6 @@
 """Per-node memory estimates and a placement for an experiment, without downloading anything.
 
     ftis-flwr plan paper-size-base --device-gib 80          # or any preset name / YAML path
-    python -m ftis_flwr.config.plan paper-size-base          # the same, without --run-config
 
 A lab checks a preset before it asks for GPUs: for each node, the bytes of its weights, gradients
 and AdamW state (trainable parameters only: LoRA trains a few), the KV cache of one generation
@@ -28,14 +27,13 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from dataclasses import dataclass, replace
 
 from ftis_flwr.config.choices import CardDtype, Engine
 from ftis_flwr.config.dtypes import resolve_dtypes, warn_slow_bf16
 from ftis_flwr.config.engine_memory import DTYPE_BYTES as _BYTES
 from ftis_flwr.config.engine_memory import GIB, PLAN_NOTE, PROMPT_TOKENS, engine_parts, fixes, new_tokens, vllm_part
-from ftis_flwr.config.schema import ConfigError, ExperimentConfig, ModelCard
+from ftis_flwr.config.schema import ExperimentConfig, ModelCard
 from ftis_flwr.config.tiny_models import TINY_MAX_POSITIONS, TINY_SIZES, TINY_VOCAB
 
 ACTIVATION_ELEMENTS = 26
@@ -399,38 +397,3 @@ def device_gib(text: str) -> float:
         raise argparse.ArgumentTypeError(f"--device-gib={text!r}: give one GPU's memory in GiB, a number > 0 "
                                          "(e.g. 80)")
     return value
-
-
-EXIT_USAGE = 64
-"""A command line it cannot parse (EX_USAGE), as ``ftis-flwr``; 2 is an invalid configuration."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m ftis_flwr.config.plan PRESET [--device-gib N]`` (``ftis-flwr plan`` also takes
-    ``--run-config``): 0 with the plan, 2 for an invalid configuration, 64 for a bad command line."""
-    parser = _Parser(prog="python -m ftis_flwr.config.plan",
-                     description="Validate an experiment and estimate each node's memory per rank, in GiB.")
-    parser.add_argument("preset", help="preset name (ftis_flwr/config/presets) or YAML path")
-    parser.add_argument("--device-gib", type=device_gib, default=None, metavar="N",
-                        help="the memory of one of your GPUs in GiB (default: the smallest common one that fits)")
-    args = parser.parse_args(argv)
-    from ftis_flwr.config.merge import load_experiment  # here, so the estimate needs no omegaconf (gpu_check)
-
-    try:
-        exp = load_experiment(args.preset)
-    except ConfigError as exc:  # a bad preset name or value: named, never a traceback
-        print(f"{parser.prog}: {exc}", file=sys.stderr)
-        return 2
-    print(headline(args.preset, exp))
-    print(report(exp, args.device_gib))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
