@@ -119,17 +119,22 @@ def warmstart_dir(card: ModelCard, task: ArithmeticTask, cache_dir: Path | None 
 
 def _encode_examples(tok: PreTrainedTokenizerFast, problems: list) -> tuple[torch.Tensor, ...]:
     """Right-padded ``question answer <eos>`` rows; labels only on answer tokens and EOS."""
-    rows, labels = [], []
+    rows = []
     for p in problems:
         q = tok(p.question, add_special_tokens=False)["input_ids"]
         a = tok(p.gold, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-        rows.append(q + a)
-        labels.append([-100] * len(q) + a)
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), tok.pad_token_id, dtype=torch.long)
+        rows.append((q + a, [-100] * len(q) + a))
+    return pad_rows(rows, tok.pad_token_id)
+
+
+def pad_rows(rows: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, ...]:
+    """(ids, attention mask, labels) of ``(ids, labels)`` rows, right-padded to the longest (a
+    supervised batch of the warm starts; labels -100 where nothing is trained)."""
+    width = max(len(r) for r, _ in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     lab = torch.full((len(rows), width), -100, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, (r, lb) in enumerate(zip(rows, labels)):
+    for i, (r, lb) in enumerate(rows):
         ids[i, :len(r)] = torch.tensor(r)
         lab[i, :len(r)] = torch.tensor(lb)
         mask[i, :len(r)] = 1

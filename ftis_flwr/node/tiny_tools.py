@@ -30,7 +30,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from ftis_flwr.config.schema import ModelCard
-from ftis_flwr.node.tiny import digest, round_to_bf16, shipped_or_trained
+from ftis_flwr.node.tiny import digest, pad_rows, round_to_bf16, shipped_or_trained
 from ftis_flwr.node.turns import tool_turn_ids
 from ftis_flwr.tasks.arithmetic_chain import ArithmeticChainTask
 from ftis_flwr.tasks.environment import ToolResult, load_environment
@@ -88,16 +88,6 @@ def tool_examples(tokenizer: Any, eos_id: int, share: float, seed: int,
     return out
 
 
-def _batch(rows: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, ...]:
-    width = max(len(ids) for ids, _ in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    labels = torch.full((len(rows), width), -100, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, (r, lb) in enumerate(rows):
-        ids[i, :len(r)], labels[i, :len(r)], mask[i, :len(r)] = torch.tensor(r), torch.tensor(lb), 1
-    return ids, mask, labels
-
-
 def train_tools(card: ModelCard, base: Path, task_seed: int) -> tuple[Any, Any, dict[str, Any]]:
     """The stage itself, from ``base`` (no caching): model, tokenizer and a report."""
     from ftis_flwr.node.tiny_bpe import build_tiny_tokenizer
@@ -119,7 +109,7 @@ def train_tools(card: ModelCard, base: Path, task_seed: int) -> tuple[Any, Any, 
             if len(order) < TOOL_BATCH:
                 order = list(range(len(rows)))
                 rng.shuffle(order)
-            ids, mask, labels = _batch([rows[order.pop()] for _ in range(TOOL_BATCH)], tok.pad_token_id)
+            ids, mask, labels = pad_rows([rows[order.pop()] for _ in range(TOOL_BATCH)], tok.pad_token_id)
             loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
             opt.zero_grad(set_to_none=True)
             loss.backward()

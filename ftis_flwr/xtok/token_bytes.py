@@ -18,6 +18,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from ftis_flwr.wire.groups import span_ends
+
 BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
@@ -93,11 +95,7 @@ def completion_text(tokenizer, ids, stop_ids, sampled=None) -> tuple[bytes, np.n
     TokenBytesError when some other token covers no byte (it could not be aligned)."""
     ids = [int(i) for i in ids]
     stops = {int(i) for i in stop_ids}
-    if sampled is None:
-        ends = [len(ids) - 1] if ids else []
-    else:
-        mask = [int(m) for m in sampled]
-        ends = [k for k in range(len(ids)) if mask[k] and (k + 1 == len(ids) or not mask[k + 1])]
+    ends = ([len(ids) - 1] if ids else []) if sampled is None else np.flatnonzero(span_ends(sampled)).tolist()
     closing = {k for k in ends if ids[k] in stops}  # a span cut by its cap has no end-of-turn token
     pieces = token_bytes(tokenizer, ids, specials="content")
     pieces = [b"" if k in closing else p for k, p in enumerate(pieces)]
