@@ -153,6 +153,78 @@ def wait_listening(port: int, proc, timeout: float = 60.0) -> None:
     raise TimeoutError("flower-superlink did not start listening")
 
 
+
+def episode_node(tmp: Path, environment: str, rows, max_turns: int):
+    """A real tiny node (``a`` of two, untrained) whose task is ``environment`` over the rows
+    ``(a, b)`` -> ``{"prompt": "a+b=", "answer": "a+b"}`` (train and test alike), groups of 8 at
+    temperature 1: what the episode tests teach a script and then run."""
+    import json
+
+    from ftis_flwr.config.merge import load_experiment
+    from ftis_flwr.node.node import Node
+
+    (tmp / "train.jsonl").write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n"
+                                            for a, b in rows))
+    yaml = f"""
+rounds: {{num_rounds: 2, prompts_per_node: 2}}
+rollout: {{group_size: 8, max_new_tokens: 16, temperature: 1.0}}
+train: {{lr: 1e-3, micro_batch_size: 16}}
+task: {{name: dataset, dataset: json, data_files: {{train: "{tmp / 'train.jsonl'}", test: "{tmp / 'train.jsonl'}"}},
+        environment: "{environment}", max_turns: {max_turns}}}
+nodes:
+  - {{name: a, tiny_size: small, warmstart_steps: 0, seed: 1}}
+  - {{name: b, tiny_size: small, warmstart_steps: 0, seed: 2}}
+"""
+    exp = load_experiment(yaml_text=yaml, overrides={"cache_dir": str(tmp / "cache")})
+    return Node(exp.nodes[0], exp, cache_dir=tmp / "cache")
+
+
+def teach(node, scripts, steps: int = 60) -> None:
+    """A few supervised steps on whole episodes, so that at temperature 1 some of the node's
+    episodes follow a script and some do not. ``scripts``: ``(user prompt, [(model turn, tool
+    result or None), ...])``; each model turn ends with the end-of-turn token, each result is
+    written as the episode loop writes a tool turn."""
+    import torch
+
+    from ftis_flwr.node.turns import PLAIN_TOOL_TURN
+    from ftis_flwr.tasks.episode_prompt import prompt_ids
+
+    tok, eos = node.tokenizer, node.stop_ids[0]
+
+    def enc(text):
+        return tok(text, add_special_tokens=False)["input_ids"]
+
+    seqs = []
+    for prompt, turns in scripts:
+        seq = prompt_ids(tok, [{"role": "user", "content": prompt}], node.env.spec.schemas)
+        for turn, result in turns:
+            seq += enc(turn) + [eos] + (enc(PLAIN_TOOL_TURN.format(content=result)) if result is not None else [])
+        seqs.append(seq)
+    torch.manual_seed(0)
+    opt = torch.optim.AdamW(node.model.parameters(), lr=3e-3)
+    node.model.train()
+    for _ in range(steps):
+        loss = sum(torch.nn.functional.cross_entropy(node.model(input_ids=x).logits[0, :-1], x[0, 1:])
+                   for x in (torch.tensor([s]) for s in seqs))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    node.model.eval()
+
+
+def run_doc_check(command: list[str]) -> int:
+    """A page's ``ftis-flwr check . ...`` command (split into words), run as written from the
+    repository's root, as the user runs it; its exit code."""
+    from ftis_flwr.cli import main
+
+    assert command[:3] == ["ftis-flwr", "check", "."], command
+    cwd = os.getcwd()
+    os.chdir(REPO_ROOT)
+    try:
+        return main(command[1:])
+    finally:
+        os.chdir(cwd)
+
 @pytest.fixture
 def one_torch_thread():
     """Tensor tests on one thread: two cores are shared with the rest of the suite."""
@@ -164,12 +236,14 @@ def one_torch_thread():
     torch.set_num_threads(prev)
 
 
-SLOWEST_FIRST = ("test_real_model.py", "test_secure_deployment.py", "test_chaos.py", "test_learning.py",
-                 "test_environment_learning.py",
-                 "test_resume.py", "test_e2e_simulation.py", "test_sweep.py", "test_flwr_run.py",
-                 "test_attacker.py", "test_worker.py", "test_async_rounds.py", "test_readme_serverapp.py",
-                 "test_budget_e2e.py", "test_flwr_run_config_error.py")
-"""Modules by their time in the serial suite, slowest first (``--durations``; 230 s to 20 s here)."""
+SLOWEST_FIRST = ("test_real_model.py", "test_chaos.py", "test_readme_deployment.py", "test_secure_deployment.py",
+                 "test_e2e_simulation.py", "test_sweep.py", "test_sharded_run.py", "test_resume.py",
+                 "test_readme_serverapp.py", "test_learning.py", "test_environment_learning.py", "test_sharded.py",
+                 "test_run_failure_flwr.py", "test_attacker.py", "test_async_rounds.py", "test_budget_e2e.py",
+                 "test_xtok_simulation.py", "test_trackers.py", "test_flwr_run.py", "test_worker.py",
+                 "test_flwr_run_config_error.py", "test_vs_trl.py", "test_models.py", "test_cli.py")
+"""Modules by their time in the suite, slowest first (``--durations=0`` summed per module; 300 s to
+40 s here): the longest first is what keeps the two workers ending together."""
 
 
 def pytest_configure(config):

@@ -112,25 +112,16 @@ def test_the_environment_page_shows_the_shipped_class_and_its_command_checks(cap
     """docs/your-own-environment.md: its Python block is docs/own-environment/calc_env.py's class,
     verbatim, and its command, run as written from the repository's root, says the configuration
     is valid (the class loads as a node loads it, every tool's schema read)."""
-    import os
     import shlex
 
-    from conftest import REPO_ROOT, doc_block
-
-    from ftis_flwr.cli import main
+    from conftest import REPO_ROOT, doc_block, run_doc_check
 
     page = "docs/your-own-environment.md"
     code = (REPO_ROOT / "docs" / "own-environment" / "calc_env.py").read_text()
     assert doc_block("Your own environment (multi-turn, with tools)", "python", page).strip() == \
         code[code.index("class CalcEnv:"):].strip()
     command = shlex.split(doc_block("Your own environment (multi-turn, with tools)", "bash", page))
-    assert command[:3] == ["ftis-flwr", "check", "."]
-    cwd = os.getcwd()
-    os.chdir(REPO_ROOT)
-    try:
-        assert main(command[1:]) == 0
-    finally:
-        os.chdir(cwd)
+    assert run_doc_check(command) == 0
     assert "configuration valid: 2 nodes (small, large)" in capsys.readouterr().out
 
 
@@ -181,3 +172,15 @@ def test_nodes_whose_templates_write_tool_turns_differently_are_warned(monkeypat
     (note,) = episode_notes(exp)
     assert "write tool turns with different chat templates (nodes[small]; nodes[bpe])" in note
     assert "env_replay_refused" in note
+
+
+def test_nodes_of_two_tokenizers_with_one_ratio_per_completion_are_warned():
+    """Replay across tokenizers aligns each model turn by chunk or word; ``sequence`` has one ratio
+    per completion, so such peers would refuse each other's episodes: check says so, and only then."""
+    from ftis_flwr.tasks.environment_checks import episode_notes
+
+    (note,) = episode_notes(load_experiment("cpu-xtok-calc", overrides={"loss.cross_tokenizer_ratio": "sequence"}))
+    assert "different tokenizers and loss.cross-tokenizer-ratio='sequence'" in note and "use 'chunk'" in note
+    assert episode_notes(load_experiment("cpu-pair-calc", overrides={"loss.cross_tokenizer_ratio": "sequence"})) == []
+    assert episode_notes(load_experiment("cpu-xtok-calc", overrides={"loss.cross_tokenizer_ratio": "sequence",
+                                                                     "exchange.cross_tokenizer": "off"})) == []

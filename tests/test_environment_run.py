@@ -14,20 +14,17 @@ temperature 1 some of its episodes call the tools and submit the right answer an
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import episode_node, teach
 
-from ftis_flwr.config.merge import load_experiment
 from ftis_flwr.node.env_rollout import METRICS
-from ftis_flwr.node.node import Node, Received, StepRequest
-from ftis_flwr.node.turns import PLAIN_TOOL_TURN
+from ftis_flwr.node.node import Received, StepRequest
 from ftis_flwr.server.metric_names import find
 from ftis_flwr.tasks.environment import EnvironmentFault, load_environment
-from ftis_flwr.tasks.episode_prompt import prompt_ids
 
 pytestmark = pytest.mark.slow  # a real tiny node taught and run: 15-20 s
 
@@ -37,47 +34,10 @@ ROWS = ((12, 34), (20, 21))
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("env-run")
-    (tmp / "train.jsonl").write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n"
-                                            for a, b in ROWS))
-    yaml = f"""
-rounds: {{num_rounds: 2, prompts_per_node: 2}}
-rollout: {{group_size: 8, max_new_tokens: 16, temperature: 1.0}}
-train: {{lr: 1e-3, micro_batch_size: 16}}
-task: {{name: dataset, dataset: json, data_files: {{train: "{tmp / 'train.jsonl'}", test: "{tmp / 'train.jsonl'}"}},
-        environment: "{TOYS}:CalcEnv", max_turns: 4}}
-nodes:
-  - {{name: a, tiny_size: small, warmstart_steps: 0, seed: 1}}
-  - {{name: b, tiny_size: small, warmstart_steps: 0, seed: 2}}
-"""
-    exp = load_experiment(yaml_text=yaml, overrides={"cache_dir": str(tmp / "cache")})
-    node = Node(exp.nodes[0], exp, cache_dir=tmp / "cache")
-    _teach(node, steps=60)
+    node = episode_node(tmp_path_factory.mktemp("env-run"), f"{TOYS}:CalcEnv", ROWS, max_turns=4)
+    teach(node, [(f"{a}+{b}=", [(f"#calc({a}+{b})", str(a + b)), (f"#submit({a + b})", "ok"), ("done", None)])
+                 for a, b in ROWS])
     return node
-
-
-def _teach(node: Node, steps: int) -> None:
-    tok, eos = node.tokenizer, node.stop_ids[0]
-
-    def enc(text):
-        return tok(text, add_special_tokens=False)["input_ids"]
-
-    seqs = []
-    for a, b in ROWS:
-        prompt = prompt_ids(tok, [{"role": "user", "content": f"{a}+{b}="}], node.env.spec.schemas)
-        seqs.append(prompt + enc(f"#calc({a}+{b})") + [eos] + enc(PLAIN_TOOL_TURN.format(content=str(a + b)))
-                    + enc(f"#submit({a + b})") + [eos] + enc(PLAIN_TOOL_TURN.format(content="ok"))
-                    + enc("done") + [eos])
-    torch.manual_seed(0)
-    opt = torch.optim.AdamW(node.model.parameters(), lr=3e-3)
-    node.model.train()
-    for _ in range(steps):
-        loss = sum(torch.nn.functional.cross_entropy(node.model(input_ids=x).logits[0, :-1], x[0, 1:])
-                   for x in (torch.tensor([s]) for s in seqs))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    node.model.eval()
 
 
 @pytest.fixture(scope="module")

@@ -16,12 +16,12 @@ from ftis_flwr.server.summary import load_events, load_metrics
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
 
-FEDERATION = """
+FEDERATION = """  # cpu-pair's cards, whose models ship with the package: nothing is warm-started
 rounds: {num_rounds: 1, prompts_per_node: 4, eval_size: 16}
 rollout: {group_size: 4, max_new_tokens: 6}
 nodes:
-  - {name: small, tiny_size: small, warmstart_steps: 20, seed: 1}
-  - {name: large, tiny_size: large, warmstart_steps: 20, seed: 2}
+  - {name: small, tiny_size: small, warmstart_target: 0.6, seed: 0}
+  - {name: large, tiny_size: large, warmstart_target: 0.6, seed: 1}
 """
 
 

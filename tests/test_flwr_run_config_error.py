@@ -1,5 +1,6 @@
 """A bad `flwr run --run-config` fails the run with one short message, no traceback (real flwr run);
-`ftis-flwr run` refuses it before starting anything, and exits 1 when a run it started fails."""
+`ftis-flwr run` refuses it before starting anything. (That it exits 1 when a run it started fails
+is tests/test_run_failure_flwr.py's.)"""
 
 import json
 import subprocess
@@ -48,15 +49,3 @@ def test_ftis_flwr_run_refuses_a_bad_configuration_before_starting_a_run(tmp_pat
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "unknown key 'loss.trunc'; did you mean loss.trunc-c" in proc.stderr
     assert _runs(superlink) == []  # nothing reached the SuperLink
-
-
-def test_ftis_flwr_run_exits_1_when_the_run_fails(tmp_path, superlink):  # noqa: F811
-    """Valid configuration, but no node can build its model: the run fails on the SuperLink
-    (finished:failed) and the command says so and exits 1, where `flwr run` exits 0."""
-    cache = tmp_path / "cache"
-    missing = tmp_path / "no-such-model"
-    out, proc = ftis_flwr_run(f"rounds.num-rounds=1 cache-dir='{cache}' run-dir='{tmp_path / 'runs'}' "
-                              f"overrides='nodes.0.source={missing} nodes.1.source={missing}'", superlink, cache)
-    assert proc.returncode == 1, out[-4000:]
-    assert "finished:failed" in proc.stderr, out[-4000:]
-    assert [r["status"] for r in _runs(superlink)] == ["finished:failed"]

@@ -60,8 +60,8 @@ def test_the_readme_deployment_recipe_runs_verbatim(tmp_path):
                     subprocess.run(["rm", "-rf", str(d)])
             print(out[-8000:])
     assert shell.returncode == 0, out[-4000:]
-    assert "ftis-flwr: configuration valid: 2 nodes (small, large), 3 rounds" in out, out[-4000:]
+    assert "ftis-flwr: configuration valid: 2 nodes (small, large), 2 rounds" in out, out[-4000:]
     assert "the run failed" not in out, out[-4000:]
-    assert "round 3/3" in out and "finished:completed" in out, out[-4000:]
+    assert "round 2/2" in out and "finished:completed" in out, out[-4000:]
     assert f"[superlink.mine-{port}]" in (home / "config.toml").read_text()
     assert not left, "processes left running after the block's kill line:\n" + "\n".join(left)

@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 
 from ftis_flwr.config.imports import ImportPathError, import_object, source_of
+from ftis_flwr.tasks.openenv_source import adapt
 from ftis_flwr.tasks.tool_schema import ToolSchemaError, tool_schema
 
 RESERVED = ("reset", "get_reward")
@@ -294,6 +295,10 @@ def load_environment(path: str, *, tool_timeout: float = TOOL_TIMEOUT,
         if not (isinstance(value, (int, float)) and value > 0):
             raise ValueError(f"{what} must be a positive number of seconds, got {value!r}")
     instance = _build(factory, path)
+    try:  # an OpenEnv class: driven through TRL's contract by an adapter built from it
+        factory, instance = adapt(factory, instance)
+    except ValueError as exc:
+        raise EnvironmentContractError(f"environment {path!r}: {exc}") from None
     cls = type(instance).__name__
     if not callable(getattr(instance, "reset", None)):
         raise EnvironmentContractError(f"environment {path!r}: {cls} has no callable reset(**row) (TRL's "

@@ -99,8 +99,10 @@ def episode_errors(exp: ExperimentConfig) -> list[str]:
 
 def episode_notes(exp: ExperimentConfig) -> list[str]:
     """The warnings that peers will refuse each other's episodes, when they will: a class that does
-    not declare itself deterministic, or nodes whose chat templates write tool turns differently (a
-    receiver requires the tool turn a peer conditioned on to be its own text of the results)."""
+    not declare itself deterministic, nodes of different tokenizers with one ratio per completion
+    (``loss.cross_tokenizer_ratio=sequence``), or nodes whose chat templates write tool turns
+    differently (a receiver requires the tool turn a peer conditioned on to be its own text of the
+    results)."""
     from ftis_flwr.config.choices import AdvantageMode
 
     if not exp.task.environment or len(exp.nodes) < 2 or exp.advantage.mode == AdvantageMode.ALONE:
@@ -113,10 +115,19 @@ def episode_notes(exp: ExperimentConfig) -> list[str]:
                 "True, so the nodes cannot replay each other's episodes and will refuse them (each trains on its own, "
                 "counted in <source>/episodes_no_replay); add the class attribute if the same row, seed and tool "
                 "calls always give the same results (docs/your-own-environment.md)"]
+    from ftis_flwr.config.choices import CrossTokenizerMode, CrossTokenizerRatio
     from ftis_flwr.tasks.node_models import node_models
 
+    models = node_models(exp)[0]
+    tokenizers = {model.tiny or model.folder for model in models}
+    if len(tokenizers) > 1 and exp.exchange.cross_tokenizer != CrossTokenizerMode.OFF and \
+            exp.loss.cross_tokenizer_ratio == CrossTokenizerRatio.SEQUENCE:
+        return [f"warning: task.environment={exp.task.environment!r}: the nodes have different tokenizers and "
+                "loss.cross-tokenizer-ratio='sequence' (one ratio per completion) has none per model turn, so each "
+                "refuses the other's episodes on replay (counted in <source>/env_replay_refused); use 'chunk' "
+                "or 'word' (docs/your-own-environment.md#what-a-receiver-checks-replay)"]
     templates: dict[str, list[str]] = {}
-    for model in node_models(exp)[0]:
+    for model in models:
         try:
             template = getattr(model.tokenizer(), "chat_template", None)
         except Exception:  # noqa: BLE001 - not on this machine: the prompt check's warning names it
