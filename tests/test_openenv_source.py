@@ -71,6 +71,8 @@ def test_an_openenv_class_without_an_action_is_refused_by_name():
     with pytest.raises(EnvironmentContractError, match=r"toy_openenv:Silent.*Silent: its action class is not "
                                                        r"declared; annotate step\(self, action: MyAction"):
         load_environment("toy_openenv:Silent")
+    with pytest.raises(EnvironmentContractError, match=r"Bare: its action Action has no field a model could fill"):
+        load_environment("toy_openenv:Bare")
 
 
 ROWS = ((12, 34), (20, 21))

@@ -145,6 +145,12 @@ def adapter_class(env_cls: type) -> type:
     """A TRL-contract class wrapping instances of the OpenEnv class ``env_cls``, named as it (so
     messages and metrics name the user's class); ValueError when its action cannot be found."""
     action_cls = action_class(env_cls)
+    if not set(action_cls.model_fields) - {"metadata"}:
+        mcp = any(base.__name__ == "MCPEnvironment" for base in inspect.getmro(env_cls))
+        raise ValueError(f"OpenEnv environment {env_cls.__name__}: its action {action_cls.__name__} has no field a "
+                         "model could fill" + ("; an MCP environment (tools called through CallToolAction) is not "
+                                               "driven here yet: wrap it in a TRL-style class whose methods call "
+                                               "its tools" if mcp else ""))
     name, tool = _tool(env_cls, action_cls)
     if name in ("reset", "get_reward") or name.startswith("_"):
         name, tool.__name__ = "step", "step"
