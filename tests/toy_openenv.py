@@ -60,15 +60,6 @@ class Silent(Environment):
         return State()
 
 
-class Bare(Environment[Action, Observation, State]):
-    """Its action is OpenEnv's bare ``Action``: nothing a model could fill (as an MCP environment's)."""
-
-    def reset(self, seed=None, episode_id=None, **kwargs):
-        return Observation()
-
-    def step(self, action, timeout_s=None, **kwargs):
-        return Observation()
-
-    @property
-    def state(self) -> State:
-        return State()
+class Bare(Silent, Environment[Action, Observation, State]):
+    """Silent, but declaring OpenEnv's bare ``Action``: nothing a model could fill (as an MCP
+    environment's)."""
