@@ -3,10 +3,12 @@
 A grid file lists setups (a preset plus overrides, and optionally the subsets of the grid's modes
 and methods it runs), loss methods, collaboration modes, filter
 thresholds g (numbers, or ``{linear: [start, end]}`` for a per-node linear schedule) and run
-seeds. Expansion keeps only the points that differ: ``alone`` trains on own samples only, so
-its loss method and g change nothing (one ``alone`` run per setup and seed); methods without
-the filter (nois, vis, tis) ignore g (one run per method). Every point has a file-safe ``key``
-that names its result file, so a finished run is found again and never redone.
+seeds. The grid's ``rounds`` and ``overrides`` hold for every setup; a setup's own ``overrides``
+win over both (an ablation may run longer). Expansion keeps only the points that differ:
+``alone`` trains on own samples only, so its loss method and g change nothing (one ``alone`` run
+per setup and seed); methods without the filter (nois, vis, tis) ignore g (one run per method).
+Every point has a file-safe ``key`` that names its result file, so a finished run is found again
+and never redone.
 """
 
 from __future__ import annotations
@@ -123,6 +125,11 @@ def load_grid(path: str | Path, *, check_configs: bool = True) -> Grid:
     common = data.get("overrides") or {}
     if not isinstance(common, dict):
         raise GridError(f"{path}: overrides must be a mapping of dotted keys to values")
+    if rounds and "rounds.num_rounds" in common and common["rounds.num_rounds"] != rounds:
+        raise GridError(f"{path}: rounds={rounds} and overrides rounds.num_rounds={common['rounds.num_rounds']!r} "
+                        "disagree: set the grid's rounds once (a setup may override it for itself)")
+    if rounds:  # the grid's rounds are a grid-wide override; a setup's own overrides win over them
+        common = {**common, "rounds.num_rounds": rounds}
     allowed = _methods()
     for m in data["methods"]:
         if m not in allowed:
@@ -157,9 +164,7 @@ def load_grid(path: str | Path, *, check_configs: bool = True) -> Grid:
             raise GridError(f"{path}: setups[{i}].methods={methods!r} must be a non-empty list of the grid's "
                             f"methods ({', '.join(data['methods'])})")
         merged = {**common, **ov}
-        if rounds:
-            merged["rounds.num_rounds"] = rounds
-        n_nodes, n_rounds = None, rounds
+        n_nodes, n_rounds = None, merged.get("rounds.num_rounds", 0)
         if check_configs:
             from ftis_flwr.config.merge import load_experiment
 

@@ -17,6 +17,8 @@ from ftis_flwr.tasks.environment import EnvironmentContractError, load_environme
 
 DOCS_ENV = Path(__file__).resolve().parents[1] / "docs" / "own-environment" / "openenv_calc.py"
 CALC = f"{DOCS_ENV}:CalcEnvironment"
+DOCS_MCP = DOCS_ENV.with_name("openenv_mcp_calc.py")
+MCP_CALC = f"{DOCS_MCP}:CalcMCPEnvironment"
 
 
 def test_an_openenv_class_loads_as_one_tool_named_after_its_action():
@@ -75,16 +77,56 @@ def test_an_openenv_class_without_an_action_is_refused_by_name():
         load_environment("toy_openenv:Bare")
 
 
+def test_an_mcp_environment_gives_each_of_its_tools_with_the_schema_its_server_declares():
+    """An MCPEnvironment: each tool its ListToolsAction lists is a tool, its parameters the JSON
+    schema the MCP server declares (an argument without a description is fine there), called
+    through CallToolAction; what a tool raises and arguments MCP refuses are error observations;
+    the observations' rewards (here reset's) sum to the episode's."""
+    spec = load_environment("toy_mcp:Shelf")
+    assert (spec.name, sorted(spec.tools), spec.deterministic) == ("Shelf", ["look", "shout"], False)
+    look, shout = spec.tools["look"]["function"], spec.tools["shout"]["function"]
+    assert look["description"] == "The book on a shelf slot."
+    assert look["parameters"]["properties"] == {"slot": {"type": "string", "description": "a slot's letter"}}
+    assert shout["parameters"]["required"] == ["text"]
+    assert shout["parameters"]["properties"]["times"] == {"default": 1, "type": "integer"}
+    shelf = spec.acquire()
+    assert shelf.reset({"prompt": "?"}, seed=0) is None
+    assert shelf.call("look", {"slot": "b"}).content == "Emma"
+    assert shelf.call("shout", {"text": "hi", "times": 2}).content == "HIHI"
+    loud = shelf.call("shout", {"text": "hi", "times": 5})
+    assert "too loud" in loud.error and loud.content.startswith("{'error'")
+    assert "slot" in shelf.call("look", {"shelf": "b"}).error  # MCP refuses the arguments: counted, read
+    assert "Tool read not found" in shelf.call("read", {}).content
+    assert shelf.reward() == 0.5
+    calc = load_environment(MCP_CALC)
+    assert (sorted(calc.tools), calc.deterministic) == (["calc"], True)
+    env = calc.acquire()
+    env.reset({"answer": "46"}, seed=0)
+    assert env.call("calc", {"expression": "12+34"}).content == "46"
+    assert env.reward() is None  # no observation carried one: the task's reward functions score the answer
+
+
+@pytest.mark.parametrize("cls, why", [("Empty", "its MCP server lists no tool"),
+                                      ("Scorer", "its MCP tool 'get_reward' cannot be a tool here")])
+def test_an_mcp_environment_whose_tools_cannot_be_tools_is_refused_by_name(cls, why):
+    with pytest.raises(EnvironmentContractError, match=f"toy_mcp:{cls}.*{cls}: {why}"):
+        load_environment(f"toy_mcp:{cls}")
+
+
 ROWS = ((12, 34), (20, 21))
 
 
-@pytest.fixture(scope="module")
-def node(tmp_path_factory):
+@pytest.fixture(scope="module", params=["action", "mcp"])
+def node(tmp_path_factory, request):
     """A tiny node on the OpenEnv calculator, first taught each row's script (``12+34=`` ->
     ``#calc(12+34)`` [``46``] ``done``), so that at temperature 1 some episodes call the tool with
-    the row's sum and some do not."""
-    node = episode_node(tmp_path_factory.mktemp("openenv"), CALC, ROWS, max_turns=3)
-    teach(node, [(f"{a}+{b}=", [(f"#calc({a}+{b})", str(a + b)), ("done", None)]) for a, b in ROWS])
+    the row's sum and some do not. The MCP calculator carries no reward (the task's exact-match
+    reward scores the final answer), so its scripts end with an answer instead of ``done``: the
+    tool's value in the first row's, a wrong one in the second's, so that the rewards differ."""
+    env = CALC if request.param == "action" else MCP_CALC
+    node = episode_node(tmp_path_factory.mktemp(request.param), env, ROWS, max_turns=3)
+    ends = ["done"] * 2 if request.param == "action" else [str(sum(ROWS[0])), str(sum(ROWS[1]) + 1)]
+    teach(node, [(f"{a}+{b}=", [(f"#calc({a}+{b})", str(a + b)), (end, None)]) for (a, b), end in zip(ROWS, ends)])
     return node
 
 
@@ -96,7 +138,7 @@ def test_a_node_samples_openenv_episodes_and_replays_a_peers(node):
     groups = res.groups
     assert res.metrics["env/episodes"] == 16 and res.metrics["env/tool_calls"] > 0
     rewards = np.concatenate([g.rewards for g in groups])
-    assert set(rewards.tolist()) <= {0.0, 1.0} and 0 < rewards.mean() < 1, rewards  # get_reward: the observations' sum
+    assert set(rewards.tolist()) <= {0.0, 1.0} and 0 < rewards.mean() < 1, rewards  # observations' sum, or the task's
     assert any((m == 0).any() for g in groups for m in g.sampled_masks), "no episode appended a tool turn"
     peer = [dataclasses.replace(g, node="b", rewards=np.ones(g.size, np.float32)) for g in groups]
     res = node.step(StepRequest(1, 2, [], 8, False, foreign=[Received("b", peer, [0, 1])]))
@@ -106,17 +148,21 @@ def test_a_node_samples_openenv_episodes_and_replays_a_peers(node):
     assert m["train_reward_foreign"] == pytest.approx(float(rewards.mean()))
 
 
-def test_the_environment_page_shows_the_openenv_class_and_its_command_checks(capsys):
-    """docs/your-own-environment.md, "An OpenEnv environment": its Python block is
-    docs/own-environment/openenv_calc.py's classes, verbatim, and its command, run as written
-    from the repository's root, says the configuration is valid."""
+@pytest.mark.parametrize("section, source, first_line", [
+    ("An OpenEnv environment", DOCS_ENV, "class CalcAction(Action):"),
+    ("An MCP environment", DOCS_MCP, "class CalcMCPEnvironment(MCPEnvironment):")])
+def test_the_environment_page_shows_the_openenv_classes_and_their_commands_check(capsys, section, source,
+                                                                                 first_line):
+    """docs/your-own-environment.md, "An OpenEnv environment" and "An MCP environment": each Python
+    block is its file's classes, verbatim, and each command, run as written from the repository's
+    root, says the configuration is valid."""
     import shlex
 
     from conftest import doc_block, run_doc_check
 
-    page, section = "docs/your-own-environment.md", "An OpenEnv environment"
-    code = DOCS_ENV.read_text()
-    assert doc_block(section, "python", page).strip() == code[code.index("class CalcAction(Action):"):].strip()
+    page = "docs/your-own-environment.md"
+    code = source.read_text()
+    assert doc_block(section, "python", page).strip() == code[code.index(first_line):].strip()
     command = shlex.split(doc_block(section, "bash", page))
-    assert "openenv_calc.py:CalcEnvironment" in command[-1] and run_doc_check(command) == 0
+    assert f"{source.name}:" in command[-1] and run_doc_check(command) == 0
     assert "configuration valid: 2 nodes (small, large)" in capsys.readouterr().out

@@ -393,7 +393,8 @@ class TaskConfig:
     ``reset(**row)``, the class's public methods are the tools, and ``get_reward()`` scores an
     episode (else the task's reward over the episode's last model turn). Empty (default): none,
     one completion per sample. Shipped: ``ftis_flwr.tasks.calculator:Calculator``. An OpenEnv
-    ``Environment`` class is taken too, its action as one tool (``pip install -e ".[openenv]"``)."""
+    ``Environment`` class is taken too, its action as one tool, or an ``MCPEnvironment``'s MCP tools
+    (``pip install -e ".[openenv]"``)."""
     max_turns: int = field(default=4, metadata={"ge": 1})
     """``task.environment``: model turns per episode at most (each but the last may call tools)."""
     tool_timeout: float = field(default=10.0, metadata={"gt": 0})

@@ -315,8 +315,8 @@ def load_environment(path: str, *, tool_timeout: float = TOOL_TIMEOUT,
     for name, method in sorted(_methods(instance).items()):
         if name in RESERVED:
             continue
-        try:
-            tools[name] = tool_schema(method, cls)
+        try:  # an MCP tool's schema is the one its server declares (tasks.openenv_source)
+            tools[name] = getattr(method, "_ftis_tool_schema", None) or tool_schema(method, cls)
         except ToolSchemaError as exc:
             raise EnvironmentContractError(f"environment {path!r}: {exc} (every public method but "
                                            f"{' and '.join(RESERVED)} is a tool; prefix a helper with '_')") from None

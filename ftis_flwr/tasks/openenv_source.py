@@ -22,8 +22,15 @@ their own tool contract; here the wrapper is built from the class itself, so
 - ``deterministic = True`` on the OpenEnv class lets peers replay its episodes, as for a TRL class.
 
 An observation's text: its one field besides ``done``, ``reward`` and ``metadata``, else
-``name: value`` lines of its fields. Remote OpenEnv clients (a Space over HTTP) are not driven here:
-wrap one in a TRL-style class as TRL's OpenEnv guide shows.
+``name: value`` lines of its fields.
+
+An **MCP environment** (a subclass of OpenEnv's ``MCPEnvironment``, its tools served by a FastMCP
+server) exposes **each MCP tool** instead: the tools its ``ListToolsAction`` lists, each described
+to the model by the JSON schema the MCP server declares (no docstring needed), called through
+``CallToolAction``; the tool's text content is what the model reads, and an MCP error (the tool
+raised, bad arguments, a timeout) is an error observation, counted as one. Reset, reward, ``done``
+and ``deterministic`` work as above. Remote OpenEnv clients (a Space over HTTP) are not driven
+here: wrap one in a TRL-style class as TRL's OpenEnv guide shows.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import inspect
 import random
 import re
 import typing
+import warnings
 from typing import Any
 
 BASE_FIELDS = ("done", "reward", "metadata")
@@ -43,6 +51,13 @@ def is_openenv(obj: Any) -> bool:
     so that checking a TRL class never imports ``openenv``."""
     cls = obj if isinstance(obj, type) else type(obj)
     return any(base.__name__ == "Environment" and base.__module__.startswith("openenv.")
+               for base in inspect.getmro(cls))
+
+
+def is_mcp(obj: Any) -> bool:
+    """``obj`` (a class or an instance) is an OpenEnv ``MCPEnvironment`` (its tools over MCP)."""
+    cls = obj if isinstance(obj, type) else type(obj)
+    return any(base.__name__ == "MCPEnvironment" and base.__module__.startswith("openenv.")
                for base in inspect.getmro(cls))
 
 
@@ -133,29 +148,109 @@ class _OpenEnvAdapter:
             self._rewards.append(float(reward))
 
     def _act(self, arguments: dict[str, Any]) -> str:
+        return self._stepped(self._action_cls(**arguments), observation_text)
+
+    def _mcp(self, name: str, arguments: dict[str, Any]) -> str:
+        from openenv.core.env_server.mcp_types import CallToolAction
+
+        return self._stepped(CallToolAction(tool_name=name, arguments=arguments), mcp_result_text)
+
+    def _stepped(self, action: Any, text: Any) -> str:
         if self._done:
             raise RuntimeError("the episode is over (the environment said done): give your final answer")
-        obs = self._env.step(self._action_cls(**arguments))
+        obs = self._env.step(action)
         self._done = bool(getattr(obs, "done", False))
         self._note(obs)
-        return observation_text(obs)
+        return text(obs)
 
 
-def adapter_class(env_cls: type) -> type:
+def mcp_result_text(obs: Any) -> str:
+    """What the model reads of an MCP tool's observation: the result's text content (its
+    structured data when it has none); RuntimeError with MCP's message when the call failed."""
+    error = getattr(obs, "error", None)
+    if error is not None:
+        raise RuntimeError(getattr(error, "message", None) or str(error))
+    result = getattr(obs, "result", None)
+    texts = [getattr(c, "text", None) for c in getattr(result, "content", None) or []]
+    text = "\n".join(t for t in texts if isinstance(t, str))
+    if getattr(result, "is_error", False):
+        raise RuntimeError(text or "the tool reported an error")
+    if text or result is None:
+        return text
+    data = getattr(result, "data", result)
+    return str(data)
+
+
+_JSON_TYPES = {"string": str, "integer": int, "number": float, "boolean": bool, "array": list, "object": dict}
+
+
+def _mcp_tool(name: str, description: str, schema: dict[str, Any]):
+    """The tool function (``self`` first) calling the MCP tool ``name``; its schema is the one the
+    MCP server declares (``_ftis_tool_schema``, used as is), its signature says the argument names."""
+    def tool(self, **arguments: Any) -> str:
+        return self._mcp(name, arguments)
+
+    properties = schema.get("properties") or {}
+    required = set(schema.get("required") or ())
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    for key, prop in properties.items():
+        prop = prop if isinstance(prop, dict) else {}
+        kind = prop.get("type")
+        hint = _JSON_TYPES.get(kind, Any) if isinstance(kind, str) else Any
+        default = inspect.Parameter.empty if key in required else prop.get("default")
+        if key.isidentifier():
+            params.append(inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=hint))
+    tool.__name__ = tool.__qualname__ = name
+    tool.__doc__ = description or f"The MCP tool {name}."
+    tool.__signature__ = inspect.Signature(params, return_annotation=str)
+    parameters = dict(schema) if isinstance(schema, dict) and schema else {"type": "object", "properties": {}}
+    tool._ftis_tool_schema = {"type": "function", "function": {
+        "name": name, "description": description or f"The MCP tool {name}.", "parameters": parameters}}
+    return tool
+
+
+def mcp_tools(env: Any) -> dict[str, Any]:
+    """name -> tool function for each tool an MCP environment instance lists; ValueError when the
+    listing fails or a tool's name cannot be a tool here."""
+    from openenv.core.env_server.mcp_types import ListToolsAction
+
+    cls = type(env).__name__
+    with warnings.catch_warnings():  # openenv-core 0.3 reads a field FastMCP renamed: its warning, not the user's
+        warnings.filterwarnings("ignore", message="Accessing `Tool.inputSchema` is deprecated")
+        obs = env.step(ListToolsAction())
+    listed = getattr(obs, "tools", None)
+    if listed is None:
+        why = (getattr(obs, "metadata", None) or {}).get("error", "no tools in its ListToolsObservation")
+        raise ValueError(f"OpenEnv MCP environment {cls}: listing its tools failed ({why})")
+    if not listed:
+        raise ValueError(f"OpenEnv MCP environment {cls}: its MCP server lists no tool; register one with "
+                         "@mcp.tool before calling MCPEnvironment.__init__")
+    out = {}
+    for t in listed:
+        if t.name in ("reset", "get_reward") or t.name.startswith("_"):
+            raise ValueError(f"OpenEnv MCP environment {cls}: its MCP tool {t.name!r} cannot be a tool here "
+                             "(reset and get_reward are the episode's calls, a leading '_' marks a helper); rename it")
+        out[t.name] = _mcp_tool(t.name, (t.description or "").strip(), dict(t.input_schema or {}))
+    return out
+
+
+def adapter_class(env_cls: type, tools: dict[str, Any] | None = None) -> type:
     """A TRL-contract class wrapping instances of the OpenEnv class ``env_cls``, named as it (so
-    messages and metrics name the user's class); ValueError when its action cannot be found."""
-    action_cls = action_class(env_cls)
-    if not set(action_cls.model_fields) - {"metadata"}:
-        mcp = any(base.__name__ == "MCPEnvironment" for base in inspect.getmro(env_cls))
-        raise ValueError(f"OpenEnv environment {env_cls.__name__}: its action {action_cls.__name__} has no field a "
-                         "model could fill" + ("; an MCP environment (tools called through CallToolAction) is not "
-                                               "driven here yet: wrap it in a TRL-style class whose methods call "
-                                               "its tools" if mcp else ""))
-    name, tool = _tool(env_cls, action_cls)
-    if name in ("reset", "get_reward") or name.startswith("_"):
-        name, tool.__name__ = "step", "step"
+    messages and metrics name the user's class); its tools are ``tools`` (an MCP environment's,
+    :func:`mcp_tools`) or else its action's one; ValueError when its action cannot be found."""
+    action_cls = None
+    if tools is None:
+        action_cls = action_class(env_cls)
+        if not set(action_cls.model_fields) - {"metadata"}:
+            raise ValueError(f"OpenEnv environment {env_cls.__name__}: its action {action_cls.__name__} has no "
+                             "field a model could fill; declare an action class with the fields the model sets "
+                             "(or serve tools over MCP: subclass MCPEnvironment)")
+        name, tool = _tool(env_cls, action_cls)
+        if name in ("reset", "get_reward") or name.startswith("_"):
+            name, tool.__name__ = "step", "step"
+        tools = {name: tool}
     reset = inspect.signature(env_cls.reset).parameters
-    attrs = {name: tool, "_action_cls": action_cls, "__doc__": env_cls.__doc__,
+    attrs = {**tools, "_action_cls": action_cls, "__doc__": env_cls.__doc__,
              "_named": frozenset(k for k in reset if k not in ("self", "seed", "episode_id")),
              "_any_column": any(p.kind is p.VAR_KEYWORD for p in reset.values()),
              "deterministic": getattr(env_cls, "deterministic", False), "__module__": env_cls.__module__}
@@ -167,5 +262,5 @@ def adapt(factory: Any, first: Any) -> tuple[Any, Any]:
     (``first``, the instance the factory built), a factory of adapters and ``first`` wrapped."""
     if not is_openenv(first):
         return factory, first
-    cls = adapter_class(type(first))
+    cls = adapter_class(type(first), mcp_tools(first) if is_mcp(first) else None)
     return (lambda: cls(factory())), cls(first)
