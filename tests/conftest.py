@@ -154,10 +154,11 @@ def wait_listening(port: int, proc, timeout: float = 60.0) -> None:
 
 
 
-def episode_node(tmp: Path, environment: str, rows, max_turns: int):
+def episode_node(tmp: Path, environment: str, rows, max_turns: int, reward: str = ""):
     """A real tiny node (``a`` of two, untrained) whose task is ``environment`` over the rows
     ``(a, b)`` -> ``{"prompt": "a+b=", "answer": "a+b"}`` (train and test alike), groups of 8 at
-    temperature 1: what the episode tests teach a script and then run."""
+    temperature 1: what the episode tests teach a script and then run. ``reward``: the task's
+    ``task.reward`` (default: the data set's exact match)."""
     import json
 
     from ftis_flwr.config.merge import load_experiment
@@ -170,7 +171,7 @@ rounds: {{num_rounds: 2, prompts_per_node: 2}}
 rollout: {{group_size: 8, max_new_tokens: 16, temperature: 1.0}}
 train: {{lr: 1e-3, micro_batch_size: 16}}
 task: {{name: dataset, dataset: json, data_files: {{train: "{tmp / 'train.jsonl'}", test: "{tmp / 'train.jsonl'}"}},
-        environment: "{environment}", max_turns: {max_turns}}}
+        environment: "{environment}", max_turns: {max_turns}{f', reward: "{reward}"' if reward else ''}}}
 nodes:
   - {{name: a, tiny_size: small, warmstart_steps: 0, seed: 1}}
   - {{name: b, tiny_size: small, warmstart_steps: 0, seed: 2}}

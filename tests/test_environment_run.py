@@ -97,6 +97,27 @@ def test_a_node_trains_on_its_episodes_and_replays_a_peers(node, first):
         assert find(key, "node") is not None, key
 
 
+def test_a_reward_function_reads_each_episodes_instance_on_the_sampler_and_on_replay(tmp_path):
+    """TRL's ``environments`` argument: an environment without ``get_reward`` (``Ledger``) and a
+    reward function that reads what each episode's instance showed (``shown_the_answer``). The
+    episodes end with "done", which the exact-match reward would score 0, so rewards above 0 are
+    the instances'; a peer's replay scores them on its own instances, to the same values."""
+    from ftis_flwr.tasks.reward_probe import environment_scorer
+
+    ledger = episode_node(tmp_path, f"{TOYS}:Ledger", ROWS, max_turns=3, reward=f"{TOYS}:shown_the_answer")
+    teach(ledger, [(f"{a}+{b}=", [(f"#calc({a}+{b})", str(a + b)), ("done", None)]) for a, b in ROWS])
+    res = ledger.step(StepRequest(0, 2, [0, 1], 8, False))
+    rewards = np.concatenate([g.rewards for g in res.groups])
+    assert set(rewards.tolist()) <= {0.0, 1.0} and 0 < rewards.mean() < 1, rewards
+    peer = [dataclasses.replace(g, node="b", rewards=1 - g.rewards) for g in res.groups]
+    m = ledger.step(StepRequest(1, 2, [], 8, False, foreign=[Received("b", peer, [0, 1])])).metrics
+    assert m["b/env_replayed"] == 16 and m["train_reward_foreign"] == pytest.approx(float(rewards.mean()))
+    # the check's reward probe ends episodes without a tool call: nothing shown, nothing paid
+    probe = environment_scorer(ledger.cfg, ledger.task)
+    problems = [ledger.task.train_problem(i) for i in (0, 1)]
+    assert probe([str(a + b) for a, b in ROWS], problems) == [0.0, 0.0]
+
+
 def test_a_single_turn_episode_without_its_mask_is_still_replayed(node):
     """The wire drops a mask of all ones: such a group is an episode all the same, replayed (not
     scored as a single completion); cut to 5 tokens with room left to sample, it is refused as cut."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -339,6 +340,21 @@ def test_a_reward_that_needs_what_only_trl_passes_is_named_with_the_docs(files):
                    "task.reward": f"{files / 'trl_state.py'}:reward"})
     assert ("it requires 'trainer_state', which the rows do not have (columns: prompt, answer, ground_truth, level) "
             "(trainer_state: TRL's GRPOTrainer passes it, this project does not: docs/your-own-task.md)") in msg
+
+
+def test_a_reward_that_reads_the_environments_needs_an_environment(files):
+    """TRL gives ``environments`` only with ``environment_factory``: here only with
+    ``task.environment``, where the check takes such a reward."""
+    (files / "env_reward.py").write_text("def reward(completions, environments, **kwargs):\n"
+                                         "    return [float(len(e.shown) > 0) for e in environments]\n")
+    keys = {"task.name": "dataset", "task.dataset": "json", "task.data_files.train": str(files / "train.jsonl"),
+            "task.reward": f"{files / 'env_reward.py'}:reward"}
+    msg = _errors(keys)
+    assert ("it requires 'environments', which the rows do not have (columns: prompt, answer, ground_truth, level) "
+            "(environments: given with task.environment, each episode's instance, as TRL gives it with "
+            "environment_factory)") in msg
+    toys = Path(__file__).resolve().parent / "toy_environments.py"
+    load_experiment(overrides={**keys, "task.environment": f"{toys}:Ledger"})  # valid: nothing raised
 
 
 def test_the_messages_docs_your_own_task_quotes_are_what_check_prints(capsys, monkeypatch):

@@ -171,3 +171,31 @@ class LongReset(CalcEnv):
     def reset(self, **row) -> str:
         super().reset(**row)
         return " " + "1+1=" * 20
+
+
+class Ledger:
+    """A calculator without ``get_reward``: what it showed stays on the instance, for a reward
+    function that reads it (TRL's ``environments`` argument, :func:`shown_the_answer`)."""
+
+    deterministic = True
+
+    def __init__(self):
+        self.shown: list[str] = []
+
+    def reset(self, **row) -> None:
+        self.shown = []
+
+    def calc(self, expression: str) -> str:
+        """Evaluate a sum of integers.
+
+        Args:
+            expression: Integers joined by +, e.g. 12+34.
+        """
+        value = str(sum(int(part) for part in expression.split("+")))
+        self.shown.append(value)
+        return value
+
+
+def shown_the_answer(completions, environments, answer, **kwargs):
+    """1 when the episode's calculator showed the row's answer, read from its instance."""
+    return [1.0 if str(a) in env.shown else 0.0 for env, a in zip(environments, answer)]

@@ -32,9 +32,7 @@ import dataclasses
 import logging
 from typing import Any
 
-import numpy as np
-
-from ftis_flwr.node.episodes import EpisodeGroup, Sampling, run_groups
+from ftis_flwr.node.episodes import Episode, Sampling, Score, run_groups
 from ftis_flwr.tasks.base import Problem
 from ftis_flwr.tasks.environment import EnvironmentSpec, load_environment, reset_seed, scored
 from ftis_flwr.tasks.episode_prompt import prompt_messages
@@ -68,10 +66,11 @@ class EnvironmentRollout:
         rows = [(dict(p.columns), prompt_messages(p, self.chat), reset_seed(node.cfg.rounds.seed, p.id))
                 for p in problems]
         made = run_groups(node.engine, node.tokenizer, self.spec, rows=rows, n=n, sample_seed=round_seed,
-                          stop_ids=node.stop_ids, sampling=self.sampling, tool_format=self.format) if rows else []
+                          stop_ids=node.stop_ids, sampling=self.sampling, tool_format=self.format,
+                          score=scorer(node, problems)) if rows else []
         for problem, eg in zip(problems, made):
             g = eg.group(problem.id, node=node.card.name, model_id=node.policy.model_id,
-                         tokenizer_fp=node.fingerprint, rewards=self.rewards(node, eg, problem))
+                         tokenizer_fp=node.fingerprint, rewards=[e.score for e in eg.episodes])
             out.append(g)
             episodes += len(eg.episodes)
             turns += sum(e.turns for e in eg.episodes)
@@ -81,11 +80,14 @@ class EnvironmentRollout:
                    "env/tool_errors": float(errors)}
         return out, metrics
 
-    @staticmethod
-    def rewards(node: Any, eg: EpisodeGroup, problem: Problem) -> np.ndarray:
-        """Each episode's reward: its environment's, else the task's over its final answer text."""
-        return np.asarray(scored([e.reward for e in eg.episodes], [final_answer(e.messages) for e in eg.episodes],
-                                 node.task, [problem] * len(eg.episodes)), np.float32)
+
+def scorer(node: Any, problems: list[Problem]) -> Score:
+    """How :func:`~ftis_flwr.node.episodes.run_groups` scores the episodes of ``problems``' rows: the
+    environment's reward, else the task's over the final answer text, given the episode's instance."""
+    def score(i: int, episodes: list[Episode], instances: list[Any]) -> list[float]:
+        return scored([e.reward for e in episodes], [final_answer(e.messages) for e in episodes], node.task,
+                      [problems[i]] * len(episodes), environments=instances)
+    return score
 
 
 def final_answer(messages: list[dict]) -> str:
@@ -135,9 +137,10 @@ def evaluate(node: Any, problems: list[Problem]) -> tuple[list[float], list[str]
     greedy = dataclasses.replace(env.sampling, temperature=1.0, top_k=1, top_p=1.0)
     rows = [(dict(p.columns), prompt_messages(p, env.chat), reset_seed(node.cfg.rounds.seed, p.id)) for p in problems]
     made = run_groups(node.engine, node.tokenizer, env.spec, rows=rows, n=1, sample_seed=node.cfg.rounds.seed,
-                      stop_ids=node.stop_ids, sampling=greedy, tool_format=env.format) if rows else []
+                      stop_ids=node.stop_ids, sampling=greedy, tool_format=env.format,
+                      score=scorer(node, problems)) if rows else []
     scores, answers = [], []
-    for problem, eg in zip(problems, made):
-        scores.append(float(env.rewards(node, eg, problem)[0]))
+    for eg in made:
+        scores.append(float(eg.episodes[0].score))
         answers.append(final_answer(eg.episodes[0].messages).strip())
     return scores, answers

@@ -24,7 +24,7 @@ reproducible and the group is refused with the reason). The loop never runs unbo
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +61,9 @@ class Episode:
     """Why it ended, one of :data:`STOPS`."""
     reward: float | None = None
     """``get_reward()`` of the episode's environment, when it has one."""
+    score: float | None = None
+    """The episode's reward as trained on, when :func:`run_groups` was given ``score``: the
+    environment's, else the task's reward functions' (which may read the instance)."""
 
 
 @dataclass
@@ -114,6 +117,10 @@ class Sampling:
                              f"{self.max_tokens}, {self.max_turn_tokens}")
 
 
+Score = Callable[[int, list[Episode], list[Any]], Sequence[float]]
+"""(row index, the row's episodes, their environment instances) -> their rewards."""
+
+
 def run_group(engine: Any, tokenizer: Any, spec: EnvironmentSpec, *, row: Mapping[str, Any],
               messages: Sequence[Mapping[str, Any]], n: int, seed: int, stop_ids: Sequence[int],
               sampling: Sampling, tool_format: Any = None, sample_seed: int | None = None) -> EpisodeGroup:
@@ -127,13 +134,15 @@ def run_group(engine: Any, tokenizer: Any, spec: EnvironmentSpec, *, row: Mappin
 def run_groups(engine: Any, tokenizer: Any, spec: EnvironmentSpec, *,
                rows: Sequence[tuple[Mapping[str, Any], Sequence[Mapping[str, Any]], int]], n: int,
                sample_seed: int | None, stop_ids: Sequence[int], sampling: Sampling,
-               tool_format: Any = None) -> list[EpisodeGroup]:
+               tool_format: Any = None, score: Score | None = None) -> list[EpisodeGroup]:
     """``n`` episodes of each ``(row, messages, reset seed)`` through ``engine`` (its ``sample``),
     every episode of every row sampling its turns together (:func:`run_episodes`, seeded by
     ``sample_seed``); ``messages`` is the row's prompt before ``reset``'s text; ``tool_format``: a
     :data:`ftis_flwr.tasks.tool_calls.TOOL_FORMATS` reader (default:
-    :func:`~ftis_flwr.tasks.tool_calls.tool_format_for` the tokenizer). EnvironmentFault when the
-    environment cannot start or score the episodes."""
+    :func:`~ftis_flwr.tasks.tool_calls.tool_format_for` the tokenizer); ``score(row index,
+    episodes, their instances)``: the row's episodes' rewards (:attr:`Episode.score`), called while
+    the instances still hold the episodes' state, before they go back to the pool. EnvironmentFault
+    when the environment cannot start or score the episodes."""
     fmt = tool_format or tool_format_for(tokenizer)
     envs = [[spec.acquire() for _ in range(int(n))] for _ in rows]
     try:
@@ -153,6 +162,10 @@ def run_groups(engine: Any, tokenizer: Any, spec: EnvironmentSpec, *,
                                 seed=sample_seed, stop_ids=stop_ids, sampling=sampling, tool_format=fmt)
         for env, ep in zip(flat, episodes):
             ep.reward = env.reward()
+        for i in range(len(rows) if score is not None else 0):
+            mine = slice(i * int(n), (i + 1) * int(n))
+            for ep, value in zip(episodes[mine], score(i, episodes[mine], [env.instance for env in flat[mine]])):
+                ep.score = float(value)
     finally:
         for env in (env for mine in envs for env in mine):
             spec.release(env)

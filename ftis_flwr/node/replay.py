@@ -111,8 +111,8 @@ def replay_group(node: Any, g: Group, problem: Problem) -> np.ndarray:
         masks = g.sampled_masks or [np.ones(len(c), np.uint8) for c in g.completions]
         finals = each_episode(lambda env, tokens, mask: replay_episode(node, env, np.asarray(tokens), np.asarray(mask)),
                               envs, g.completions, masks)
-        rewards = env_rewards(envs)
-    return np.asarray(scored(rewards, finals, node.task, [problem] * len(finals)), np.float32)
+        return np.asarray(scored(env_rewards(envs), finals, node.task, [problem] * len(finals),
+                                 environments=[env.instance for env in envs]), np.float32)
 
 
 def replay_episode(node: Any, env: Environment, tokens: np.ndarray, mask: np.ndarray) -> str:

@@ -72,8 +72,8 @@ def replay_text_group(node: Any, g: Group, problem: Problem) -> Group:
         own = each_episode(lambda env, text, lengths, gen, mask: replay_text_episode(
             node, env, bytes(text), np.asarray(lengths, np.int64), np.asarray(gen, np.float32), np.asarray(mask)),
             envs, g.texts, g.byte_lengths, g.logprobs, masks)
-        rewards = env_rewards(envs)
-    scores = scored(rewards, [e.final for e in own], node.task, [problem] * len(own))
+        scores = scored(env_rewards(envs), [e.final for e in own], node.task, [problem] * len(own),
+                        environments=[env.instance for env in envs])
     return Group(prompt_id=g.prompt_id, prompt_tokens=np.asarray(prompt, np.int64),
                  completions=[e.ids for e in own], logprobs=[e.gen for e in own], rewards=g.rewards, node=g.node,
                  model_id=g.model_id, tokenizer_fp=g.tokenizer_fp, chunks=[e.chunks for e in own],

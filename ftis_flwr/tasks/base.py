@@ -88,11 +88,14 @@ class Task(abc.ABC):
     """``task.reward`` / ``task.rewards`` when set (a :class:`ftis_flwr.tasks.reward_funcs.RewardSet`):
     it replaces :meth:`reward` in :meth:`rewards`."""
 
-    def rewards(self, completions: list[str], problems: list[Problem]) -> list[float]:
+    def rewards(self, completions: list[str], problems: list[Problem],
+                environments: list[Any] | None = None) -> list[float]:
         """The rewards of decoded completions, one per (completion, problem): the configured
-        reward functions, batched (TRL's form), or the task's own :meth:`reward` one at a time."""
+        reward functions, batched (TRL's form), or the task's own :meth:`reward` one at a time.
+        ``environments``: each episode's environment instance, for reward functions that read it
+        (TRL's ``environments`` argument); only with ``task.environment``."""
         if self.reward_set is not None:
-            return self.reward_set(completions, problems)
+            return self.reward_set(completions, problems, environments=environments)
         return [float(self.reward(c, p)) for c, p in zip(completions, problems)]
 
     def source_parts(self) -> dict[str, str]:

@@ -18,9 +18,10 @@ if TYPE_CHECKING:
 
 BUILTIN_CHECKED = ("arithmetic", "arithmetic-heldout", "basic-math", "basic-math-20")
 """Built-in generated tasks: nothing to read, so a check builds nothing for them."""
-TRL_ONLY = ("completion_ids", "trainer_state", "log_extra", "log_metric", "environments")
+TRL_ONLY = ("completion_ids", "trainer_state", "log_extra", "log_metric")
 """Keyword arguments TRL's GRPOTrainer gives a reward function that a node does not (it scores the
-decoded text, outside any trainer)."""
+decoded text, outside any trainer). ``environments`` it gives only with ``task.environment``, as
+TRL gives it only with ``environment_factory``."""
 _BUILT: dict[str, Task] = {}
 """The last task :func:`task_errors` built without a problem, by its settings' ``repr``: the reward
 probe (:mod:`ftis_flwr.tasks.reward_probe`) reuses it, its train split already generated or read."""
@@ -65,13 +66,18 @@ def task_errors(cfg: TaskConfig) -> list[str]:
                 columns = list(dict.fromkeys([*problems[0].columns, *(["answer"] if task.answer_field in
                                                                          problems[0].columns else [])]))
     if task.reward_set is not None and columns is not None:
+        extra = ["environments"] if cfg.environment else []
         for name, fn in zip(task.reward_set.names, task.reward_set.fns):
-            why = signature_fault(fn, columns)
+            why = signature_fault(fn, columns, extra)
             if why:
                 key = "task.rewards" if cfg.rewards else "task.reward"
-                trl = [n for n in TRL_ONLY if repr(n) in why.split(", which")[0]]
+                asked = why.split(", which")[0]
+                trl = [n for n in TRL_ONLY if repr(n) in asked]
                 note = f" ({', '.join(trl)}: TRL's GRPOTrainer passes {'them' if len(trl) > 1 else 'it'}, this " \
                     "project does not: docs/your-own-task.md)" if trl else ""
+                if "'environments'" in asked and not cfg.environment:
+                    note += " (environments: given with task.environment, each episode's instance, as TRL gives it " \
+                        "with environment_factory)"
                 errors.append(f"{key}={name!r} cannot be called with these rows: {why}{note}")
     _BUILT.clear()
     if not errors:

@@ -91,13 +91,17 @@ def reset_seed(run_seed: int, prompt_id: str) -> int:
     return (int(run_seed) * 1_000_003 + zlib.crc32(prompt_id.encode()) * 7_919 + 17) % (2**63)
 
 
-def scored(rewards: Sequence[float | None], answers: Sequence[str], task: Any, problems: Sequence[Any]) -> list[float]:
+def scored(rewards: Sequence[float | None], answers: Sequence[str], task: Any, problems: Sequence[Any],
+           environments: Sequence[Any]) -> list[float]:
     """Each episode's reward: its environment's (``get_reward()``) where it gave one, else the
-    task's reward functions over its final answer text, scored together."""
+    task's reward functions over its final answer text, scored together, each given its
+    episode's ``environments`` instance (TRL's argument: the user's object, as the episode left it;
+    called before the instance goes back to the pool)."""
     out = list(rewards)
     missing = [i for i, r in enumerate(out) if r is None]
     if missing:
-        for i, value in zip(missing, task.rewards([answers[i] for i in missing], [problems[i] for i in missing])):
+        for i, value in zip(missing, task.rewards([answers[i] for i in missing], [problems[i] for i in missing],
+                                                  environments=[environments[i] for i in missing])):
             out[i] = float(value)
     return [float(r) for r in out]
 

@@ -2,7 +2,9 @@
 
 Why TRL's form: a lab that wrote ``reward_funcs`` for TRL's ``GRPOTrainer`` drops them in
 unchanged: ``f(completions: list[str], **kwargs) -> list[float | None]``, where ``kwargs`` holds
-``prompts`` and every column of the data set's rows, each as a list aligned with ``completions``.
+``prompts`` and every column of the data set's rows, each as a list aligned with ``completions``,
+and, when the task has an environment, ``environments``: each episode's instance after it ended
+(TRL passes them the same way), so a reward may read the environment's state.
 ``None`` means "no opinion" (counted, scored 0). Several functions are summed with weights, as TRL
 sums ``reward_funcs`` with ``reward_weights``. Every node runs the same code on the decoded text
 (a node never trusts a reward it did not compute). A reward that raises, or returns a wrong length
@@ -63,13 +65,14 @@ def resolve_reward(name: str) -> Callable[..., list]:
         raise RewardError(f"reward {name!r}: {exc}") from None
 
 
-def signature_fault(fn: Callable, columns: Sequence[str]) -> str:
-    """Why ``fn`` cannot be called as ``fn(completions=..., prompts=..., **columns)``, or ""."""
+def signature_fault(fn: Callable, columns: Sequence[str], extra: Sequence[str] = ()) -> str:
+    """Why ``fn`` cannot be called as ``fn(completions=..., prompts=..., **columns)`` (and the
+    ``extra`` arguments, such as ``environments``), or ""."""
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return ""
-    given = {"completions", "prompts", *columns}
+    given = {"completions", "prompts", *columns, *extra}
     takes_rest = any(p.kind is p.VAR_KEYWORD for p in params.values())
     missing = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
                and p.default is p.empty and n not in given]
@@ -102,7 +105,7 @@ class RewardSet:
         return cls(names, weights, [resolve_reward(n) for n in names])
 
     def __call__(self, completions: list[str], problems: Sequence[Problem],
-                 prompts: list[str] | None = None) -> list[float]:
+                 prompts: list[str] | None = None, environments: Sequence[Any] | None = None) -> list[float]:
         columns: dict[str, list] = {}
         for p in problems:
             for key in p.columns:
@@ -110,6 +113,8 @@ class RewardSet:
         for key in columns:
             columns[key] = [p.columns.get(key) for p in problems]
         columns.setdefault("answer", [p.gold for p in problems])
+        if environments is not None:
+            columns["environments"] = list(environments)
         total = [0.0] * len(completions)
         for name, w, fn in zip(self.names, self.weights, self.fns):
             try:

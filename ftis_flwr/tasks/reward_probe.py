@@ -207,14 +207,16 @@ def environment_scorer(exp: Any, task: Task) -> Scorer:
 
     def score(answers: list[str], problems: list[Problem]) -> list[float]:
         out: list[float | None] = []
-        for problem in problems:
-            env = spec.acquire()
-            try:
-                env.reset(dict(problem.columns), reset_seed(exp.rounds.seed, problem.id))
-                out.append(env.reward())
-            finally:
+        envs = []
+        try:  # every instance held until scored: a reward function may read it (``environments``)
+            for problem in problems:
+                envs.append(spec.acquire())
+                envs[-1].reset(dict(problem.columns), reset_seed(exp.rounds.seed, problem.id))
+                out.append(envs[-1].reward())
+            return scored(out, answers, task, problems, environments=[env.instance for env in envs])
+        finally:
+            for env in envs:
                 spec.release(env)
-        return scored(out, answers, task, problems)
 
     return score
 
