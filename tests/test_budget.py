@@ -285,13 +285,31 @@ def test_a_real_node_accepts_a_cut_payload(tiny_nodes):  # noqa: F811 (the fixtu
     ({"exchange.max_foreign_groups": 4}, "exchange.max_foreign_groups=4 needs exchange.select"),
     ({"exchange.select": "random"}, "exchange.select='random' chooses within a budget"),
     ({"exchange.max_foreign_groups": -1}, "exchange.max_foreign_groups=-1 must be >= 0"),
-    ({"exchange.max_foreign_groups": 2, "exchange.select": "best"}, "exchange.select='best' is not one of"),
     ({"exchange.max_foreign_groups": 2, "exchange.select": "random", "advantage.mode": "horizontal"},
      "exchange.max_foreign_groups=2 must be 0 with advantage.mode=horizontal"),
 ])
 def test_inconsistent_budget_settings_are_refused_by_name(sets, message):
     with pytest.raises(ConfigError, match=message):
         experiment(**sets)
+
+
+def test_a_selection_rule_of_ones_own_by_import_path_passes_the_check_and_chooses(tmp_path):
+    """``exchange.select='<file.py>:<rule>'``: the check imports it (a path that names nothing is
+    refused by key), and the strategy ranks the groups by it: each receiver's budget of 3 is filled
+    with c's 3 groups first (b's and a's for c itself)."""
+    rule = tmp_path / "my_rule.py"
+    rule.write_text("def prefer_c(source, read, kl):\n    return [1.0 if source == 'c' else 0.0] * read.n\n")
+    with pytest.raises(ConfigError, match=r"exchange.select='.*my_rule.py:nope': .*has no 'nope'"):
+        budget(3, f"{rule}:nope")
+    with pytest.raises(ConfigError, match=r"exchange.select='best' is not one of all, random, reward_variance, "
+                                          r"low_kl, nor an import path"):
+        budget(3, "best")
+    grid = FakeGrid(honest(names=THREE), node_ids=(1, 2, 3))
+    run(budget(3, f"{rule}:prefer_c"), grid)
+    for me, msg in grid.train_messages(1).items():
+        fwd = forwarded(msg)
+        assert sum(map(len, fwd.values())) == 3
+        assert (list(fwd) == ["c"]) if THREE[me] != "c" else (set(fwd) <= {"a", "b"}), (THREE[me], fwd)
 
 
 # ----------------------------------------------------------------- a peer cannot stop the server

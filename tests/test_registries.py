@@ -79,6 +79,36 @@ def test_an_engine_of_ones_own_by_import_path(tmp_path):
         get_engine_factory(f"{tmp_path / 'my_engine.py'}:nope")
 
 
+def test_an_engine_of_ones_own_passes_the_check_and_a_node_samples_with_it(tmp_path):
+    """``nodes.N.engine='<file.py>:<factory>'``: the check imports it (a name that is neither built
+    in nor a path is refused by key), and a real tiny node builds its engine from it and samples."""
+    from ftis_flwr.config.merge import load_experiment
+    from ftis_flwr.config.schema import ConfigError
+    from ftis_flwr.node.node import Node
+
+    (tmp_path / "my_engine.py").write_text(
+        "from ftis_flwr.node.engines import HFEngine\n\n\n"
+        "def tagged(model, tokenizer, *, card=None, share_prompts=True, **options):\n"
+        "    engine = HFEngine(model, tokenizer, share_prompts=share_prompts, **options)\n"
+        "    engine.built_for = card.name\n"
+        "    return engine\n")
+    yaml = """
+rounds: {num_rounds: 1, prompts_per_node: 1}
+rollout: {group_size: 2, max_new_tokens: 4}
+nodes:
+  - {name: a, tiny_size: small, warmstart_steps: 1, warmstart_target: 0, seed: 1}
+  - {name: b, tiny_size: small, warmstart_steps: 1, warmstart_target: 0, seed: 1}
+"""
+    with pytest.raises(ConfigError, match=r"nodes\[a\].engine='jax' is not one of hf, vllm, nor an import path"):
+        load_experiment(yaml_text=yaml, overrides={"nodes.a.engine": "jax"})
+    exp = load_experiment(yaml_text=yaml, overrides={"nodes.a.engine": f"{tmp_path / 'my_engine.py'}:tagged",
+                                                     "cache_dir": str(tmp_path / "cache")})
+    node = Node(exp.nodes[0], exp, cache_dir=tmp_path / "cache")
+    assert node.engine.built_for == "a"
+    (group,) = node.generate([0], 2, 0)
+    assert group.size == 2 and all(len(c) for c in group.completions)
+
+
 # ---------------------------------------------------------------------- selection rules
 
 
@@ -118,6 +148,9 @@ def test_a_selection_rule_is_a_registered_scorer_the_budget_ranks_by(rules):
     chosen = ForeignBudget(ExchangeConfig(max_foreign_groups=2, select="test-prefer-b")).select(
         "a", 1, _payloads({"b": 2, "c": 3}))
     assert list(chosen) == ["b"] and chosen["b"][2] == [0, 1]  # both of b's, as received
+    from ftis_flwr.config.merge import load_experiment
+
+    load_experiment(overrides={"exchange.max_foreign_groups": 2, "exchange.select": "test-prefer-b"})  # checked: taken
     with pytest.raises(ValueError, match="selection rule 'test-prefer-b' is already registered"):
         register_select_rule("test-prefer-b")(lambda s, r, k: [])
     with pytest.raises(ValueError, match=r"exchange.select='best' is not one of random, reward_variance, "

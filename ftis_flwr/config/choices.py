@@ -205,6 +205,11 @@ CARD_CHOICES: dict[str, tuple] = {
 }
 """Model-card key -> its allowed values (``dtype`` and ``compute_dtype``: CARD_DTYPES, the latter may be "")."""
 
+OPEN_CHOICES = ("exchange.select", "engine")
+"""Keys of the two dicts above whose registry also takes an import path ``"<module>:<name>"`` /
+``"<file.py>:<name>"`` (a selection rule, an engine factory of one's own) or a name registered in
+it: their listed values are the built-in ones (:func:`ftis_flwr.config.validation.open_choice_error`)."""
+
 __all__ = ["names"] + sorted(
     n for n, v in list(globals().items())
     if n.isupper() or (isinstance(v, type) and issubclass(v, StrEnum) and v is not StrEnum))

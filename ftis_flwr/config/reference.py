@@ -14,7 +14,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from ftis_flwr.config.choices import BUILTIN_LOSSES, CARD_CHOICES, CARD_DTYPES, EXPERIMENT_CHOICES
+from ftis_flwr.config.choices import BUILTIN_LOSSES, CARD_CHOICES, CARD_DTYPES, EXPERIMENT_CHOICES, OPEN_CHOICES
 from ftis_flwr.config.fields import dotted_fields, scalar_type
 from ftis_flwr.config.keys import APP_ENTRIES, _docs_of, run_config_keys
 from ftis_flwr.config.preset_files import PRESET_DIR
@@ -61,8 +61,9 @@ def _default(value: Any) -> str:
     return f"`{value!r}`" if not isinstance(value, str) else (f'`"{value}"`' if value else '`""`')
 
 
-def _allowed(choices: tuple | None) -> str:
-    return ", ".join(f"`{c}`" for c in choices) if choices else ""
+def _allowed(choices: tuple | None, key: str = "") -> str:
+    listed = ", ".join(f"`{c}`" for c in choices) if choices else ""
+    return f"{listed}, or an import path" if key in OPEN_CHOICES else listed
 
 
 def render() -> str:
@@ -88,7 +89,7 @@ def render() -> str:
             kind = getattr(scalar_type(hint), "__name__", None) or str(hint).replace("typing.", "")
             value = _value(defaults, field).get(dotted.rsplit(".", 1)[1], "") if field != dotted else \
                 _value(defaults, dotted)
-            out.append(f"| `{key}` | {_md(kind)} | {_md(_default(value))} | {_allowed(allowed)} | "
+            out.append(f"| `{key}` | {_md(kind)} | {_md(_default(value))} | {_allowed(allowed, dotted)} | "
                        f"{_md(docs.get(field, ''))} |")
     card, card_docs = ModelCard(name="a"), _docs_of(ModelCard)
     out += ["", "## Per-node fields (`nodes.N.*`)", "",
@@ -98,7 +99,7 @@ def render() -> str:
         allowed = CARD_DTYPES if dotted in ("dtype", "compute_dtype") else CARD_CHOICES.get(dotted)
         kind = getattr(scalar_type(hint), "__name__", None) or str(hint).replace("typing.", "")
         out.append(f"| `{dotted.replace('_', '-')}` | {_md(kind)} | {_md(_default(_value(card, dotted)))} | "
-                   f"{_allowed(allowed)} | {_md(card_docs.get(dotted, ''))} |")
+                   f"{_allowed(allowed, dotted)} | {_md(card_docs.get(dotted, ''))} |")
     out += ["", "## Presets", "", "| preset | what it is |", "|---|---|"]
     for path in sorted(PRESET_DIR.glob("*.yaml")):
         lines = path.read_text().splitlines()

@@ -178,7 +178,9 @@ class ExchangeConfig:
     seed, round and receiver), "reward_variance" (highest variance of the source's claimed
     rewards first: groups that carry a learning signal), "low_kl" (groups of the sources with the
     lowest KL to the receiver, from its own report of the round before, first; sources it has not
-    measured yet come first). See ftis_flwr.server.budget."""
+    measured yet come first), or an import path ``"<module>:<rule>"`` / ``"<file.py>:<rule>"`` to a rule
+    of your own, ``rule(source, payload, kl) -> one score per group`` (higher first). See
+    ftis_flwr.server.budget."""
     schedule: str = "sync"
     """"sync" (default): every round waits for every node, so a fast node idles while the slowest
     generates. "async": bounded staleness (as in asynchronous RL, e.g. AReaL): a node gets its
@@ -268,7 +270,9 @@ class ModelCard:
     EOS ids and the chat template's end-of-turn token (``<|im_end|>``, ``<|eot_id|>``, ...),
     which are found automatically. Default: none."""
     engine: str = "hf"
-    """Rollout engine: "hf" (transformers generate, default) or "vllm" (optional extra)."""
+    """Rollout engine: "hf" (transformers generate, default), "vllm" (optional extra), or an import
+    path ``"<module>:<factory>"`` / ``"<file.py>:<factory>"`` to an engine of your own,
+    ``factory(model, tokenizer, *, card, share_prompts, **options)`` (see ftis_flwr.node.engines)."""
     lora: bool = False
     """Train a LoRA adapter instead of all weights."""
     lora_config: LoraConfig = field(default_factory=LoraConfig)

@@ -44,6 +44,7 @@ from ftis_flwr.config.choices import (
     CARD_DTYPES,
     EXPERIMENT_CHOICES,
     GENERATED_TASKS,
+    OPEN_CHOICES,
     ROW_TASKS,
     SELECT_RULES,
     TASK_NAMES,
@@ -58,6 +59,7 @@ from ftis_flwr.config.choices import (
     WeightSync,
 )
 from ftis_flwr.config.device_fit import device_fit_errors
+from ftis_flwr.config.imports import ImportPathError, import_object, is_import_path
 from ftis_flwr.config.schema import ConfigError, ExperimentConfig, ModelCard, TaskConfig
 from ftis_flwr.config.task_keys import unread_task_keys
 
@@ -147,10 +149,43 @@ BOUNDS = {"gt": (">", operator.gt), "ge": (">=", operator.ge), "lt": ("<", opera
 symbol and test; a ``note`` beside them is added to the message (``"0 = off"``)."""
 
 
-def choice_errors(obj: Any, choices: dict[str, tuple], prefix: str = "") -> list[str]:
-    """Each key of ``choices`` (dotted, under ``obj``) whose value is not one of its choices."""
+def choice_errors(obj: Any, choices: dict[str, tuple], prefix: str = "", *, import_registries: bool = True
+                  ) -> list[str]:
+    """Each key of ``choices`` (dotted, under ``obj``) whose value is not one of its choices (for
+    an open key, :data:`~ftis_flwr.config.choices.OPEN_CHOICES`: nor what its registry takes)."""
     return [message for key, allowed in choices.items()
-            for message in _choice_error(prefix + key, _get(obj, key), allowed)]
+            for message in (open_choice_error(prefix + key, _get(obj, key), allowed, _REGISTRIES[key],
+                                              import_registries) if key in OPEN_CHOICES
+                            else _choice_error(prefix + key, _get(obj, key), allowed))]
+
+
+_REGISTRIES = {"exchange.select": ("ftis_flwr.server.budget", "SELECT_RULE_REGISTRY", "selection rule"),
+               "engine": ("ftis_flwr.node.engines", "ENGINE_REGISTRY", "engine factory")}
+"""Open key -> (the module holding its registry, the registry's name, what an entry is)."""
+
+
+def open_choice_error(key: str, value: Any, builtins: tuple, registry: tuple[str, str, str],
+                      import_registries: bool) -> list[str]:
+    """A value of an open key (:data:`~ftis_flwr.config.choices.OPEN_CHOICES`) is what its registry
+    takes: a built-in name, a name registered there (when the registry's module is already
+    imported: a module of one's own that registered it), or an import path to a callable, which
+    is imported here when ``import_registries`` (as the node or server will import it)."""
+    module_name, attr, what = registry
+    loaded = sys.modules.get(module_name)
+    if value in builtins or (loaded is not None and value in getattr(loaded, attr, {})):
+        return []
+    if not (isinstance(value, str) and is_import_path(value)):
+        return [f"{key}={value!r} is not one of {', '.join(builtins)}, nor an import path "
+                f"'<module>:<name>' / '<file.py>:<name>' to a {what} of your own"]
+    if not import_registries:
+        return []
+    try:
+        obj = import_object(value)
+    except ImportPathError as exc:
+        return [f"{key}={value!r}: {exc}"]
+    except Exception as exc:  # the user's module: report, don't crash the validator
+        return [f"{key}={value!r}: importing it raised {type(exc).__name__}: {exc}"]
+    return [] if callable(obj) else [f"{key}={value!r} is a {type(obj).__name__}, not a callable {what}"]
 
 
 def _allowed(meta: Any) -> str:
@@ -255,7 +290,8 @@ def budget_needs_a_rule(cfg: ExperimentConfig) -> list[str]:
     ex = cfg.exchange
     if ex.max_foreign_groups > 0 and ex.select == SelectRule.ALL:
         return [f"exchange.max_foreign_groups={ex.max_foreign_groups} needs exchange.select to name a rule "
-                f"({', '.join(r for r in SELECT_RULES if r != SelectRule.ALL)}), not 'all'"]
+                f"({', '.join(r for r in SELECT_RULES if r != SelectRule.ALL)}, or an import path to a rule of your "
+                "own), not 'all'"]
     if ex.max_foreign_groups == 0 and ex.select != SelectRule.ALL:
         return [f"exchange.select={ex.select!r} chooses within a budget: set exchange.max_foreign_groups "
                 "> 0 (0 = all groups, nothing to choose)"]
@@ -346,7 +382,7 @@ def experiment_errors(cfg: ExperimentConfig, *, import_registries: bool = True) 
     (:func:`card_errors`), the task and the trackers."""
     method_error = resolve_loss_method(cfg.loss.method, import_registries)
     errors = [method_error] if method_error else []
-    errors += choice_errors(cfg, EXPERIMENT_CHOICES) + bound_errors(cfg)
+    errors += choice_errors(cfg, EXPERIMENT_CHOICES, import_registries=import_registries) + bound_errors(cfg)
     for rule in EXPERIMENT_RULES:
         errors += rule(cfg)
     for card in cfg.nodes:
@@ -467,7 +503,8 @@ def card_errors(card: ModelCard, *, import_registries: bool = True) -> list[str]
     """Every problem of one model card, each named ``nodes[<name>].<field>``: its declared choices
     and bounds, then each of :data:`CARD_RULES`."""
     where = f"nodes[{card.name}]"
-    errors = choice_errors(card, CARD_CHOICES, f"{where}.") + bound_errors(card, f"{where}.")
+    errors = choice_errors(card, CARD_CHOICES, f"{where}.", import_registries=import_registries) + \
+        bound_errors(card, f"{where}.")
     for rule in CARD_RULES:
         errors += rule(card, where)
     return errors
