@@ -148,9 +148,6 @@ def test_a_selection_rule_is_a_registered_scorer_the_budget_ranks_by(rules):
     chosen = ForeignBudget(ExchangeConfig(max_foreign_groups=2, select="test-prefer-b")).select(
         "a", 1, _payloads({"b": 2, "c": 3}))
     assert list(chosen) == ["b"] and chosen["b"][2] == [0, 1]  # both of b's, as received
-    from ftis_flwr.config.merge import load_experiment
-
-    load_experiment(overrides={"exchange.max_foreign_groups": 2, "exchange.select": "test-prefer-b"})  # checked: taken
     with pytest.raises(ValueError, match="selection rule 'test-prefer-b' is already registered"):
         register_select_rule("test-prefer-b")(lambda s, r, k: [])
     with pytest.raises(ValueError, match=r"exchange.select='best' is not one of random, reward_variance, "

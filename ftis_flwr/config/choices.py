@@ -205,10 +205,10 @@ CARD_CHOICES: dict[str, tuple] = {
 }
 """Model-card key -> its allowed values (``dtype`` and ``compute_dtype``: CARD_DTYPES, the latter may be "")."""
 
-OPEN_CHOICES = ("exchange.select", "engine")
-"""Keys of the two dicts above whose registry also takes an import path ``"<module>:<name>"`` /
-``"<file.py>:<name>"`` (a selection rule, an engine factory of one's own) or a name registered in
-it: their listed values are the built-in ones (:func:`ftis_flwr.config.validation.open_choice_error`)."""
+OPEN_CHOICES = {"exchange.select": "selection rule", "engine": "engine factory"}
+"""Keys of the two dicts above (-> what their registry holds) that also take an import path
+``"<module>:<name>"`` / ``"<file.py>:<name>"`` to one of one's own: their listed values are the
+built-in ones (:func:`ftis_flwr.config.validation.open_choice_error`)."""
 
 __all__ = ["names"] + sorted(
     n for n, v in list(globals().items())

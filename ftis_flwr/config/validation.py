@@ -154,25 +154,18 @@ def choice_errors(obj: Any, choices: dict[str, tuple], prefix: str = "", *, impo
     """Each key of ``choices`` (dotted, under ``obj``) whose value is not one of its choices (for
     an open key, :data:`~ftis_flwr.config.choices.OPEN_CHOICES`: nor what its registry takes)."""
     return [message for key, allowed in choices.items()
-            for message in (open_choice_error(prefix + key, _get(obj, key), allowed, _REGISTRIES[key],
+            for message in (open_choice_error(prefix + key, _get(obj, key), allowed, OPEN_CHOICES[key],
                                               import_registries) if key in OPEN_CHOICES
                             else _choice_error(prefix + key, _get(obj, key), allowed))]
 
 
-_REGISTRIES = {"exchange.select": ("ftis_flwr.server.budget", "SELECT_RULE_REGISTRY", "selection rule"),
-               "engine": ("ftis_flwr.node.engines", "ENGINE_REGISTRY", "engine factory")}
-"""Open key -> (the module holding its registry, the registry's name, what an entry is)."""
-
-
-def open_choice_error(key: str, value: Any, builtins: tuple, registry: tuple[str, str, str],
-                      import_registries: bool) -> list[str]:
+def open_choice_error(key: str, value: Any, builtins: tuple, what: str, import_registries: bool) -> list[str]:
     """A value of an open key (:data:`~ftis_flwr.config.choices.OPEN_CHOICES`) is what its registry
-    takes: a built-in name, a name registered there (when the registry's module is already
-    imported: a module of one's own that registered it), or an import path to a callable, which
-    is imported here when ``import_registries`` (as the node or server will import it)."""
-    module_name, attr, what = registry
-    loaded = sys.modules.get(module_name)
-    if value in builtins or (loaded is not None and value in getattr(loaded, attr, {})):
+    takes from a configuration: a built-in name, or an import path to a callable of one's own,
+    imported here when ``import_registries`` (as the node or the server will import it). (A name
+    a module of one's own registers is seen only where that module is imported, never by the
+    server that checks: such a module is named by its import path instead.)"""
+    if value in builtins:
         return []
     if not (isinstance(value, str) and is_import_path(value)):
         return [f"{key}={value!r} is not one of {', '.join(builtins)}, nor an import path "
