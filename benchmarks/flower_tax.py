@@ -106,7 +106,7 @@ def sim(a) -> None:
 
 
 def deploy(a) -> None:
-    from ftis_flwr.config.merge import load_experiment
+    from ftis_flwr.experiment import load_experiment
 
     tmp = Path(tempfile.mkdtemp(prefix="tax-deploy-"))
     port = free_port()
@@ -159,7 +159,7 @@ def breakdown(a) -> None:
     Flower's and the ClientApp's (message pick-up, record conversion, the worker socket)."""
     import time
 
-    from ftis_flwr.config.merge import load_experiment
+    from ftis_flwr.experiment import load_experiment
     from ftis_flwr.node.node import Node
     from ftis_flwr.node.payload_step import step_from_payloads
     from ftis_flwr.server.budget import compute_seconds

@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from ftis_flwr.config.merge import load_experiment  # noqa: E402
+from ftis_flwr.experiment import load_experiment  # noqa: E402
 from ftis_flwr.node.node import Node  # noqa: E402
 
 

@@ -52,7 +52,7 @@ def _reset_peak() -> None:
 def child(preset: str, card_name: str, rounds: int, prompts: int) -> None:
     import torch
 
-    from ftis_flwr.config.merge import load_experiment
+    from ftis_flwr.experiment import load_experiment
     from ftis_flwr.node.node import Node
 
     exp = load_experiment(preset, overrides={"rounds.prompts_per_node": prompts})

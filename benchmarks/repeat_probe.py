@@ -64,7 +64,7 @@ FIXED_ROWS, LAST, SAMPLED = 4, 16, 8
 
 def build_node(model: str, threads: int = 1, exp=None):
     """The study's node ``model`` (``smollm2`` / ``gemma``), built as the federation builds it."""
-    from ftis_flwr.config.merge import load_experiment
+    from ftis_flwr.experiment import load_experiment
     from ftis_flwr.node.node import Node
 
     exp = exp or load_experiment(PRESET, overrides=STUDY)

@@ -39,7 +39,7 @@ def nodes_yaml(m: int) -> str:
 
 def one(a) -> None:
     """One simulation in this process; writes result.json with its run folder."""
-    from ftis_flwr.config.merge import load_experiment
+    from ftis_flwr.experiment import load_experiment
     from simulations.runs import simulate
 
     sets = dict(kv.split("=", 1) for kv in a.set)
@@ -56,8 +56,8 @@ def direct(a) -> None:
     import statistics
     import time
 
-    from ftis_flwr.config.merge import load_experiment
     from ftis_flwr.config.schema import ExchangeConfig
+    from ftis_flwr.experiment import load_experiment
     from ftis_flwr.node.node import Node
     from ftis_flwr.node.payload_step import step_from_payloads
     from ftis_flwr.server.budget import ForeignBudget
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     if a.direct:
         direct(a)
         return
-    from ftis_flwr.config.merge import load_experiment
+    from ftis_flwr.experiment import load_experiment
 
     n = a.budget or load_experiment(a.preset).rounds.prompts_per_node
     base = [f"rounds.num_rounds={a.rounds}", "rounds.eval_every=0", "rounds.eval_size=50", *a.set]

@@ -89,8 +89,8 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     if a.rank >= 0:
         return _rank(a.rank, a.world, a.port, a.job, a.out)
-    from ftis_flwr.config.merge import load_experiment
     from ftis_flwr.config.schema import default_cache_dir
+    from ftis_flwr.experiment import load_experiment
     from ftis_flwr.node.node import Node
 
     exp = load_experiment(a.preset, overrides={"advantage.mode": "alone"})

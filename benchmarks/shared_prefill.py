@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from ftis_flwr.config.merge import load_experiment  # noqa: E402
+from ftis_flwr.experiment import load_experiment  # noqa: E402
 from ftis_flwr.node.node import Node  # noqa: E402
 from ftis_flwr.tasks import make_task  # noqa: E402
 

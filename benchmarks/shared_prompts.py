@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from ftis_flwr.config.merge import load_experiment  # noqa: E402
+from ftis_flwr.experiment import load_experiment  # noqa: E402
 from ftis_flwr.node.logprobs import completion_logprobs, pack_batch  # noqa: E402
 from ftis_flwr.node.logprobs_shared import shared_prompt_logprobs  # noqa: E402
 from ftis_flwr.node.node import Node  # noqa: E402

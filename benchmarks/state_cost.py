@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ftis_flwr.config.merge import load_experiment  # noqa: E402
+from ftis_flwr.experiment import load_experiment  # noqa: E402
 from ftis_flwr.node.node import Node, StepRequest  # noqa: E402
 from ftis_flwr.node.state import load_state, save_state  # noqa: E402
 

@@ -39,11 +39,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ftis_flwr.config.merge import (
-    load_experiment,
-    parse_overrides,  # noqa: E402
-)
+from ftis_flwr.config.merge import parse_overrides  # noqa: E402
 from ftis_flwr.config.schema import ConfigError  # noqa: E402
+from ftis_flwr.experiment import load_experiment  # noqa: E402
 from ftis_flwr.maths.loss import LossInputs, compute_loss  # noqa: E402
 from ftis_flwr.maths.loss_metrics import LossStats, loss_metrics, own_gap  # noqa: E402
 from ftis_flwr.node.logprobs import completion_logprobs, pack_batch  # noqa: E402

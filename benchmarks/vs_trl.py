@@ -44,7 +44,7 @@ PRESETS = {"tiny": ("cpu-pair", "small"), "smollm2": ("cpu-smollm2", "full")}
 
 
 def setting(model: str, prompts: int | None):
-    from ftis_flwr.config.merge import load_experiment
+    from ftis_flwr.experiment import load_experiment
 
     preset, card_name = PRESETS[model]
     overrides = {"advantage.mode": "alone"}

@@ -145,7 +145,7 @@ def real_groups():
     learner log-probs of the other node's samples."""
     import torch
 
-    from ftis_flwr.config.merge import load_experiment
+    from ftis_flwr.experiment import load_experiment
     from ftis_flwr.node.logprobs import completion_logprobs, pack_batch
     from ftis_flwr.node.node import Node
 

@@ -110,8 +110,8 @@ def write_pins(path: Path, pub_keys: dict[str, Path], preset: str = "cpu-pair") 
     """A config-file with the preset's cards, each pinned to its SuperNode's public key."""
     from omegaconf import OmegaConf
 
-    from ftis_flwr.config.merge import load_experiment
     from ftis_flwr.config.schema import to_dict
+    from ftis_flwr.experiment import load_experiment
 
     nodes = to_dict(load_experiment(preset))["nodes"]
     for node in nodes:
@@ -127,7 +127,7 @@ def seed_cache(cache: Path, preset: str = "cpu-pair") -> dict[str, str]:
     node then looks for the shipped models in the installed distribution, and when that is an
     editable install of another checkout it finds none and warm-starts (minutes on 2 cores).
     """
-    from ftis_flwr.config.merge import load_experiment
+    from ftis_flwr.experiment import load_experiment
     from ftis_flwr.node.tiny import find_shipped, warm_start
     from ftis_flwr.tasks import make_task
 

@@ -173,8 +173,8 @@ def check(app: Path | None, run_config: list[str], *, local: bool = False) -> tu
     ``app`` None (a plan made anywhere): no declared keys to check against, the merge names the
     unknown ones.
     A ``resume`` run is checked for its folder only (its configuration is the one saved in it)."""
-    from ftis_flwr.config.merge import load_run_config
     from ftis_flwr.config.schema import ConfigError
+    from ftis_flwr.experiment import load_run_config
 
     declared = declared_keys(app) if app is not None else {}
     parsed, errors = parse_run_config(run_config)

@@ -17,8 +17,8 @@ from pathlib import Path
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from ftis_flwr.config.merge import from_dict, load_run_config
 from ftis_flwr.config.schema import ConfigError, to_dict
+from ftis_flwr.experiment import from_dict, load_run_config
 from ftis_flwr.server.reporting import PROGRESS_LEGEND, RunReporter, run_name, run_title
 from ftis_flwr.server.roster import FederationError
 from ftis_flwr.server.run_failure import RunFailed, exception_line

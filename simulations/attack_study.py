@@ -41,7 +41,7 @@ ATTACKER = "third"
 
 
 def experiment(condition: str, seed: int, out: Path):
-    from ftis_flwr.config.merge import load_experiment
+    from ftis_flwr.experiment import load_experiment
 
     exp = load_experiment(str(EXPERIMENT), {"rounds.seed": seed, "run_dir": str(out / "runs")})
     if condition == "pair":

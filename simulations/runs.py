@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def card_order(preset: str, overrides: Mapping[str, Any]) -> list[str]:
     """The node names of an experiment, in card order."""
-    from ftis_flwr.config.merge import load_experiment
+    from ftis_flwr.experiment import load_experiment
 
     return [c.name for c in load_experiment(preset, dict(overrides), import_registries=False).nodes]
 
@@ -55,8 +55,8 @@ def simulate(preset: str, overrides: Mapping[str, Any], *, experiment: Any = Non
     sys.path.insert(0, str(REPO))
     if client_app is None:
         from clients.client_app import app as client_app
-    from ftis_flwr.config.merge import load_experiment
     from ftis_flwr.config.schema import default_cache_dir
+    from ftis_flwr.experiment import load_experiment
     from server_app.server_app import run, run_name
 
     exp = experiment if experiment is not None else load_experiment(preset, dict(overrides))

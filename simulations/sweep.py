@@ -50,8 +50,8 @@ def _fmt_s(s: float) -> str:
 def models(grid: Grid) -> list[tuple[str, str, str]]:
     """(setup, card, state) of every model the grid needs: state says shipped / cached / to build
     (tiny) or where it comes from; nothing is built or downloaded."""
-    from ftis_flwr.config.merge import load_experiment
     from ftis_flwr.config.named_sources import NAMED_SOURCES, missing_package
+    from ftis_flwr.experiment import load_experiment
     from ftis_flwr.tasks import make_task
 
     out = []
@@ -82,7 +82,7 @@ def missing(grid: Grid) -> list[str]:
     """What the grid's points need and this machine lacks (a named source's package, a tracker's),
     one line each: found before the first run, not after each of them has failed."""
     from ftis_flwr.cli import missing_packages
-    from ftis_flwr.config.merge import load_experiment
+    from ftis_flwr.experiment import load_experiment
 
     used = {p.setup for p in grid.points}
     return list(dict.fromkeys(f"{s['name']}: {line}" for s in grid.setups if s["name"] in used
@@ -92,7 +92,7 @@ def missing(grid: Grid) -> list[str]:
 
 def warm_all(grid: Grid) -> None:
     """Warm-start every tiny model of the grid once, before the runs (each run then finds it)."""
-    from ftis_flwr.config.merge import load_experiment
+    from ftis_flwr.experiment import load_experiment
     from ftis_flwr.node.tiny_tools import warm_started
     from ftis_flwr.tasks import make_task
 

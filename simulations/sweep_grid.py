@@ -166,7 +166,7 @@ def load_grid(path: str | Path, *, check_configs: bool = True) -> Grid:
         merged = {**common, **ov}
         n_nodes, n_rounds = None, merged.get("rounds.num_rounds", 0)
         if check_configs:
-            from ftis_flwr.config.merge import load_experiment
+            from ftis_flwr.experiment import load_experiment
 
             try:
                 exp = load_experiment(s["preset"], merged, import_registries=False)

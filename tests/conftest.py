@@ -161,7 +161,7 @@ def episode_node(tmp: Path, environment: str, rows, max_turns: int, reward: str 
     ``task.reward`` (default: the data set's exact match)."""
     import json
 
-    from ftis_flwr.config.merge import load_experiment
+    from ftis_flwr.experiment import load_experiment
     from ftis_flwr.node.node import Node
 
     (tmp / "train.jsonl").write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n"

@@ -60,8 +60,8 @@ def test_all_equal_group_is_exactly_zero_and_counted():
 
 def _config_error(key: str, value) -> str:
     """What the configuration says of a setting the maths no longer checks itself."""
-    from ftis_flwr.config.merge import load_experiment
     from ftis_flwr.config.schema import ConfigError
+    from ftis_flwr.experiment import load_experiment
 
     with pytest.raises(ConfigError) as err:
         load_experiment(overrides={key: value}, import_registries=False)

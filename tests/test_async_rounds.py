@@ -26,8 +26,8 @@ from test_strategy import (  # noqa: F401
     task_identity,
 )
 
-from ftis_flwr.config.merge import load_experiment
 from ftis_flwr.config.schema import ConfigError, WireConfig
+from ftis_flwr.experiment import load_experiment
 from ftis_flwr.server.async_store import Store, join
 from ftis_flwr.server.summary import load_metrics
 from ftis_flwr.wire import protocol

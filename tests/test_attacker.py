@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from conftest import kill_workers
 
-from ftis_flwr.config.merge import load_experiment
+from ftis_flwr.experiment import load_experiment
 from ftis_flwr.server.summary import load_events, load_metrics
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "simulations"))

@@ -4,7 +4,7 @@ of the other two's groups per round (exchange.max_foreign_groups), chosen by rew
 import pytest
 from conftest import simulate
 
-from ftis_flwr.config.merge import load_experiment
+from ftis_flwr.experiment import load_experiment
 from ftis_flwr.server.summary import load_metrics
 
 pytestmark = pytest.mark.slow

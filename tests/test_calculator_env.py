@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ftis_flwr.config.merge import load_experiment
 from ftis_flwr.config.schema import ConfigError
+from ftis_flwr.experiment import load_experiment
 from ftis_flwr.node import tiny, tiny_assets, tiny_tools
 from ftis_flwr.node.models import load_policy
 from ftis_flwr.node.tiny import build_char_tokenizer, find_shipped

@@ -2,8 +2,9 @@
 
 import pytest
 
-from ftis_flwr.config.merge import flat_to_nested, from_dict, load_experiment, resolve_preset
+from ftis_flwr.config.merge import flat_to_nested, resolve_preset
 from ftis_flwr.config.schema import ConfigError, ExperimentConfig, to_dict
+from ftis_flwr.experiment import from_dict, load_experiment
 
 
 def test_defaults_are_the_papers():
@@ -184,7 +185,7 @@ def test_validation_needs_no_torch():
     import subprocess
     import sys
 
-    script = ("import sys; from ftis_flwr.config.merge import load_experiment; load_experiment('cpu-xtok');"
+    script = ("import sys; from ftis_flwr.experiment import load_experiment; load_experiment('cpu-xtok');"
               "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr[-2000:]
@@ -294,7 +295,7 @@ def test_from_dict_stays_cheap_for_the_per_message_client_app():
     import subprocess
     import sys
 
-    script = ("import sys; from ftis_flwr.config.merge import from_dict, load_experiment;"
+    script = ("import sys; from ftis_flwr.experiment import from_dict, load_experiment;"
               "from ftis_flwr.config.schema import to_dict, ExperimentConfig;"
               "from_dict(to_dict(ExperimentConfig())); print(sorted(m for m in ('torch', 'transformers') "
               "if m in sys.modules))")
@@ -303,7 +304,7 @@ def test_from_dict_stays_cheap_for_the_per_message_client_app():
 
 
 def test_run_config_file_and_overrides_and_missing_file(tmp_path):
-    from ftis_flwr.config.merge import load_run_config
+    from ftis_flwr.experiment import load_run_config
 
     text = tmp_path / "exp.yaml"
     text.write_text("rounds: {num_rounds: 4}\nnodes:\n  - {name: x}\n  - {name: y, seed: 5}\n")
@@ -389,7 +390,7 @@ def test_a_yaml_layer_gives_the_same_experiment_as_before():
 
 
 def test_a_missing_preset_or_file_does_not_hide_the_other_problems(tmp_path):
-    from ftis_flwr.config.merge import load_run_config
+    from ftis_flwr.experiment import load_run_config
 
     with pytest.raises(ConfigError) as err:
         load_run_config({"preset": "nope", "config-file": str(tmp_path / "missing.yaml"), "train.lr": 0,

@@ -11,7 +11,7 @@ import pytest
 import torch
 from test_node import YAML  # the same two tiny nodes
 
-from ftis_flwr.config.merge import load_experiment
+from ftis_flwr.experiment import load_experiment
 from ftis_flwr.node.node import Node, Received, StepRequest
 from ftis_flwr.server.roster import FederationError
 from ftis_flwr.server.strategy import FTISStrategy

@@ -6,9 +6,9 @@ in turn, because no one machine has both kinds of CPU."""
 import pytest
 
 from ftis_flwr.config import dtypes
-from ftis_flwr.config.merge import load_experiment
 from ftis_flwr.config.plan import estimate
 from ftis_flwr.config.schema import ModelCard
+from ftis_flwr.experiment import load_experiment
 
 
 @pytest.mark.parametrize("native,weights,compute", [(True, "bfloat16", "bfloat16"), (False, "float32", "")])

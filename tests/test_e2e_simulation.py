@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import simulate
 
-from ftis_flwr.config.merge import load_experiment
+from ftis_flwr.experiment import load_experiment
 from ftis_flwr.server.summary import load_metrics
 
 pytestmark = pytest.mark.slow

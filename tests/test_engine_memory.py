@@ -23,9 +23,9 @@ from ftis_flwr.config.engine_memory import (
     margin,
     round_sequences,
 )
-from ftis_flwr.config.merge import load_experiment
 from ftis_flwr.config.plan import KNOWN, estimate
 from ftis_flwr.config.schema import ModelCard
+from ftis_flwr.experiment import load_experiment
 
 REPO = Path(__file__).resolve().parent.parent
 QWEN15 = KNOWN["Qwen/Qwen2.5-1.5B"]
@@ -143,7 +143,7 @@ def test_check_accepts_the_paper_presets_on_vllm(preset, capsys):
 
 @pytest.mark.skipif(Path("/dev/nvidiactl").exists(), reason="an NVIDIA driver here: the fit check reads the GPU")
 def test_checking_a_vllm_card_without_a_gpu_imports_no_torch():
-    code = ("import sys; from ftis_flwr.config.merge import load_experiment; "
+    code = ("import sys; from ftis_flwr.experiment import load_experiment; "
             "load_experiment('paper-peft-1.5b', {'nodes.b.engine': 'vllm'}); print('torch' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.stdout.strip() == "False", proc.stderr[-2000:]

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from ftis_flwr.config.choices import TOOL_FORMATS
-from ftis_flwr.config.merge import load_experiment
 from ftis_flwr.config.schema import ConfigError
+from ftis_flwr.experiment import load_experiment
 
 TOYS = Path(__file__).parent / "toy_environments.py"
 

@@ -18,7 +18,7 @@ about half the worst node seen.
 import pytest
 from conftest import simulate
 
-from ftis_flwr.config.merge import load_experiment
+from ftis_flwr.experiment import load_experiment
 from ftis_flwr.server.summary import load_metrics
 
 pytestmark = pytest.mark.slow

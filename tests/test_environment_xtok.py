@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from ftis_flwr.config.merge import load_experiment
+from ftis_flwr.experiment import load_experiment
 from ftis_flwr.node.node import Node, Received, StepRequest
 from ftis_flwr.wire.groups import span_ends
 from ftis_flwr.wire.rollouts import decode_groups, encode_groups

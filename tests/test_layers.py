@@ -2,7 +2,8 @@
 
     maths   <- config <- tasks, wire <- xtok <- node        (node: one institution's model)
                       <-------------- server                (server: the strategy and its rounds)
-              config, tasks <-------- cli                   (ftis-flwr: the check composes both)
+              config, tasks <-------- experiment            (an experiment checked whole: both composed)
+          config, tasks, experiment <- cli                  (ftis-flwr)
 
 A static check reads every ``import`` (also those inside functions) and fails on an edge that is not
 allowed; then fresh interpreters check what importing a part really pulls in: the node and the
@@ -26,7 +27,8 @@ ALLOWED = {
     "xtok": {"config", "wire"},
     "node": {"maths", "config", "tasks", "wire", "xtok"},
     "server": {"config", "wire"},
-    "cli": {"config", "tasks", "local_superlink"},  # the check runs the task's reward probe
+    "experiment": {"config", "tasks"},
+    "cli": {"config", "tasks", "experiment", "local_superlink"},  # the check runs the task's reward probe
     "local_superlink": set(),
 }
 """Part -> the other parts it may import (``ftis_flwr.<part>``)."""
@@ -64,6 +66,18 @@ def test_parts_import_only_downwards():
     assert edges, "the import scan found nothing: it is broken"
     bad = [f"{f}: {src} imports {dst}" for src, dst, f in edges if dst not in ALLOWED.get(src, set())]
     assert not bad, "\n".join(bad)
+
+
+def test_no_part_reaches_another_by_a_module_name_in_a_string():
+    """``importlib.import_module("ftis_flwr...")`` would hide an import from the scan above (the
+    configuration once reached the task's checks that way): every import between parts is a
+    statement the scan reads."""
+    import re
+
+    found = [f"{f.relative_to(PKG.parent)}:{i}" for f in sorted(PKG.rglob("*.py"))
+             for i, line in enumerate(f.read_text().splitlines(), 1)
+             if re.search(r"""(import_module|__import__)\(\s*["']ftis_flwr""", line)]
+    assert not found, found
 
 
 CHECK = """

@@ -14,7 +14,7 @@ per node over 12 models, which is why this test used to flip between machines.
 import pytest
 from conftest import simulate
 
-from ftis_flwr.config.merge import load_experiment
+from ftis_flwr.experiment import load_experiment
 from ftis_flwr.server.summary import load_metrics
 
 pytestmark = pytest.mark.slow

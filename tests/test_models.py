@@ -306,7 +306,7 @@ def test_load_policy_errors(task, tmp_path):
 # ------------------------------------------------------------------------------ shipped models
 
 def _preset_cards(name="cpu-pair"):
-    from ftis_flwr.config.merge import load_experiment
+    from ftis_flwr.experiment import load_experiment
 
     return load_experiment(name).nodes
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from ftis_flwr.config.merge import load_experiment
+from ftis_flwr.experiment import load_experiment
 from ftis_flwr.maths.advantages import g_for_round
 from ftis_flwr.maths.loss import LossInputs, compute_loss
 from ftis_flwr.node.node import Node, Received, StepRequest

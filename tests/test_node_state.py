@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from ftis_flwr.config.merge import load_experiment
+from ftis_flwr.experiment import load_experiment
 from ftis_flwr.node.node import Node, Received, StepRequest
 from ftis_flwr.node.state import KEEP, StateError, load_state, save_state, saved_rounds
 

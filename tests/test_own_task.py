@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ftis_flwr.config.merge import load_experiment
 from ftis_flwr.config.schema import ConfigError, TaskConfig
+from ftis_flwr.experiment import load_experiment
 from ftis_flwr.tasks import make_task
 from ftis_flwr.tasks.base import Problem, Task
 from ftis_flwr.tasks.reward_funcs import RewardError

@@ -3,8 +3,8 @@
 import pytest
 
 from ftis_flwr.cli import main as cli
-from ftis_flwr.config.merge import load_experiment
 from ftis_flwr.config.plan import GIB, KNOWN, estimate
+from ftis_flwr.experiment import load_experiment
 
 
 def main(argv):

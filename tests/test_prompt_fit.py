@@ -10,8 +10,8 @@ import json
 import pytest
 
 from ftis_flwr.config import tiny_models
-from ftis_flwr.config.merge import load_experiment
 from ftis_flwr.config.schema import ConfigError
+from ftis_flwr.experiment import load_experiment
 from ftis_flwr.tasks import node_models, prompt_fit
 
 TEXTS = ["27+82=", "what is 2 plus 3?\n", "Hello World? é\ttab", "  two  spaces", "<eos> <unk> ñ 😀", ""]

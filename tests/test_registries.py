@@ -82,8 +82,8 @@ def test_an_engine_of_ones_own_by_import_path(tmp_path):
 def test_an_engine_of_ones_own_passes_the_check_and_a_node_samples_with_it(tmp_path):
     """``nodes.N.engine='<file.py>:<factory>'``: the check imports it (a name that is neither built
     in nor a path is refused by key), and a real tiny node builds its engine from it and samples."""
-    from ftis_flwr.config.merge import load_experiment
     from ftis_flwr.config.schema import ConfigError
+    from ftis_flwr.experiment import load_experiment
     from ftis_flwr.node.node import Node
 
     (tmp_path / "my_engine.py").write_text(

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ftis_flwr.config.merge import load_experiment
+from ftis_flwr.experiment import load_experiment
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import repeat_probe  # noqa: E402

@@ -296,7 +296,7 @@ def test_round_counts_agree_in_the_progress_line_the_summary_and_the_plot_title(
 
 
 def test_the_folder_and_title_carry_the_task_or_the_run_name():
-    from ftis_flwr.config.merge import load_experiment
+    from ftis_flwr.experiment import load_experiment
     from ftis_flwr.server.run_names import run_name, run_title, task_label
 
     own_task = Path(__file__).resolve().parent.parent / "docs" / "own-task"

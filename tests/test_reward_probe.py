@@ -97,7 +97,7 @@ def test_a_user_reward_that_fails_on_a_cheap_answer_is_named(tmp_path):
 
 
 def test_quiet_on_uppercase_and_the_shipped_arithmetic_and_basic_math():
-    from ftis_flwr.config.merge import load_experiment
+    from ftis_flwr.experiment import load_experiment
     from ftis_flwr.tasks import make_task
 
     for preset in ("cpu-xfamily-upper", "cpu-pair", "cpu-smollm2"):

@@ -231,8 +231,8 @@ def test_token_cap_per_payload():
 
 
 def test_token_cap_is_checked_against_the_rollout_settings():
-    from ftis_flwr.config.merge import load_experiment
     from ftis_flwr.config.schema import ConfigError
+    from ftis_flwr.experiment import load_experiment
 
     load_experiment("paper-size-base")  # the paper presets fit the default cap
     with pytest.raises(ConfigError, match=r"wire.max_tokens_per_payload=1000 must be >= rounds.prompts_per_node x "

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ftis_flwr.config.merge import load_experiment
+from ftis_flwr.experiment import load_experiment
 from ftis_flwr.node.node import Node
 from ftis_flwr.node.ranks import Ranks, micro_batches
 

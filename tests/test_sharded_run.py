@@ -9,7 +9,7 @@ import time
 
 from conftest import simulate
 
-from ftis_flwr.config.merge import load_experiment
+from ftis_flwr.experiment import load_experiment
 
 
 def _alive(pid: int) -> bool:

@@ -17,8 +17,8 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 
 from clients.client_app import step_payload
-from ftis_flwr.config.merge import load_experiment
 from ftis_flwr.config.schema import ConfigError
+from ftis_flwr.experiment import load_experiment
 from ftis_flwr.node.payload_step import step_from_payloads
 from ftis_flwr.server.strategy import PROMPT_STRIDE, FederationError, FTISStrategy
 from ftis_flwr.wire import protocol
@@ -772,7 +772,7 @@ def test_a_payload_stamped_with_the_receivers_own_name_is_rejected(tiny_nodes):
 def test_start_keeps_the_callers_config_and_refuses_what_it_cannot_use():
     from flwr.app import ArrayRecord, ConfigRecord
 
-    from ftis_flwr.config.merge import load_experiment
+    from ftis_flwr.experiment import load_experiment
     from ftis_flwr.server.strategy import FTISStrategy
 
     exp = load_experiment("cpu-pair")

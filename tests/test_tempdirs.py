@@ -12,8 +12,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from ftis_flwr.config.merge import load_experiment
 from ftis_flwr.config.schema import to_dict
+from ftis_flwr.experiment import load_experiment
 from ftis_flwr.node.tempdirs import VLLM_PREFIX, WORKER_PREFIX, make_owned_tempdir, remove_stale_tempdirs
 
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from ftis_flwr.config.merge import load_experiment
 from ftis_flwr.config.schema import ModelCard
+from ftis_flwr.experiment import load_experiment
 from ftis_flwr.node import tiny, tiny_assets
 from ftis_flwr.node.models import load_policy, load_tokenizer, save_policy
 from ftis_flwr.node.tiny import build_char_tokenizer, find_shipped, warmstart_dir, warmstart_key

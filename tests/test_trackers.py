@@ -316,7 +316,7 @@ def test_check_names_a_tracker_whose_package_is_missing(monkeypatch):
 
 
 def test_report_to_from_a_flat_override():
-    from ftis_flwr.config.merge import load_run_config
+    from ftis_flwr.experiment import load_run_config
 
     exp = load_run_config({"preset": "cpu-pair", "overrides": "report.to=mlflow,wandb"})
     assert exp.report.to == ["mlflow", "wandb"]

@@ -9,9 +9,9 @@ import pytest
 
 pytest.importorskip("reasoning_gym")
 
-from ftis_flwr.config.merge import load_experiment  # noqa: E402
 from ftis_flwr.config.schema import ConfigError, TaskConfig  # noqa: E402
 from ftis_flwr.config.validation import experiment_errors  # noqa: E402
+from ftis_flwr.experiment import load_experiment  # noqa: E402
 from ftis_flwr.tasks import UppercaseTask, make_task  # noqa: E402
 from ftis_flwr.tasks.checks import task_errors  # noqa: E402
 from ftis_flwr.tasks.uppercase import DEMO_WORDS, DEMOS, OOD_LETTERS, QUESTION  # noqa: E402

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from ftis_flwr.config import choices, device_fit, validation
-from ftis_flwr.config.merge import load_experiment
 from ftis_flwr.config.schema import ConfigError, ExperimentConfig, ModelCard, to_dict
+from ftis_flwr.experiment import load_experiment
 
 REPO = Path(__file__).resolve().parent.parent
 LEADING_KEY = re.compile(r"^([A-Za-z_][\w.\[\]-]*)=")

@@ -67,7 +67,7 @@ def test_two_node_federation_with_one_vllm_node(tmp_path):
     sys.path.insert(0, str(Path(__file__).parent))
     from conftest import simulate
 
-    from ftis_flwr.config.merge import load_experiment
+    from ftis_flwr.experiment import load_experiment
     from ftis_flwr.server.summary import load_metrics
 
     exp = load_experiment("cpu-smollm2", overrides={

@@ -168,8 +168,8 @@ def test_a_gpu_node_plans_its_engine_by_the_rules_ftis_flwr_plan_shows():
     what the learner still allocates, the round's KV tokens and vLLM's runtime; a CPU card and an
     hf card get none."""
     from ftis_flwr.config.engine_memory import BLOCK_TOKENS, OVERHEAD, learner_reserve, round_sequences, sequence_tokens
-    from ftis_flwr.config.merge import load_experiment
     from ftis_flwr.config.plan import estimate
+    from ftis_flwr.experiment import load_experiment
     from ftis_flwr.node.engines.vllm_memory import engine_plan_options
 
     exp = load_experiment("paper-peft-1.5b", {"nodes.b.engine": "vllm"})

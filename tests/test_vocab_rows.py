@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from ftis_flwr.config.merge import load_experiment
+from ftis_flwr.experiment import load_experiment
 from ftis_flwr.node.node import Node, StepRequest
 from ftis_flwr.node.tiny import build_char_tokenizer, tiny_config
 

@@ -444,8 +444,8 @@ def test_unpacking_never_reads_past_declared_counts():
 
 
 def test_config_chooses_the_format_and_checks_the_byte_cap():
-    from ftis_flwr.config.merge import load_experiment
     from ftis_flwr.config.schema import ConfigError
+    from ftis_flwr.experiment import load_experiment
 
     exp = load_experiment("cpu-pair")
     assert (exp.wire.format, exp.wire.compress, exp.wire.logprob_dtype) == ("compact", "zlib", "fp16")

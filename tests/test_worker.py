@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ftis_flwr.config.merge import load_experiment
 from ftis_flwr.config.schema import to_dict
+from ftis_flwr.experiment import load_experiment
 from ftis_flwr.node.handle import WorkerError, WorkerHandle, connect_or_spawn
 from ftis_flwr.node.processes import worker_dir
 

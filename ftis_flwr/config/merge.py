@@ -27,7 +27,7 @@ from omegaconf import OmegaConf
 from ftis_flwr.config.fields import card_fields, coerce, experiment_fields, normalise_key
 from ftis_flwr.config.preset_files import PRESET_DIR, resolve_preset  # noqa: F401 (merge's names too)
 from ftis_flwr.config.schema import ConfigError, ExperimentConfig, ModelCard
-from ftis_flwr.config.validation import card_errors, experiment_errors, raise_errors
+from ftis_flwr.config.validation import Checks, card_errors, experiment_errors, raise_errors
 from ftis_flwr.config.yaml_layers import checked_yaml, forget_overridden, located, omegaconf_error
 
 APP_KEYS = {"preset", "config_file", "overrides", "resume"}
@@ -138,12 +138,14 @@ def _nodes_overrides(nested: dict[str, Any], base_nodes: list[Any]) -> list[str]
 
 def load_experiment(preset: str | None = None, overrides: Mapping[str, Any] | None = None,
                     yaml_text: str | None = None, *, import_registries: bool = True,
-                    yaml_name: str = "the YAML config", errors: list[str] | None = None) -> ExperimentConfig:
+                    yaml_name: str = "the YAML config", errors: list[str] | None = None,
+                    checks: Checks = ()) -> ExperimentConfig:
     """defaults <- YAML preset (name or path) <- YAML text (``yaml_name``: what errors call it, e.g.
     its file) <- flat dotted overrides; validated, every problem of every layer in one error.
 
     ``import_registries``: see :func:`ftis_flwr.config.validation.validate`. ``errors``: problems
-    the caller found already (a missing file), reported with the rest.
+    the caller found already (a missing file), reported with the rest. ``checks``: what a layer
+    above adds (:func:`ftis_flwr.experiment.load_experiment` adds the task's own checks).
     """
     merged = OmegaConf.structured(ExperimentConfig)
     errors = list(errors or [])
@@ -180,12 +182,13 @@ def load_experiment(preset: str | None = None, overrides: Mapping[str, Any] | No
         cfg: ExperimentConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
     except Exception as exc:
         raise_errors(errors + [str(omegaconf_error("the merged configuration", exc))])
-    errors += [located(e, marks) for e in experiment_errors(cfg, import_registries=import_registries)]
+    errors += [located(e, marks) for e in experiment_errors(cfg, import_registries=import_registries, checks=checks)]
     raise_errors(errors)
     return cfg
 
 
-def load_run_config(run_config: Mapping[str, Any], *, import_registries: bool = True) -> ExperimentConfig:
+def load_run_config(run_config: Mapping[str, Any], *, import_registries: bool = True,
+                    checks: Checks = ()) -> ExperimentConfig:
     """Flower's flat run config -> experiment (what the ServerApp does with ``context.run_config``).
 
     ``preset`` names the YAML preset, ``config-file`` a YAML file merged on top, then every other
@@ -210,10 +213,10 @@ def load_run_config(run_config: Mapping[str, Any], *, import_registries: bool = 
     except ConfigError as exc:
         errors.append(str(exc))
     return load_experiment(preset or None, flat, yaml_text=yaml_text, import_registries=import_registries,
-                           yaml_name=f"config-file {config_file!r}", errors=errors)
+                           yaml_name=f"config-file {config_file!r}", errors=errors, checks=checks)
 
 
-def from_dict(data: Mapping[str, Any], *, import_registries: bool = False) -> ExperimentConfig:
+def from_dict(data: Mapping[str, Any], *, import_registries: bool = False, checks: Checks = ()) -> ExperimentConfig:
     """Inverse of :func:`ftis_flwr.config.schema.to_dict`, validated.
 
     By default only against the registries this process already imported (cheap: the ClientApp
@@ -225,7 +228,7 @@ def from_dict(data: Mapping[str, Any], *, import_registries: bool = False) -> Ex
         cfg: ExperimentConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
     except Exception as exc:
         raise omegaconf_error("the experiment", exc) from None
-    raise_errors(experiment_errors(cfg, import_registries=import_registries))
+    raise_errors(experiment_errors(cfg, import_registries=import_registries, checks=checks))
     return cfg
 
 

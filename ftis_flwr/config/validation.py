@@ -35,7 +35,7 @@ import dataclasses
 import importlib
 import operator
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ftis_flwr.config.choices import (
@@ -77,10 +77,12 @@ def _choice_error(key: str, value: Any, choices: tuple) -> list[str]:
 
 
 def _loss_registry(import_registries: bool) -> dict[str, Callable] | None:
-    module = sys.modules.get("ftis_flwr.maths.loss")
-    if module is None and import_registries:
-        module = importlib.import_module("ftis_flwr.maths.loss")
-    return None if module is None else module.LOSS_REGISTRY
+    """The loss registry (it imports torch: only when asked, or already imported)."""
+    if import_registries or "ftis_flwr.maths.loss" in sys.modules:
+        from ftis_flwr.maths.loss import LOSS_REGISTRY
+
+        return LOSS_REGISTRY
+    return None
 
 
 def resolve_loss_method(name: str, import_registries: bool = True) -> str | None:
@@ -117,14 +119,17 @@ def resolve_loss_method(name: str, import_registries: bool = True) -> str | None
     return None
 
 
-def task_errors(cfg: ExperimentConfig, import_registries: bool = True) -> list[str]:
+Checks = Sequence[Callable[[ExperimentConfig], list[str]]]
+"""Checks a layer above the configuration adds (the task's own: :mod:`ftis_flwr.experiment`), run
+after the configuration's, with ``import_registries``, their messages listed with the rest."""
+
+
+def task_errors(cfg: ExperimentConfig, import_registries: bool = True, checks: Checks = ()) -> list[str]:
     """``task.name`` names a registered task, a prefix's task or an import path; with
     ``import_registries``, no key is set that the task does not read
-    (:func:`ftis_flwr.config.task_keys.unread_task_keys`), the task is built and its files, columns
-    and rewards checked (:func:`ftis_flwr.tasks.checks.task_errors`), then its prompts against each
-    node's model (:func:`ftis_flwr.tasks.prompt_fit.prompt_errors`) and an environment against the
-    rows and each node's tool-call format (:func:`ftis_flwr.tasks.environment_checks.episode_errors`);
-    all imported by name: checking stays torch-free."""
+    (:func:`ftis_flwr.config.task_keys.unread_task_keys`), then each of ``checks``: what only the
+    task itself can check (its files, rewards, prompts, environment) is not the configuration's to
+    know, so a layer above gives it (:mod:`ftis_flwr.experiment` gives the task's)."""
     name = cfg.task.name
     prefix, sep, rest = name.partition(":")
     if name not in TASK_NAMES and not (sep and rest and (prefix in TASK_PREFIXES or ":" in name)):
@@ -136,9 +141,7 @@ def task_errors(cfg: ExperimentConfig, import_registries: bool = True) -> list[s
                 f"for the {len(cfg.task.rewards)} task.rewards"]
     if not import_registries:
         return []
-    errors = unread_task_keys(cfg) + importlib.import_module("ftis_flwr.tasks.checks").task_errors(cfg.task)
-    return errors or importlib.import_module("ftis_flwr.tasks.prompt_fit").prompt_errors(cfg) + \
-        importlib.import_module("ftis_flwr.tasks.environment_checks").episode_errors(cfg)
+    return unread_task_keys(cfg) + [message for check in checks for message in check(cfg)]
 
 
 # ------------------------------------------------------------------ declared choices and bounds
@@ -369,10 +372,10 @@ EXPERIMENT_RULES: tuple[Callable[[ExperimentConfig], list[str]], ...] = (
 """The experiment's cross-field rules, in the order their messages are listed."""
 
 
-def experiment_errors(cfg: ExperimentConfig, *, import_registries: bool = True) -> list[str]:
+def experiment_errors(cfg: ExperimentConfig, *, import_registries: bool = True, checks: Checks = ()) -> list[str]:
     """Every problem of ``cfg``, one message per problem, each naming its key and value: the loss
     method, the declared choices and bounds, each of :data:`EXPERIMENT_RULES`, each card
-    (:func:`card_errors`), the task and the trackers."""
+    (:func:`card_errors`), the task and the trackers, then ``checks`` (with ``import_registries``)."""
     method_error = resolve_loss_method(cfg.loss.method, import_registries)
     errors = [method_error] if method_error else []
     errors += choice_errors(cfg, EXPERIMENT_CHOICES, import_registries=import_registries) + bound_errors(cfg)
@@ -380,7 +383,7 @@ def experiment_errors(cfg: ExperimentConfig, *, import_registries: bool = True) 
         errors += rule(cfg)
     for card in cfg.nodes:
         errors += card_errors(card, import_registries=import_registries)
-    return errors + task_errors(cfg, import_registries) + report_errors(cfg)
+    return errors + task_errors(cfg, import_registries, checks) + report_errors(cfg)
 
 
 # ------------------------------------------------------------------------ a model card's rules
@@ -526,9 +529,9 @@ def raise_errors(errors: list[str], what: str = "configuration") -> None:
         raise ConfigError(f"invalid {what} ({n}):\n  - " + "\n  - ".join(errors))
 
 
-def validate(cfg: ExperimentConfig, *, import_registries: bool = True) -> ExperimentConfig:
+def validate(cfg: ExperimentConfig, *, import_registries: bool = True, checks: Checks = ()) -> ExperimentConfig:
     """Reject impossible or contradictory settings, all at once, naming each key."""
-    raise_errors(experiment_errors(cfg, import_registries=import_registries))
+    raise_errors(experiment_errors(cfg, import_registries=import_registries, checks=checks))
     return cfg
 
 
