@@ -184,3 +184,22 @@ def test_nodes_of_two_tokenizers_with_one_ratio_per_completion_are_warned():
     assert episode_notes(load_experiment("cpu-pair-calc", overrides={"loss.cross_tokenizer_ratio": "sequence"})) == []
     assert episode_notes(load_experiment("cpu-xtok-calc", overrides={"loss.cross_tokenizer_ratio": "sequence",
                                                                      "exchange.cross_tokenizer": "off"})) == []
+
+
+def test_the_check_loads_the_environment_once(monkeypatch, capsys):
+    """``ftis-flwr check`` on an environment: the contract check, the reset on the first row and
+    the reward probe share one load (each used to import and build it again)."""
+    from conftest import REPO_ROOT
+
+    import ftis_flwr.tasks.environment as environment
+    from ftis_flwr.cli import main
+
+    monkeypatch.chdir(REPO_ROOT)
+    loads = []
+    real = environment.load_environment
+    monkeypatch.setattr(environment, "load_environment", lambda *a, **k: loads.append(a) or real(*a, **k))
+    assert main(["check", ".", "--run-config", "task.name='dataset' task.dataset='json' "
+                 "task.data-files.train='docs/own-task/train.jsonl' task.data-files.test='docs/own-task/test.jsonl' "
+                 "task.environment='docs/own-environment/calc_env.py:CalcEnv' task.max-turns=3"]) == 0
+    assert "configuration valid" in capsys.readouterr().out
+    assert len(loads) == 1, loads

@@ -5,7 +5,7 @@ collects them with the rest of the configuration's, :mod:`ftis_flwr.config.valid
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ftis_flwr.config.imports import ImportPathError
 from ftis_flwr.tasks.base import Task
@@ -93,11 +93,35 @@ def environment_errors(cfg: TaskConfig) -> list[str]:
         return []
     from ftis_flwr.tasks.environment import EnvironmentContractError, load_environment
 
+    _LOADED.clear()
     try:
-        load_environment(cfg.environment, tool_timeout=cfg.tool_timeout)
+        _LOADED[_env_key(cfg)] = load_environment(cfg.environment, tool_timeout=cfg.tool_timeout)
     except (EnvironmentContractError, ValueError) as exc:
         return [f"task.environment={cfg.environment!r}: {exc}"]
     return []
+
+
+_LOADED: dict[tuple, Any] = {}
+"""The environment :func:`environment_errors` loaded last, by its settings: the check's later steps
+(a reset on the first row, the reward probe) reuse it rather than import and build it again."""
+
+
+def _env_key(cfg: TaskConfig) -> tuple:
+    from ftis_flwr.config.imports import source_of
+
+    try:
+        source = source_of(cfg.environment)
+        stamp = source.stat().st_mtime_ns if source and source.is_file() else None
+    except Exception:  # noqa: BLE001 - a path that does not resolve: no stamp (loading it names why)
+        stamp = None
+    return cfg.environment, cfg.tool_timeout, stamp
+
+
+def loaded_environment(cfg: TaskConfig) -> Any:
+    """The environment :func:`environment_errors` loaded for these settings, else loaded now."""
+    from ftis_flwr.tasks.environment import load_environment
+
+    return _LOADED.get(_env_key(cfg)) or load_environment(cfg.environment, tool_timeout=cfg.tool_timeout)
 
 
 def built_task(cfg: TaskConfig) -> Task:

@@ -26,10 +26,10 @@ SAMPLE_VALUES = {"integer": 12, "number": 1.5, "boolean": True, "string": "x"}
 
 def _spec(exp: ExperimentConfig) -> Any:
     """The environment as a node loads it, or None (its load errors are tasks.checks')."""
-    from ftis_flwr.tasks.environment import load_environment
+    from ftis_flwr.tasks.checks import loaded_environment
 
     try:
-        return load_environment(exp.task.environment, tool_timeout=exp.task.tool_timeout)
+        return loaded_environment(exp.task)
     except Exception:  # noqa: BLE001 - named by tasks.checks.environment_errors
         return None
 

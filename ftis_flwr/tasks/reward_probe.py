@@ -201,9 +201,10 @@ def environment_scorer(exp: Any, task: Task) -> Scorer:
     """Final answers scored as the episodes of ``exp``'s environment that call no tool and end with
     them: each instance reset from its row (seeded as a node seeds it), then ``get_reward()``,
     else the task's rewards over the answer (:mod:`ftis_flwr.node.env_rollout`)."""
-    from ftis_flwr.tasks.environment import load_environment, reset_seed, scored
+    from ftis_flwr.tasks.checks import loaded_environment
+    from ftis_flwr.tasks.environment import reset_seed, scored
 
-    spec = load_environment(exp.task.environment, tool_timeout=exp.task.tool_timeout)
+    spec = loaded_environment(exp.task)
 
     def score(answers: list[str], problems: list[Problem]) -> list[float]:
         out: list[float | None] = []
