@@ -7,7 +7,7 @@ the *other* model's tokenizer, as a receiver does:
     python benchmarks/task_probe.py --tasks basic-math-20,reasoning-gym:spell_backward --n 32
 
 Per task and model it prints the accuracy (the task's own reward), the share of answers with full
-credit and of answers copied word for word from the prompt (``simulations/answers.py``'s counts: a
+credit and of answers copied word for word from the prompt (``ftis-flwr answers``'s counts: a
 task with partial credit can pay a model that copies the question and never answers right), the
 share of the completion's tokens in multi-token chunks (where the chunk, word and sequence ratios
 differ), and the share of completions the other tokenizer cannot stand for (refused,
@@ -27,7 +27,6 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "simulations"))
 
 CANDIDATES = ("basic-math-20", "uppercase", "reasoning-gym:word_sequence_reversal", "reasoning-gym:spell_backward",
               "reasoning-gym:letter_jumble", "reasoning-gym:word_sorting", "reasoning-gym:string_manipulation")
@@ -62,8 +61,8 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     import torch
 
-    from answers import copied
     from ftis_flwr.config.schema import TaskConfig, default_cache_dir
+    from ftis_flwr.node.answers import copied
     from ftis_flwr.node.models import _load_base, stop_token_ids
     from ftis_flwr.tasks import make_task
 

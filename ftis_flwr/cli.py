@@ -16,6 +16,7 @@ run's final status (``flwr ls --run-id``) and exits 0 only when the run complete
 does not answer yet (started a moment before) is asked again for up to ``--wait`` seconds. Plain ``flwr run``
 keeps working; this adds nothing the app needs. ``plan`` checks a preset (with ``--run-config`` on
 top) the same way and prints each node's memory per rank, in GiB (:mod:`ftis_flwr.config.plan`).
+``report``, ``compare`` and ``answers`` read a run's folder (:mod:`ftis_flwr.run_tools`).
 """
 
 from __future__ import annotations
@@ -34,13 +35,19 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from ftis_flwr import run_tools
+
 EXIT_INVALID, EXIT_FAILED, EXIT_USAGE = 2, 1, 64  # 64: EX_USAGE, apart from an invalid configuration
 DESCRIPTION = """Check a run configuration of the ftis-flwr Flower app in about a second (every
-unknown key and bad value named at once), run it with `flwr run`, and exit with the run's outcome."""
+unknown key and bad value named at once), run it with `flwr run`, and exit with the run's outcome;
+then read a run: where its rounds went, two runs side by side, what its models answer."""
 EPILOG = """examples:
   ftis-flwr check . --run-config "preset='cpu-smollm2' loss.trunc-c=3"
   ftis-flwr run . --stream --federation-config "num-supernodes=2 client-resources-num-cpus=1"
   ftis-flwr plan paper-size-base --device-gib 80
+  ftis-flwr report runs/<run name>
+  ftis-flwr compare runs/<run A> runs/<run B>
+  ftis-flwr answers runs/<run name> --show 5
   ftis-flwr stop
 
 `run` passes every argument it does not know (--stream, --federation-config, a federation name)
@@ -409,8 +416,13 @@ def main(argv: list[str] | None = None) -> int:
                            help="while the SuperLink does not answer (it may be starting), ask again for up to "
                                 "S seconds (default 60; 0: once)")
     _add_plan(sub)
+    run_tools.add_commands(sub, EPILOG)
     args, rest = p.parse_known_args(argv)
     args.rest = rest
+    if args.command in run_tools.COMMANDS:
+        if rest:
+            p.error(f"unrecognized arguments: {' '.join(rest)}")
+        return run_tools.main(args)
     if args.command == "plan":
         return _plan(args)
     if args.command == "stop":

@@ -32,8 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from answers import greedy_answers, run_task  # noqa: E402
+from ftis_flwr.node.answers import greedy_answers, run_task  # noqa: E402
 
 _EXPRESSION = re.compile(r"[\d\s+\-*/().]+")
 

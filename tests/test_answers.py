@@ -1,14 +1,11 @@
-"""simulations/answers.py on synthetic answers: what it counts as full credit, copied and distinct.
+"""``ftis-flwr answers`` (:mod:`ftis_flwr.node.answers`) on synthetic answers: what it counts as full
+credit, copied and distinct.
 
 Its model path (greedy, on a run's own settings) is checked against a real run's reported
 accuracies in tests/test_e2e_simulation.py."""
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "simulations"))
-import answers  # noqa: E402
-from ftis_flwr.tasks.base import Problem  # noqa: E402
+from ftis_flwr.node import answers
+from ftis_flwr.tasks.base import Problem
 
 Q = "Spell this word backward (example: sun -> nus): monstrator"
 
@@ -49,7 +46,7 @@ def test_a_split_is_described_by_its_scores_copies_and_distinct_answers():
 
 def test_on_a_task_whose_reward_reads_case_only_the_word_as_written_is_a_copy():
     """On ``uppercase`` the right answer is the question's word in capitals: counted case aside,
-    every right answer would be a copy. The task says its reward reads case, and answers.py's
+    every right answer would be a copy. The task says its reward reads case, and the report's
     count follows it."""
     import pytest
 

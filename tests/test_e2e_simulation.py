@@ -114,20 +114,17 @@ def test_parameters_changed_and_checkpoints_load(federation):
 
 @pytest.mark.usefixtures("one_torch_thread")
 def test_answers_reloads_each_checkpoint_and_gives_the_accuracies_the_run_reported(federation, tmp_path, capsys):
-    """``simulations/answers.py`` answers the run's held-out problems greedily from the saved
-    models, on the node's own code path: the final checkpoints give the accuracies of the last
-    evaluation and the starting models those of round 0, to the digit, or it says they differ;
-    and the shares of distinct and full-credit answers the nodes logged are those answers'."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "simulations"))
-    import answers
+    """``ftis-flwr answers`` answers the run's held-out problems greedily from the saved models, on
+    the node's own code path: the final checkpoints give the accuracies of the last evaluation and
+    the starting models those of round 0, to the digit, or it says they differ; and the shares of
+    distinct and full-credit answers the nodes logged are those answers'."""
+    from ftis_flwr.cli import main
 
     _, _, run_dir = federation
     rounds = load_metrics(run_dir)
     for start, row in ((False, rounds[-1]), (True, rounds[0])):
         out = tmp_path / f"answers-{start}.json"
-        assert answers.main([str(run_dir), "--show", "2", "--json", str(out)] + (["--start"] if start else [])) == 0
+        assert main(["answers", str(run_dir), "--show", "2", "--json", str(out)] + (["--start"] if start else [])) == 0
         printed = capsys.readouterr().out
         assert "NOT the same" not in printed
         got = json.loads(out.read_text())
@@ -141,12 +138,19 @@ def test_answers_reloads_each_checkpoint_and_gives_the_accuracies_the_run_report
                 # the node's own evaluation logged the same answers' distinct and full-credit shares
                 assert logged[f"eval/{split}/distinct"] == pytest.approx(d["distinct"] / 16, abs=1e-12)
                 assert logged[f"eval/{split}/full_credit"] == pytest.approx(d["full_credit"] / 16, abs=1e-12)
-    assert answers.main([str(run_dir), "--node", "nobody"]) == 2
-    assert "no node nobody in this run (its nodes: full, lora)" in capsys.readouterr().err
-    assert answers.main([str(run_dir), "--split", "train"]) == 2
+    assert main(["answers", str(run_dir), "--node", "nobody"]) == 2
+    assert "ftis-flwr answers: no node nobody in this run (its nodes: full, lora)" in capsys.readouterr().err
+    assert main(["answers", str(run_dir), "--split", "train"]) == 2
     assert "no held-out split train" in capsys.readouterr().err
-    assert answers.main([str(tmp_path)]) == 2
+    assert main(["answers", str(tmp_path)]) == 2
     assert "not a finished run's folder: no config.json and no checkpoints" in capsys.readouterr().err
+    # the same run's rounds, and the run beside itself: the same settings, no change
+    assert main(["report", str(run_dir)]) == 0
+    report = capsys.readouterr().out
+    assert f"{run_dir}: {len(rounds)} rounds logged" in report and "| full: train / generate / eval s |" in report
+    assert main(["compare", str(run_dir), str(run_dir)]) == 0
+    same = capsys.readouterr().out
+    assert "The two runs have the same settings." in same and "| full | test |" in same and " +0.0 |" in same
 
 
 def test_run_directory_has_reports(federation):

@@ -232,7 +232,7 @@ class _Server:
         if every and (rnd % every == 0 or rnd == int(payload["num_rounds"])):
             info = self._run("save_state", rnd)
             reply["metrics"].update(state_save_seconds=info.seconds, state_bytes=float(info.nbytes))
-        # the whole request: compute plus decoding, checks and encoding (benchmarks/round_breakdown.py)
+        # the whole request: compute plus decoding, checks and encoding (``ftis-flwr report``)
         reply["metrics"]["worker_seconds"] = time.perf_counter() - t0
         return reply
 

@@ -44,7 +44,7 @@ def collapsed_answers(rows: list[dict]) -> list[str]:
         if last <= FEW and last < FALL * first:
             out.append(f"{node}'s greedy answers on {split} collapsed: {last:.1%} of them are distinct at round "
                        f"{r1} ({first:.1%} at round {r0}), so it gives most problems the same answer and its "
-                       "accuracy there is whatever that answer scores (`python simulations/answers.py <run "
+                       "accuracy there is whatever that answer scores (`ftis-flwr answers <run "
                        "folder>` shows them)")
     return out
 
@@ -59,5 +59,5 @@ def partial_credit_only(rows: list[dict]) -> list[str]:
         credit = dict(full.get((node, split), []))
         if acc > 0 and credit.get(rnd) == 0:
             out.append(f"{node}'s accuracy on {split} ({acc:.1%} at round {rnd}) is partial credit only: none of its "
-                       "greedy answers gets full credit (`python simulations/answers.py <run folder>` shows them)")
+                       "greedy answers gets full credit (`ftis-flwr answers <run folder>` shows them)")
     return out

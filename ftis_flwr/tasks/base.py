@@ -48,7 +48,7 @@ class Task(abc.ABC):
     """Seed of the train-index permutation (subclasses derive it from their config)."""
     answer_case_matters: bool = False
     """Whether the reward tells ``FROCK`` from ``frock``. Analysis tools read it: an answer counts
-    as copied from the prompt only letter case included where it does (simulations/answers.py)."""
+    as copied from the prompt only letter case included where it does (``ftis-flwr answers``)."""
 
     def __init__(self) -> None:
         self._cache: dict[str, list[Problem]] = {}

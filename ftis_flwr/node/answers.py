@@ -1,11 +1,10 @@
-"""What a finished run's models answer: greedy, on the run's own held-out problems, as the run did.
+"""What a finished run's models answer (``ftis-flwr answers RUN``): greedy, on the run's own
+held-out problems, as the run evaluated them.
 
-    python simulations/answers.py <run folder> --node gemma --split test --show 5
-
-Why (#39): two runs of the cross-family study ended with Gemma at exactly 5.46% test and 3.98%
-OOD, and an accuracy that repeats to the digit across seeds suggests a model that answers every
-problem alike. For each node's final checkpoint (``--start``: the model it started from) and each
-held-out split, this prints:
+Why: an accuracy that repeats to the digit across seeds (two cross-family runs ended with Gemma at
+exactly 5.46% test and 3.98% OOD) suggests a model that answers every problem alike. For each
+node's final checkpoint (``start``: the model it started from) and each held-out split, the report
+gives:
 
 - the accuracy, beside what the run reported at its last evaluation (the same code path, the
   run's own settings and torch threads: the two must agree, and a difference is said);
@@ -15,24 +14,24 @@ held-out split, this prints:
   example's answer, copied instead of worked out; case aside, unless the task's reward reads
   case, as ``uppercase``'s does);
 - how many answers are distinct, and the most common ones with their counts;
-- ``--show`` examples: the question, the reference answer, the model's answer and its score.
+- examples: the question, the reference answer, the model's answer and its score.
 
-``--json FILE`` also writes all of it, every answer included.
+One completion per problem: a task with an environment (multi-turn episodes) is not answered here.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
-import sys
 from collections import Counter
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+
+class AnswersError(ValueError):
+    """A folder, node or split the report cannot answer for; the message says what it lacks."""
 
 
 def load_checkpoint(ckpt: Path):
@@ -173,56 +172,44 @@ def report(rows: list[dict], node: str, split: str, d: dict, show: int, start: b
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("run_dir", type=Path, help="a finished run's folder (config.json, metrics.jsonl, checkpoints/)")
-    ap.add_argument("--node", action="append", default=[], help="only this node (may repeat; default: every node)")
-    ap.add_argument("--split", action="append", default=[], help="only this split (may repeat; default: every "
-                    "held-out split of the task)")
-    ap.add_argument("--show", type=int, default=5, help="examples printed per node and split (default 5)")
-    ap.add_argument("--start", action="store_true", help="the model each node started from, not its final one")
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: the node's own, as in the run)")
-    ap.add_argument("--json", type=Path, default=None, help="also write everything here, every answer included")
-    args = ap.parse_args(argv)
-    run_dir = args.run_dir
+def answer_report(run_dir: Path, rows: list[dict], *, nodes: Sequence[str] = (), splits: Sequence[str] = (),
+                  show: int = 5, start: bool = False, threads: int | None = None, json_path: Path | None = None,
+                  say: Callable[[str], None] = print) -> dict:
+    """Each chosen node's answers on each chosen split (all by default), said line by line with
+    ``say``, beside what the run reported (``rows``: its metrics.jsonl records; not read with
+    ``start``); the whole of it returned (and written to ``json_path``), every answer included.
+    AnswersError naming what the folder, node or split lacks."""
+    run_dir = Path(run_dir)
     missing = [n for n in ("config.json", "checkpoints") if not (run_dir / n).exists()]
     if missing:
-        print(f"answers: {run_dir} is not a finished run's folder: no {' and no '.join(missing)}", file=sys.stderr)
-        return 2
+        raise AnswersError(f"{run_dir} is not a finished run's folder: no {' and no '.join(missing)}")
     cfg = json.loads((run_dir / "config.json").read_text())
-    nodes = cfg["nodes"]
-    names = [n["name"] for n in nodes]
-    unknown = [n for n in args.node if n not in names]
+    if (cfg.get("task") or {}).get("environment"):
+        raise AnswersError(f"{run_dir}: its task has an environment (multi-turn episodes): answers gives one "
+                           "completion per problem; the run's own evaluation is in its metrics.jsonl")
+    cards = cfg["nodes"]
+    names = [n["name"] for n in cards]
+    unknown = [n for n in nodes if n not in names]
     if unknown:
-        print(f"answers: no node {', '.join(unknown)} in this run (its nodes: {', '.join(names)})", file=sys.stderr)
-        return 2
-    chosen = [n for n in nodes if not args.node or n["name"] in args.node]
+        raise AnswersError(f"no node {', '.join(unknown)} in this run (its nodes: {', '.join(names)})")
+    chosen = [n for n in cards if not nodes or n["name"] in nodes]
     no_ckpt = [n["name"] for n in chosen if not (run_dir / "checkpoints" / n["name"]).is_dir()]
     if no_ckpt:
-        print(f"answers: no checkpoint of {', '.join(no_ckpt)} under {run_dir / 'checkpoints'}", file=sys.stderr)
-        return 2
+        raise AnswersError(f"no checkpoint of {', '.join(no_ckpt)} under {run_dir / 'checkpoints'}")
     task = run_task(cfg)
-    bad = [s for s in args.split if s not in task.eval_splits]
+    bad = [s for s in splits if s not in task.eval_splits]
     if bad:
-        print(f"answers: no held-out split {', '.join(bad)} in task {task.name} "
-              f"(its splits: {', '.join(task.eval_splits)})", file=sys.stderr)
-        return 2
-    from ftis_flwr.server.summary import load_metrics
-
-    rows = [] if args.start else load_metrics(run_dir)
+        raise AnswersError(f"no held-out split {', '.join(bad)} in task {task.name} "
+                           f"(its splits: {', '.join(task.eval_splits)})")
     everything: dict = {}
     for node in chosen:
-        got = greedy_answers(run_dir, node, task, args.threads, args.start, args.split or None)
+        got = greedy_answers(run_dir, node, task, threads, start, list(splits) or None)
         for split, (problems, prompts, texts) in got.items():
             d = describe(problems, texts, list(task.rewards(list(texts), problems)), prompts,
                          ignore_case=not task.answer_case_matters)
             everything.setdefault(node["name"], {})[split] = d
-            print("\n".join(report(rows, node["name"], split, d, args.show, args.start)), flush=True)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(everything, indent=1, ensure_ascii=False))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+            say("\n".join(report(rows, node["name"], split, d, show, start)))
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(everything, indent=1, ensure_ascii=False))
+    return everything
