@@ -68,7 +68,7 @@ def test_flwr_run_with_the_real_pyproject(tmp_path, superlink):
     config = tmp_path / "tiny.yaml"
     config.write_text(FEDERATION)
     cache, runs = tmp_path / "cache", tmp_path / "runs"
-    # through `ftis-flwr run` (ftis_flwr/cli.py): checked locally, then `flwr run` with the same
+    # through `ftis-flwr run` (ftis_flwr/cli/): checked locally, then `flwr run` with the same
     # arguments; its exit code is Flower's status of the run (finished:completed -> 0)
     out, proc = ftis_flwr_run(f"config_file='{config}' cache-dir='{cache}' run-dir='{runs}'", superlink, cache)
     assert proc.returncode == 0, out[-4000:]

@@ -3,8 +3,7 @@
     maths   <- config <- tasks, wire <- xtok <- node        (node: one institution's model)
                       <-------------- server                (server: the strategy and its rounds)
               config, tasks <-------- experiment            (an experiment checked whole: both composed)
-          config, tasks, experiment <- cli                  (ftis-flwr)
-                     server, node <- run_tools <- cli       (ftis-flwr report / compare / answers)
+  config, tasks, experiment, server, node <- cli           (ftis-flwr; report / compare / answers read a run)
 
 A static check reads every ``import`` (also those inside functions) and fails on an edge that is not
 allowed; then fresh interpreters check what importing a part really pulls in: the node and the
@@ -29,8 +28,8 @@ ALLOWED = {
     "node": {"maths", "config", "tasks", "wire", "xtok"},
     "server": {"config", "wire"},
     "experiment": {"config", "tasks"},
-    "cli": {"config", "tasks", "experiment", "local_superlink", "run_tools"},  # the check runs the reward probe
-    "run_tools": {"server", "node"},  # a run's own tools: its rounds, two runs compared, its models' answers
+    "cli": {"config", "tasks", "experiment", "local_superlink", "server", "node"},  # check: the reward probe;
+    # report / compare / answers: a run's own tools, its rounds (server) and its models' answers (node)
     "local_superlink": set(),
 }
 """Part -> the other parts it may import (``ftis_flwr.<part>``)."""
