@@ -14,6 +14,7 @@ import hashlib
 import importlib
 import importlib.util
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -82,6 +83,20 @@ def _load_file(file: Path):
         del sys.modules[name]
         raise ImportPathError(f"file {str(file)!r} fails to load ({type(exc).__name__}: {exc})") from None
     return module
+
+
+def registered_or_imported(registry: Mapping[str, T], name: str, *, label: str, unknown: str) -> T:
+    """What a registry takes for ``name``: the object registered under it, else the object an import
+    path (``"<module>:<name>"`` / ``"<file.py>:<name>"``) names; ValueError prefixed with ``label``
+    when the path does not import, or saying ``unknown`` when ``name`` is neither."""
+    if name in registry:
+        return registry[name]
+    if is_import_path(name):
+        try:
+            return import_object(name)
+        except ImportPathError as exc:
+            raise ValueError(f"{label}: {exc}") from None
+    raise ValueError(unknown)
 
 
 def register_unique(registry: dict[str, T], name: str, obj: T, kind: str,

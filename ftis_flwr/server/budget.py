@@ -34,7 +34,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord
 
 from ftis_flwr.config.choices import NO_SELECTION
-from ftis_flwr.config.imports import ImportPathError, import_object, is_import_path, register_unique
+from ftis_flwr.config.imports import register_unique, registered_or_imported
 from ftis_flwr.config.schema import ExchangeConfig, WireConfig
 from ftis_flwr.wire.selection import Cuttable, WireSelectError
 
@@ -75,15 +75,9 @@ def register_select_rule(*names: str) -> Callable[[GroupScores], GroupScores]:
 def get_select_rule(name: str) -> GroupScores:
     """The rule ``exchange.select`` names: a registered one, or the callable an import path
     (``"<module>:<rule>"`` / ``"<file.py>:<rule>"``) names; ValueError listing the registered ones otherwise."""
-    if name in SELECT_RULE_REGISTRY:
-        return SELECT_RULE_REGISTRY[name]
-    if is_import_path(name):
-        try:
-            return import_object(name)
-        except ImportPathError as exc:
-            raise ValueError(f"exchange.select={name!r}: {exc}") from None
-    raise ValueError(f"exchange.select={name!r} is not one of {', '.join(SELECT_RULE_REGISTRY)} "
-                     f"(or {NO_SELECTION!r} without a budget), nor an import path '<module>:<rule>'")
+    return registered_or_imported(SELECT_RULE_REGISTRY, name, label=f"exchange.select={name!r}", unknown=(
+        f"exchange.select={name!r} is not one of {', '.join(SELECT_RULE_REGISTRY)} (or {NO_SELECTION!r} without a "
+        "budget), nor an import path '<module>:<rule>'"))
 
 
 @register_select_rule("random")

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ftis_flwr.config.choices import ENGINES
-from ftis_flwr.config.imports import ImportPathError, import_object, is_import_path, register_unique
+from ftis_flwr.config.imports import register_unique, registered_or_imported
 from ftis_flwr.node.engines.hf import HFEngine, Sample
 
 __all__ = ["ENGINES", "ENGINE_REGISTRY", "EngineFactory", "HFEngine", "Sample", "get_engine_factory",
@@ -49,15 +49,9 @@ def register_engine(*names: str) -> Callable[[EngineFactory], EngineFactory]:
 
 def get_engine_factory(name: str) -> EngineFactory:
     """The factory registered as ``name``, or the callable an import path names."""
-    if name in ENGINE_REGISTRY:
-        return ENGINE_REGISTRY[name]
-    if is_import_path(name):
-        try:
-            return import_object(name)
-        except ImportPathError as exc:
-            raise ValueError(f"engine {name!r}: {exc}") from None
-    raise ValueError(f"unknown engine {name!r}; expected one of {', '.join(ENGINE_REGISTRY)}, or an "
-                     "import path 'package.module:factory'")
+    return registered_or_imported(ENGINE_REGISTRY, name, label=f"engine {name!r}", unknown=(
+        f"unknown engine {name!r}; expected one of {', '.join(ENGINE_REGISTRY)}, or an import path "
+        "'package.module:factory'"))
 
 
 def make_engine(name: str, model: Any, tokenizer: Any, *, card: Any = None, share_prompts: bool = True,
