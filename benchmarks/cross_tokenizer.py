@@ -23,13 +23,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from ftis_flwr.experiment import load_experiment  # noqa: E402
 from ftis_flwr.node.node import Node, Received  # noqa: E402
 from ftis_flwr.node.tiny_bpe import build_tiny_tokenizer  # noqa: E402

@@ -9,11 +9,7 @@ a line break as cpu-xfamily's card does), once with the prompt encoded without s
 and once with them (Gemma's ``<bos>`` first). Prints the accuracy of each and a sample answer.
 """
 
-import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def main() -> None:

@@ -7,10 +7,7 @@ texts). Seconds per call and generated tokens; nothing asserted.
     python benchmarks/generate_overhead.py
 """
 
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import time
 

@@ -14,13 +14,9 @@ from __future__ import annotations
 import argparse
 import logging
 import random
-import sys
 import time
-from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ftis_flwr.config.schema import ModelCard  # noqa: E402
 from ftis_flwr.node.tiny import build_char_tokenizer, warm_start  # noqa: E402

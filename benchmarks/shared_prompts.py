@@ -13,13 +13,10 @@ with gradient (one backward of a weighted sum of the log-probs). Printed: second
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from ftis_flwr.experiment import load_experiment  # noqa: E402
 from ftis_flwr.node.logprobs import completion_logprobs, pack_batch  # noqa: E402
 from ftis_flwr.node.logprobs_shared import shared_prompt_logprobs  # noqa: E402

@@ -14,13 +14,10 @@ weights, one thread (as a node of the cpu-smollm2 preset runs).
 from __future__ import annotations
 
 import random
-import sys
 import time
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ftis_flwr.config.schema import default_cache_dir  # noqa: E402
 from ftis_flwr.node.models import load_tokenizer  # noqa: E402

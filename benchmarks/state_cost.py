@@ -11,12 +11,9 @@ prints the bytes written, next to the round's own train + generate time for scal
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ftis_flwr.experiment import load_experiment  # noqa: E402
 from ftis_flwr.node.node import Node, StepRequest  # noqa: E402

@@ -20,13 +20,9 @@ extra. Run it beside nothing else: it loads both models (about 4 GB).
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 CANDIDATES = ("basic-math-20", "uppercase", "reasoning-gym:word_sequence_reversal", "reasoning-gym:spell_backward",
               "reasoning-gym:letter_jumble", "reasoning-gym:word_sorting", "reasoning-gym:string_manipulation")

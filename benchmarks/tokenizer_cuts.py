@@ -26,7 +26,6 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 from ftis_flwr.config.schema import TaskConfig, default_cache_dir  # noqa: E402
 from ftis_flwr.node.models import load_tokenizer  # noqa: E402
 from ftis_flwr.node.sources import gguf_folder, resolve  # noqa: E402

@@ -31,13 +31,9 @@ import argparse
 import dataclasses
 import shlex
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ftis_flwr.config.merge import parse_overrides  # noqa: E402
 from ftis_flwr.config.schema import ConfigError  # noqa: E402

@@ -22,15 +22,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 from flwr.app import RecordDict
 from flwr.common.serde import recorddict_to_proto
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from ftis_flwr.config.schema import WireConfig  # noqa: E402
 from ftis_flwr.wire.groups import Group  # noqa: E402
 from ftis_flwr.wire.rollouts import completion_tokens, decode_groups, encode_groups, payload_bytes
