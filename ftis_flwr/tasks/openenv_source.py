@@ -181,31 +181,18 @@ def mcp_result_text(obs: Any) -> str:
     return str(data)
 
 
-_JSON_TYPES = {"string": str, "integer": int, "number": float, "boolean": bool, "array": list, "object": dict}
-
-
 def _mcp_tool(name: str, description: str, schema: dict[str, Any]):
-    """The tool function (``self`` first) calling the MCP tool ``name``; its schema is the one the
-    MCP server declares (``_ftis_tool_schema``, used as is), its signature says the argument names."""
+    """The tool function (``self`` first) calling the MCP tool ``name`` with whatever arguments the
+    model gave (the MCP server checks them); its schema is the one the server declares
+    (``_ftis_tool_schema``, read by :func:`ftis_flwr.tasks.environment.load_environment` as is)."""
     def tool(self, **arguments: Any) -> str:
         return self._mcp(name, arguments)
 
-    properties = schema.get("properties") or {}
-    required = set(schema.get("required") or ())
-    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
-    for key, prop in properties.items():
-        prop = prop if isinstance(prop, dict) else {}
-        kind = prop.get("type")
-        hint = _JSON_TYPES.get(kind, Any) if isinstance(kind, str) else Any
-        default = inspect.Parameter.empty if key in required else prop.get("default")
-        if key.isidentifier():
-            params.append(inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=hint))
     tool.__name__ = tool.__qualname__ = name
-    tool.__doc__ = description or f"The MCP tool {name}."
-    tool.__signature__ = inspect.Signature(params, return_annotation=str)
+    tool.__doc__ = description = description or f"The MCP tool {name}."
     parameters = dict(schema) if isinstance(schema, dict) and schema else {"type": "object", "properties": {}}
     tool._ftis_tool_schema = {"type": "function", "function": {
-        "name": name, "description": description or f"The MCP tool {name}.", "parameters": parameters}}
+        "name": name, "description": description, "parameters": parameters}}
     return tool
 
 
