@@ -417,3 +417,13 @@ def test_a_node_without_a_route_waits_at_its_round_instead_of_burning_rounds():
             if m.metadata.dst_node_id == 3 and m.metadata.message_type == "train"]
     assert to_3[0] == 2, to_3  # right after its round 1, the last it ended
     assert strategy.checkpoints == {"a": "/ckpt/a", "b": "/ckpt/b"}
+
+
+def test_the_strategy_meets_what_the_async_rounds_declare_they_need():
+    """AsyncRounds keeps its schedule in the strategy's fields: the contract is declared
+    (ftis_flwr.server.async_host.AsyncHost) and the strategy meets it."""
+    from ftis_flwr.experiment import load_experiment
+    from ftis_flwr.server.async_host import AsyncHost
+    from ftis_flwr.server.strategy import FTISStrategy
+
+    assert isinstance(FTISStrategy(load_experiment("cpu-pair")), AsyncHost)

@@ -41,6 +41,7 @@ from flwr.app import MetricRecord
 from flwr.serverapp import Grid
 
 from ftis_flwr.config.choices import AdvantageMode
+from ftis_flwr.server.async_host import AsyncHost
 from ftis_flwr.server.async_store import Sent, Store, join, restore_store, store_state
 from ftis_flwr.server.budget import add_idle
 from ftis_flwr.server.grid_io import POLL_INTERVAL, PROGRESS_EVERY
@@ -68,7 +69,7 @@ class AsyncRounds:
     node sees the same messages and the server applies the same checks as in synchronous rounds.
     """
 
-    def __init__(self, strategy, grid: Grid, timeout: float):
+    def __init__(self, strategy: AsyncHost, grid: Grid, timeout: float):
         self.s, self.grid, self.timeout = strategy, grid, timeout
         self.store = Store(strategy.cfg.exchange.max_staleness)
         self.inflight: dict[str, Sent] = {}   # message id -> what it is

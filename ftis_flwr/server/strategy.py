@@ -142,6 +142,7 @@ class FTISStrategy(Lifecycle, Strategy):
         self._groups: dict[str, tuple[ArrayRecord, ConfigRecord, list[int]]] = {}
         self._async_state: ServerState | None = None
         """A saved asynchronous run's state to continue from (:meth:`restore`)."""
+        self._result = Result()  # the run's result: start() begins a new one
         self._assigned: dict[int, list[int]] = {}   # node id -> train indices, round in flight
         self._forwarded: dict[int, list[str]] = {}  # node id -> sources sent to it, round in flight
         self._received: dict[int, dict[str, float]] = {}  # node id -> foreign groups/bytes sent to it
