@@ -90,6 +90,14 @@ def each_episode(replay: Callable[..., Any], envs: list[Environment], *columns: 
     return out
 
 
+def replayed_scores(node: Any, envs: list[Environment], finals: list[str], problem: Problem) -> list[float]:
+    """The replayed episodes' rewards as this node computes them, before the instances go back to
+    the pool: each instance's ``get_reward()``, else the task's over the final answer, given the
+    instance (:func:`~ftis_flwr.tasks.environment.scored`)."""
+    return scored(env_rewards(envs), finals, node.task, [problem] * len(finals),
+                  environments=[env.instance for env in envs])
+
+
 def env_rewards(envs: list[Environment]) -> list[float | None]:
     """Each replayed instance's ``get_reward()`` (None: no opinion); a failure is a mismatch."""
     rewards: list[float | None] = []
@@ -111,8 +119,7 @@ def replay_group(node: Any, g: Group, problem: Problem) -> np.ndarray:
         masks = g.sampled_masks or [np.ones(len(c), np.uint8) for c in g.completions]
         finals = each_episode(lambda env, tokens, mask: replay_episode(node, env, np.asarray(tokens), np.asarray(mask)),
                               envs, g.completions, masks)
-        return np.asarray(scored(env_rewards(envs), finals, node.task, [problem] * len(finals),
-                                 environments=[env.instance for env in envs]), np.float32)
+        return np.asarray(replayed_scores(node, envs, finals, problem), np.float32)
 
 
 def replay_episode(node: Any, env: Environment, tokens: np.ndarray, mask: np.ndarray) -> str:

@@ -36,9 +36,9 @@ import numpy as np
 from ftis_flwr.config.choices import CrossTokenizerRatio
 from ftis_flwr.node.env_rollout import final_answer
 from ftis_flwr.node.episodes import LiveEpisode, take_turn
-from ftis_flwr.node.replay import ReplayMismatch, each_episode, env_rewards, reset_instances, spans
+from ftis_flwr.node.replay import ReplayMismatch, each_episode, replayed_scores, reset_instances, spans
 from ftis_flwr.tasks.base import Problem
-from ftis_flwr.tasks.environment import Environment, scored
+from ftis_flwr.tasks.environment import Environment
 from ftis_flwr.wire.groups import Group
 from ftis_flwr.xtok.align import AlignError
 from ftis_flwr.xtok.represent import Unrepresentable
@@ -72,8 +72,7 @@ def replay_text_group(node: Any, g: Group, problem: Problem) -> Group:
         own = each_episode(lambda env, text, lengths, gen, mask: replay_text_episode(
             node, env, bytes(text), np.asarray(lengths, np.int64), np.asarray(gen, np.float32), np.asarray(mask)),
             envs, g.texts, g.byte_lengths, g.logprobs, masks)
-        scores = scored(env_rewards(envs), [e.final for e in own], node.task, [problem] * len(own),
-                        environments=[env.instance for env in envs])
+        scores = replayed_scores(node, envs, [e.final for e in own], problem)
     return Group(prompt_id=g.prompt_id, prompt_tokens=np.asarray(prompt, np.int64),
                  completions=[e.ids for e in own], logprobs=[e.gen for e in own], rewards=g.rewards, node=g.node,
                  model_id=g.model_id, tokenizer_fp=g.tokenizer_fp, chunks=[e.chunks for e in own],

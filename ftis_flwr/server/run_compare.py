@@ -13,11 +13,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ftis_flwr.server.summary import _finite, load_metrics
+from ftis_flwr.server.plots import ACC_PREFIX, ACC_SUFFIX
+from ftis_flwr.server.summary import Change, load_metrics
+from ftis_flwr.server.summary import _change as change_of
 
 SKIP = ("run_dir", "cache_dir")
 """Settings that name where a run wrote, not what it ran."""
-ACC = ("eval/", "/accuracy")
 
 
 def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
@@ -41,16 +42,13 @@ def settings_diff(a: dict, b: dict) -> list[str]:
     return [f"{k}: {json.dumps(fa.get(k, '-'))} -> {json.dumps(fb.get(k, '-'))}" for k in keys]
 
 
-def _series(rows: list[dict], node: str, key: str) -> list[tuple[int, float]]:
-    return [(r["round"], float(r["nodes"][node][key])) for r in rows
-            if node in r.get("nodes", {}) and _finite(r["nodes"][node].get(key)) is not None]
+def _change(rows: list[dict], node: str, key: str) -> Change:
+    """First and last finite value of ``node``'s ``key`` over the rows (the summary's rule)."""
+    return change_of([(r["round"], r["nodes"][node].get(key)) for r in rows if node in r.get("nodes", {})])
 
 
-def _ends(points: list[tuple[int, float]]) -> tuple[str, str, float | None]:
-    if not points:
-        return "-", "-", None
-    (r0, v0), (r1, v1) = points[0], points[-1]
-    return f"{v0:.3f} (r{r0})", f"{v1:.3f} (r{r1})", v1
+def _at(value: float | None, rnd: int | None) -> str:
+    return "-" if value is None else f"{value:.3f} (r{rnd})"
 
 
 def _run(path: str | Path) -> tuple[dict, list[dict]]:
@@ -73,23 +71,22 @@ def compare(a_dir: str | Path, b_dir: str | Path) -> str:
     out += [f"  {line}" for line in diff] + [""]
     cards = [c.get("name") for cfg in (a_cfg, b_cfg) for c in cfg.get("nodes", []) if isinstance(c, dict)]
     nodes = list(dict.fromkeys([*cards, *(n for rows in (a_rows, b_rows) for r in rows for n in r.get("nodes", {}))]))
-    splits = list(dict.fromkeys(k[len(ACC[0]):-len(ACC[1])] for rows in (a_rows, b_rows) for r in rows
+    splits = list(dict.fromkeys(k[len(ACC_PREFIX):-len(ACC_SUFFIX)] for rows in (a_rows, b_rows) for r in rows
                                 for m in r.get("nodes", {}).values() for k in m
-                                if k.startswith(ACC[0]) and k.endswith(ACC[1])))
+                                if k.startswith(ACC_PREFIX) and k.endswith(ACC_SUFFIX)))
     out += ["| node | split | A first | A last | B first | B last | B - A, last (points) |",
             "| --- | --- | --- | --- | --- | --- | --- |"]
     for node in nodes:
         for split in splits:
-            key = f"{ACC[0]}{split}{ACC[1]}"
-            a0, a1, av = _ends(_series(a_rows, node, key))
-            b0, b1, bv = _ends(_series(b_rows, node, key))
-            change = f"{100 * (bv - av):+.1f}" if av is not None and bv is not None else "-"
-            out.append(f"| {node} | {split} | {a0} | {a1} | {b0} | {b1} | {change} |")
+            a, b = (_change(rows, node, f"{ACC_PREFIX}{split}{ACC_SUFFIX}") for rows in (a_rows, b_rows))
+            change = f"{100 * (b.last - a.last):+.1f}" if a.last is not None and b.last is not None else "-"
+            out.append(f"| {node} | {split} | {_at(a.first, a.first_round)} | {_at(a.last, a.last_round)} | "
+                       f"{_at(b.first, b.first_round)} | {_at(b.last, b.last_round)} | {change} |")
     out += ["", "| node | A train reward, first -> last | B train reward, first -> last |", "| --- | --- | --- |"]
     for node in nodes:
         cells = []
         for rows in (a_rows, b_rows):
-            first, last, _ = _ends(_series(rows, node, "reward_mean"))
-            cells.append(f"{first} -> {last}" if first != "-" else "-")
+            c = _change(rows, node, "reward_mean")
+            cells.append("-" if c.first is None else f"{_at(c.first, c.first_round)} -> {_at(c.last, c.last_round)}")
         out.append(f"| {node} | {cells[0]} | {cells[1]} |")
     return "\n".join(out)

@@ -46,19 +46,21 @@ BASE_FIELDS = ("done", "reward", "metadata")
 """Fields every OpenEnv observation has (``Observation``): not the observation's text."""
 
 
-def is_openenv(obj: Any) -> bool:
-    """``obj`` (a class or an instance) is an OpenEnv ``Environment``, found by its bases' module
-    so that checking a TRL class never imports ``openenv``."""
+def _derives(obj: Any, base_name: str) -> bool:
+    """``obj`` (a class or an instance) has OpenEnv's class ``base_name`` among its bases, found by
+    the bases' module so that checking a TRL class never imports ``openenv``."""
     cls = obj if isinstance(obj, type) else type(obj)
-    return any(base.__name__ == "Environment" and base.__module__.startswith("openenv.")
-               for base in inspect.getmro(cls))
+    return any(base.__name__ == base_name and base.__module__.startswith("openenv.") for base in inspect.getmro(cls))
+
+
+def is_openenv(obj: Any) -> bool:
+    """``obj`` is an OpenEnv ``Environment``."""
+    return _derives(obj, "Environment")
 
 
 def is_mcp(obj: Any) -> bool:
-    """``obj`` (a class or an instance) is an OpenEnv ``MCPEnvironment`` (its tools over MCP)."""
-    cls = obj if isinstance(obj, type) else type(obj)
-    return any(base.__name__ == "MCPEnvironment" and base.__module__.startswith("openenv.")
-               for base in inspect.getmro(cls))
+    """``obj`` is an OpenEnv ``MCPEnvironment`` (its tools over MCP)."""
+    return _derives(obj, "MCPEnvironment")
 
 
 def action_class(env_cls: type) -> type:
