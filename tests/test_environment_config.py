@@ -155,23 +155,36 @@ def test_check_refuses_an_episode_prompt_that_fills_a_nodes_positions(rows):
     assert "the episode prompt of the first train row (train:0)" in msg and "more than the model's 64" in msg
 
 
-def test_nodes_whose_templates_write_tool_turns_differently_are_warned(monkeypatch):
-    """A receiver needs the tool turn a peer conditioned on to be its own text of the results, so
-    nodes of two chat templates refuse each other's episodes: check says so, naming the nodes."""
-    from ftis_flwr.node.tiny import build_char_tokenizer
+def test_templates_and_call_formats_that_part_peers_are_warned_and_only_those(monkeypatch):
+    """Peers of two tokenizers share episodes across chat templates (a tool turn is checked against
+    its sender's layout); peers of one tokenizer with two templates, or whose models write tool calls
+    in two formats, refuse each other's: check warns for those, naming the nodes, and only those."""
+    from ftis_flwr.node.tiny_bpe import build_bpe_tokenizer
+    from ftis_flwr.node.tiny_chars import build_char_tokenizer
     from ftis_flwr.tasks import node_models as nm
     from ftis_flwr.tasks.environment_checks import episode_notes
 
     exp = load_experiment("cpu-xtok-calc")
-    assert episode_notes(exp) == []  # two tokenizers, no template: their tool turns are the same text
-    plain, templated = build_char_tokenizer(), build_char_tokenizer()
-    templated.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
-    models = [nm.NodeModel(["small"], "tiny", 64, _tokenizer=plain), nm.NodeModel(["bpe"], "tiny", 64,
-                                                                                  _tokenizer=templated)]
-    monkeypatch.setattr(nm, "node_models", lambda exp: (models, []))
-    (note,) = episode_notes(exp)
-    assert "write tool turns with different chat templates (nodes[small]; nodes[bpe])" in note
+    assert episode_notes(exp) == []  # two tokenizers, no template
+    chat = "{% for m in messages %}<{{ m.role }}>{{ m['content'] }}<eos>{% endfor %}"
+
+    def notes(*pairs, tool_format="tiny"):
+        models = [nm.NodeModel([name], "tiny", 64, tiny=kind, _tokenizer=tok) for name, kind, tok in pairs]
+        monkeypatch.setattr(nm, "node_models", lambda exp: (models, []))
+        return episode_notes(load_experiment("cpu-xtok-calc", overrides={"task.tool_format": tool_format}))
+
+    templated_bpe = build_bpe_tokenizer()
+    templated_bpe.chat_template = chat
+    assert notes(("small", "char", build_char_tokenizer()), ("bpe", "bpe", templated_bpe)) == []
+    templated_char = build_char_tokenizer()
+    templated_char.chat_template = chat
+    (note,) = notes(("small", "char", build_char_tokenizer()), ("other", "char", templated_char))
+    assert "nodes of one tokenizer write tool turns with different chat templates (nodes[small]; nodes[other])" in note
     assert "env_replay_refused" in note
+    hermes_bpe = build_bpe_tokenizer()
+    hermes_bpe.chat_template = "<tool_call>" + chat  # a template that writes <tool_call>: the hermes format
+    (note,) = notes(("small", "char", build_char_tokenizer()), ("bpe", "bpe", hermes_bpe), tool_format="")
+    assert "write tool calls in different formats (tiny: nodes[small]; hermes: nodes[bpe])" in note
 
 
 def test_nodes_of_two_tokenizers_with_one_ratio_per_completion_are_warned():

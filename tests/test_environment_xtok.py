@@ -123,3 +123,75 @@ def test_the_other_way_the_character_model_replays_the_bpe_models_episodes(pair)
     kept = m.get("bpe/env_replayed", 0)
     assert kept + m.get("bpe/env_replay_refused", 0) == 8 * len(sent) and kept >= 8 * (len(sent) - 1), res.rejections
     assert m["samples_foreign"] == kept
+
+
+CHAT = ("{% if tools %}tools:{% for t in tools %} {{ t.function.name }}{% endfor %};{% endif %}"
+        "{% for m in messages %}<{{ m.role }}>{{ m.content }}<eos>\n{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}")
+"""A chat template with tool turns of its own (``<tool>46<eos>`` and the next assistant header),
+unlike the character sender's plain ``=46`` lines."""
+
+
+@pytest.fixture(scope="module")
+def templated(pair, tmp_path_factory):
+    """A BPE receiver whose tokenizer carries a chat template (as a real model family's does): its
+    prompts and tool turns are the template's, its tool-call format stays ``tiny``."""
+    import copy
+
+    from ftis_flwr.node.turns import tool_turn_layout
+
+    _, bpe = pair
+    node = Node(bpe.card, bpe.cfg, cache_dir=tmp_path_factory.getbasetemp() / "env-xtok0" / "cache")
+    node.tokenizer = copy.deepcopy(node.tokenizer)
+    node.tokenizer.chat_template = CHAT
+    node.env.layout = tool_turn_layout(node.tokenizer, node.stop_ids).wire()
+    assert node.env.format.name == "tiny" and node.env.layout != bpe.env.layout
+    return node
+
+
+def test_a_peer_of_another_chat_template_checks_tool_turns_against_the_senders_layout(templated, sent):
+    """The sender writes tool turns as ``=46`` lines, the receiver's template as ``<tool>46<eos>``:
+    the receiver checks each sent tool turn against the sender's layout of its own replayed results,
+    continues the episode with its own template's tool turn, and trains on the sender's turns."""
+    from ftis_flwr.node.replay_text import replay_text_group
+
+    assert {(g.tool_format, g.tool_layout) for g in sent} == {("tiny", '["=", "\\n=", "\\n"]')}
+    g = next(g for g in sent if any((m == 0).any() for m in g.sampled_masks))
+    own = replay_text_group(templated, g, templated.task.problem(g.prompt_id))
+    i = next(k for k, m in enumerate(g.sampled_masks) if (m == 0).any())
+    ids, mask = own.completions[i], own.sampled_masks[i]
+    context = templated.tokenizer.decode(ids[mask == 0].tolist(), skip_special_tokens=False)
+    assert context.startswith("\n<tool>") and "<assistant>" in context and "=" not in context
+    sampled_bytes = np.repeat(g.sampled_masks[i], g.byte_lengths[i]) == 1
+    said = np.frombuffer(bytes(g.texts[i]), np.uint8)[sampled_bytes].tobytes()  # the sender's turns' bytes
+    assert templated.tokenizer.decode(ids[mask == 1].tolist(), skip_special_tokens=True).encode() == said
+    assert np.array_equal(own.replayed_rewards, g.rewards)
+    before = [p.detach().clone() for p in templated.params]
+    res = templated.step(StepRequest(0, 2, [], 8, False, foreign=[Received("small", sent, [0, 1, 2, 3])]))
+    assert res.metrics["small/env_replayed"] == 32 and "small/env_replay_refused" not in res.metrics, res.rejections
+    assert any(not torch.equal(p, q) for p, q in zip(before, templated.params))
+
+
+@pytest.mark.parametrize("edit, reason", [
+    ("observation", "the tool turn after turn 1 is not the sender's layout of what its replayed calls returned"),
+    ("layout", "the tool turn after turn 1 is not the sender's layout"),
+    ("format", "its model writes tool calls in the 'hermes' format and this node's in 'tiny'"),
+    ("no layout", "the tool turn after turn 1 is not this node's text"),
+])
+def test_a_peer_of_another_template_refuses_what_its_layout_does_not_account_for(templated, sent, edit, reason):
+    """An altered observation, a layout that is not what the sender wrote, calls in another format,
+    or no layout at all (a template that writes tool names): the group is refused, with the reason."""
+    g = next(g for g in sent if any((m == 0).any() for m in g.sampled_masks))
+    j = next(k for k, m in enumerate(g.sampled_masks) if (m == 0).any())
+    if edit == "observation":
+        text = bytearray(g.texts[j])
+        at = text.index(b"=") + 1  # the first character the tool returned
+        text[at] = ord("9") if text[at] != ord("9") else ord("8")
+        forged = dataclasses.replace(g, texts=[bytes(text) if k == j else t for k, t in enumerate(g.texts)])
+    else:
+        forged = dataclasses.replace(g, **{"layout": {"tool_layout": '["=", "\\n=", "\\n\\n"]'},
+                                          "format": {"tool_format": "hermes"},
+                                          "no layout": {"tool_layout": "null"}}[edit])
+    res = templated.step(StepRequest(1, 2, [], 8, False, foreign=[Received("small", [forged], [0, 1, 2, 3])]))
+    assert res.metrics["small/env_replay_refused"] == 8
+    assert any(reason in r for r in res.rejections), res.rejections

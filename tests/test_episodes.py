@@ -182,6 +182,27 @@ def test_a_chat_templates_tool_turn_is_its_suffix_after_the_end_of_turn():
     assert tool_format_for(tok).name == "hermes" and tool_format_for(build_char_tokenizer()).name == "tiny"
 
 
+def test_a_tool_turn_layout_is_the_templates_markers_around_the_results():
+    """What a sender tells peers of another template: the text before, between and after tool
+    results, read from its own tool turns, so that filled with any results it is byte for byte the
+    tool turn the node appends; a template whose tool turn writes the tool's name has none."""
+    from ftis_flwr.node.turns import tool_turn_layout
+    from ftis_flwr.wire.tool_turns import ToolTurnLayout
+
+    tok = build_char_tokenizer()
+    eos = tok.eos_token_id
+    assert tool_turn_layout(tok, [eos]) == ToolTurnLayout("=", "\n=", "\n")  # PLAIN_TOOL_TURN
+    tok.chat_template = CHAT
+    layout = tool_turn_layout(tok, [eos])
+    assert layout == ToolTurnLayout("\n<tool>", "<eos>\n<tool>", "<eos>\n<assistant>")
+    results = [ToolResult("calc", "46"), ToolResult("submit", "ok")]
+    assert layout.text(["46", "ok"]) == tok.decode(tool_turn_ids(tok, results, [eos])).encode()
+    assert ToolTurnLayout.from_wire(layout.wire()) == layout
+    tok.chat_template = CHAT.replace("<{{ m.role }}>", "<{{ m.role }}{{ m.name or '' }}>")
+    with pytest.raises(ValueError, match="writes each result's tool name"):
+        tool_turn_layout(tok, [eos])
+
+
 def test_tool_call_formats_read_calls_and_name_what_they_cannot():
     tools = load_environment("toy_environments:SeededEnv").tools
     hermes, tiny = TOOL_FORMATS["hermes"], TOOL_FORMATS["tiny"]

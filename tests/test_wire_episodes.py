@@ -211,3 +211,71 @@ def test_an_episodes_text_may_leave_only_each_model_turns_last_token_empty():
         g.validate(VOCAB)
     with pytest.raises(PayloadError, match=f"token {inner} covers 0 bytes"):
         encode_groups([g], vocab_size=VOCAB)
+
+
+def _with_texts(g: Group) -> Group:
+    g.texts, g.byte_lengths = [], []
+    for m in g.sampled_masks:
+        lengths = np.where(span_ends(m), 0, 1).astype(np.int64)
+        g.texts.append(b"x" * int(lengths.sum()))
+        g.byte_lengths.append(lengths)
+    return g
+
+
+@pytest.mark.parametrize("fmt", ["compact", "arrays"])
+def test_an_episode_groups_tool_format_and_layout_cross_the_wire_and_are_checked(fmt):
+    """A sender of episodes with texts names its tool-call format and tool-turn layout (what its
+    template writes around results; ``"null"``: none) per group, for receivers of another template;
+    they round trip in either format, and a receiver refuses a name or layout that breaks the rules,
+    a payload where only some groups carry them, and either without the texts."""
+    rng = np.random.default_rng(7)
+    a, b = _with_texts(episode_group(rng, "train:1")), _with_texts(episode_group(rng, "train:2"))
+    a.tool_format, a.tool_layout = "tiny", '["=", "\\n=", "\\n"]'
+    b.tool_format, b.tool_layout = "hermes", "null"
+    back = decode(*wire_trip(*encode_groups([a, b], vocab_size=VOCAB, format=fmt)), VOCAB)
+    assert [(g.tool_format, g.tool_layout) for g in back] == [("tiny", a.tool_layout), ("hermes", "null")]
+    single = decode(*encode_groups([_with_texts(episode_group(rng, "train:3"))], vocab_size=VOCAB, format=fmt), VOCAB)
+    assert single[0].tool_format is None and single[0].tool_layout is None
+    for edit, message in [({"tool_format": "Hermes!"}, "is not a format name"),
+                          ({"tool_layout": '["=", "\\n="]'}, "a JSON list of three strings"),
+                          ({"tool_layout": json_list("x" * 5000)}, "more than 4096"),
+                          ({"tool_layout": None}, "come together or not at all"),
+                          ({"texts": None, "byte_lengths": None}, "come only with the episodes' texts")]:
+        bad = dataclasses.replace(a, **edit)
+        with pytest.raises(PayloadError, match=message):
+            bad.validate(VOCAB)
+    with pytest.raises(PayloadError, match="some groups carry their tool format"):
+        encode_groups([a, dataclasses.replace(b, tool_format=None, tool_layout=None)], vocab_size=VOCAB, format=fmt)
+
+
+def json_list(head: str) -> str:
+    return f'["{head}", "", ""]'
+
+
+@pytest.mark.parametrize("fmt", ["compact", "arrays"])
+def test_a_receiver_refuses_a_forged_tool_format_or_layout(fmt):
+    """What the sender's check would refuse, packed by hand, is refused by the receiver too."""
+    from ftis_flwr.wire import arrays as wire_arrays
+    from ftis_flwr.wire.rollouts import _flat
+
+    g = _with_texts(episode_group(np.random.default_rng(8), "train:1"))
+    g.tool_format, g.tool_layout = "tiny", "not json"
+    completions = list(g.completions)
+    flat_lp = _flat([np.asarray(lp, np.float32) for lp in g.logprobs], np.float32)
+    text = (np.frombuffer(b"".join(g.texts), np.uint8), _flat([np.asarray(b) for b in g.byte_lengths], np.int64))
+    sampled = _flat([np.asarray(m, np.uint8) for m in g.sampled_masks], np.uint8)
+    if fmt == "arrays":
+        arrays, meta = wire_arrays.encode([g], completions, flat_lp, "fp32", "uint16", text, sampled, True)
+    else:
+        fields = wc.Fields(strings={k: [getattr(g, k)] for k in wc.str_keys(True)},
+                           prompt_ids=np.asarray(g.prompt_tokens, np.int64),
+                           prompt_offsets=np.array([0, len(g.prompt_tokens)]),
+                           completion_ids=_flat(completions, np.int64),
+                           completion_offsets=np.cumsum([0] + [len(c) for c in completions]),
+                           group_offsets=np.array([0, g.size]), logprobs=flat_lp,
+                           rewards=np.asarray(g.rewards, np.float32), text=text[0], byte_lengths=text[1],
+                           sampled=sampled)
+        blob = wc.pack(fields, id_bits=wc.bits_for(VOCAB - 1))
+        arrays, meta = ArrayRecord({"wire": Array.from_numpy_ndarray(np.frombuffer(blob, np.uint8))}), ConfigRecord()
+    with pytest.raises(PayloadError, match="tool_layout: a tool-turn layout is a JSON list of three strings"):
+        decode(arrays, meta, VOCAB)

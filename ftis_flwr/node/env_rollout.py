@@ -33,11 +33,13 @@ import logging
 from typing import Any
 
 from ftis_flwr.node.episodes import Episode, Sampling, Score, run_groups
+from ftis_flwr.node.turns import tool_turn_layout
 from ftis_flwr.tasks.base import Problem
 from ftis_flwr.tasks.environment import EnvironmentSpec, load_environment, reset_seed, scored
 from ftis_flwr.tasks.episode_prompt import prompt_messages
 from ftis_flwr.tasks.tool_calls import tool_format_for
 from ftis_flwr.wire.groups import Group, PayloadError
+from ftis_flwr.wire.tool_turns import NO_LAYOUT
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +59,12 @@ class EnvironmentRollout:
                                  max_turn_tokens=r.max_new_tokens, temperature=r.temperature, top_k=r.top_k,
                                  top_p=r.top_p, batch_size=r.batch_size)
         self.chat = bool(cfg.task.chat)
+        try:  # what this node's template writes around tool results, for peers of another template
+            self.layout: str = tool_turn_layout(node.tokenizer, node.stop_ids).wire()
+        except ValueError as exc:
+            log.info("node %s: its tool turns go without a layout (%s): peers of another chat template refuse "
+                     "its episodes", node.card.name, exc)
+            self.layout = NO_LAYOUT
 
     def groups(self, node: Any, indices: list[int], n: int, round_seed: int) -> tuple[list[Group], dict[str, float]]:
         """``n`` episodes per train index in ``indices`` as wire groups with their sampled masks
@@ -107,8 +115,8 @@ def round_metrics(parts: dict[str, float]) -> dict[str, float]:
 def generate(node: Any, indices: list[int], n: int, round_seed: int, *, send_text: bool = False) -> list[Group]:
     """The node's episode groups of one round (this rank's share of ``indices``, gathered), its
     ``generate_metrics`` set: the ``env/*`` metrics and ``groups_dropped_unencodable``. ``send_text``:
-    each group also carries its episodes' texts, model and tool turns, for peers of another tokenizer
-    (:mod:`ftis_flwr.node.replay_text`)."""
+    each group also carries its episodes' texts, model and tool turns, with this node's tool-call
+    format and tool-turn layout, for peers of another tokenizer (:mod:`ftis_flwr.node.replay_text`)."""
     with node.compute():
         groups, parts = node.env.groups(node, node.ranks.share(indices), n, round_seed + node.ranks.rank)
     kept = []
@@ -120,6 +128,8 @@ def generate(node: Any, indices: list[int], n: int, round_seed: int, *, send_tex
             continue
         if send_text:
             node._attach_texts(g)
+            if g.texts is not None:  # how its calls and tool turns are written, for another template's replay
+                g.tool_format, g.tool_layout = node.env.format.name, node.env.layout
         kept.append(g)
     parts = {k: node.ranks.all_sum(v) for k, v in parts.items()}
     node.generate_metrics = {"groups_dropped_unencodable": node.ranks.all_sum(float(len(groups) - len(kept))),

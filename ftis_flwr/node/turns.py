@@ -14,12 +14,20 @@ and the tool-call format it was trained on), not of the loop. Two rules hold eve
 Tool-call formats (how a model writes a call) are read by :mod:`ftis_flwr.tasks.tool_calls`. A
 tokenizer without a chat template (the tiny models) gets each tool result as
 :data:`PLAIN_TOOL_TURN` (``=<result>`` and a newline) and a prompt of its messages' text.
+
+A node's :class:`~ftis_flwr.wire.tool_turns.ToolTurnLayout` (what its template writes around the
+results) travels with its episodes' texts, so a peer of another template can check the tool turns
+its model conditioned on (:mod:`ftis_flwr.node.replay_text`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
+
+from ftis_flwr.wire.tool_turns import ToolTurnLayout
+from ftis_flwr.xtok.token_bytes import token_bytes
 
 PLAIN_TOOL_TURN = "={content}\n"
 """A tool result's text for a tokenizer without a chat template."""
@@ -55,3 +63,39 @@ def tool_turn_ids(tokenizer: Any, results: Sequence[Any], stop_ids: Sequence[int
         raise ValueError("the chat template renders the assistant turn differently once a tool message follows: "
                          "its tool turns cannot be appended without re-rendering the history")
     return after[len(before):]
+
+
+@dataclass(frozen=True)
+class _Result:
+    name: str
+    content: str
+
+
+def tool_turn_layout(tokenizer: Any, stop_ids: Sequence[int]) -> ToolTurnLayout:
+    """This tokenizer's :class:`ToolTurnLayout`, read from :func:`tool_turn_ids` of results "0",
+    "1" and of both (the bytes its tokens stand for, special tokens as their text). ValueError
+    when the template does not wrap each result the same way (it writes the tool's name or the
+    results' count) or nothing can be appended at all."""
+    def turn(*contents: str, name: str = "tool") -> bytes:
+        ids = tool_turn_ids(tokenizer, [_Result(name, c) for c in contents], stop_ids)
+        return b"".join(token_bytes(tokenizer, ids, specials="content"))
+
+    zero, one, both = turn("0"), turn("1"), turn("0", "1")
+    if turn("0", name="fn") != zero:
+        raise ValueError("the template writes each result's tool name into the tool turn")
+    n = len(zero)
+    if len(one) != n:
+        raise ValueError("the tool turn's length depends on more than its result's text")
+    head = next((i for i in range(n) if zero[i] != one[i]), n)
+    tail = n - head - 1
+    if tail < 0 or zero[head + 1:] != one[head + 1:]:
+        raise ValueError("the tool turn is not its markers around the result's text")
+    pre, post, mid = zero[:head], zero[n - tail:], both[head + 1:len(both) - tail]
+    try:
+        layout = ToolTurnLayout(pre.decode("utf-8"), mid[:-1].decode("utf-8"), post.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError("the tool turn's markers are not UTF-8 text") from None
+    if layout.text(["0"]) != zero or layout.text(["1"]) != one or layout.text(["0", "1"]) != both:
+        raise ValueError("the tool turn does not wrap each result the same way (its markers depend on how "
+                         "many results it holds)")
+    return layout

@@ -10,8 +10,9 @@ that it is well formed; these show that it fits this federation:
   (``task.tool-format``, else the one its chat template implies) and the characters to write one
   (the tiny char tokenizer has no braces, so no ``hermes`` call);
 - (warnings) peers can replay each other's episodes: with more than one node sharing, a class
-  without ``deterministic = True``, or nodes whose chat templates write tool turns differently,
-  have every node refuse its peers' episodes and train alone.
+  without ``deterministic = True``, nodes whose models write tool calls in different formats, or
+  nodes of one tokenizer with different chat templates, have every node refuse its peers'
+  episodes and train alone.
 """
 
 from __future__ import annotations
@@ -100,9 +101,7 @@ def episode_errors(exp: ExperimentConfig) -> list[str]:
 def episode_notes(exp: ExperimentConfig) -> list[str]:
     """The warnings that peers will refuse each other's episodes, when they will: a class that does
     not declare itself deterministic, nodes of different tokenizers with one ratio per completion
-    (``loss.cross_tokenizer_ratio=sequence``), or nodes whose chat templates write tool turns
-    differently (a receiver requires the tool turn a peer conditioned on to be its own text of the
-    results)."""
+    (``loss.cross_tokenizer_ratio=sequence``), and :func:`template_notes`."""
     from ftis_flwr.config.choices import AdvantageMode
 
     if not exp.task.environment or len(exp.nodes) < 2 or exp.advantage.mode == AdvantageMode.ALONE:
@@ -126,17 +125,41 @@ def episode_notes(exp: ExperimentConfig) -> list[str]:
                 "loss.cross-tokenizer-ratio='sequence' (one ratio per completion) has none per model turn, so each "
                 "refuses the other's episodes on replay (counted in <source>/env_replay_refused); use 'chunk' "
                 "or 'word' (docs/your-own-environment.md#what-a-receiver-checks-replay)"]
-    templates: dict[str, list[str]] = {}
+    return template_notes(exp, models)
+
+
+def template_notes(exp: ExperimentConfig, models: list[Any]) -> list[str]:
+    """The warnings for nodes whose chat templates differ: peers whose models write tool calls in
+    different formats refuse each other's episodes, and so do peers of one tokenizer with different
+    templates (the token path requires the prompt and tool turns in the receiver's template).
+    Peers of different tokenizers share episodes across templates: the text path checks a tool
+    turn against its sender's layout (docs/your-own-environment.md)."""
+    from ftis_flwr.tasks.tool_calls import tool_format_for
+
+    formats: dict[str, list[str]] = {}
+    templates: dict[str, dict[str, list[str]]] = {}
     for model in models:
         try:
-            template = getattr(model.tokenizer(), "chat_template", None)
-        except Exception:  # noqa: BLE001 - not on this machine: the prompt check's warning names it
+            tok = model.tokenizer()
+            fmt = tool_format_for(tok, exp.task.tool_format or "auto").name
+        except Exception:  # noqa: BLE001 - not on this machine, or no format: named by episode_errors
             continue
-        templates.setdefault(str(template or ""), []).append(model.names)
-    if len(templates) < 2:
-        return []
-    groups = "; ".join(", ".join(names) for names in templates.values())
-    return [f"warning: task.environment={exp.task.environment!r}: the nodes write tool turns with different chat "
-            f"templates ({groups}), so each refuses the other's episodes on replay (counted in "
-            "<source>/env_replay_refused) and trains on its own; episodes are shared between nodes of one template "
-            "(docs/your-own-environment.md#what-a-receiver-checks-replay)"]
+        formats.setdefault(fmt, []).append(model.names)
+        by_template = templates.setdefault(str(model.tiny or model.folder), {})  # one per tokenizer
+        by_template.setdefault(str(getattr(tok, "chat_template", None) or ""), []).append(model.names)
+    key = f"task.environment={exp.task.environment!r}"
+    notes = []
+    if len(formats) > 1:
+        groups = "; ".join(f"{fmt}: {', '.join(names)}" for fmt, names in formats.items())
+        notes.append(f"warning: {key}: the nodes' models write tool calls in different formats ({groups}), so each "
+                     "refuses the other's episodes on replay (counted in <source>/env_replay_refused) and trains on "
+                     "its own; set task.tool-format to one format every tokenizer can write "
+                     "(docs/your-own-environment.md#what-a-receiver-checks-replay)")
+    for by_template in templates.values():
+        if len(by_template) > 1:
+            groups = "; ".join(", ".join(names) for names in by_template.values())
+            notes.append(f"warning: {key}: nodes of one tokenizer write tool turns with different chat templates "
+                         f"({groups}), so each refuses the other's episodes on replay (counted in "
+                         "<source>/env_replay_refused) and trains on its own; give them one template "
+                         "(docs/your-own-environment.md#what-a-receiver-checks-replay)")
+    return notes

@@ -27,8 +27,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord
 
 from ftis_flwr.config.schema import WireConfig
 from ftis_flwr.wire.compact import LP_CODECS as LOGPROB_DTYPES
-from ftis_flwr.wire.compact import STR_KEYS as _GROUP_STR_KEYS
-from ftis_flwr.wire.compact import Fields, check_token_cap, decode_logprobs, encode_logprobs
+from ftis_flwr.wire.compact import TOOL_KEYS, Fields, check_token_cap, decode_logprobs, encode_logprobs, str_keys
 from ftis_flwr.wire.compact import flat as _flat
 from ftis_flwr.wire.compact import offsets as _offsets
 from ftis_flwr.wire.groups import Group, PayloadError
@@ -67,10 +66,10 @@ def token_dtype_for(vocab_size: int) -> str:
 
 def encode(groups: list[Group], completions: list[np.ndarray], flat_lp: np.ndarray,
            logprob_dtype: str, tok_dtype: str, text: tuple[np.ndarray, np.ndarray] | None = None,
-           sampled: np.ndarray | None = None) -> tuple[ArrayRecord, ConfigRecord]:
+           sampled: np.ndarray | None = None, tools: bool = False) -> tuple[ArrayRecord, ConfigRecord]:
     """Checked groups -> format 1 records (the caller validated every group); ``text``: the
     flat (text, byte_lengths) of a cross-tokenizer payload; ``sampled``: the flat sampled mask of
-    a payload with episodes."""
+    a payload with episodes; ``tools``: its groups carry their tool formats and layouts."""
     arrays = {
         "prompt_ids": _flat([g.prompt_tokens for g in groups], tok_dtype),
         "prompt_offsets": _offsets([len(g.prompt_tokens) for g in groups]),
@@ -90,7 +89,7 @@ def encode(groups: list[Group], completions: list[np.ndarray], flat_lp: np.ndarr
         "token_dtype": tok_dtype,
         "logprob_dtype": logprob_dtype,
     }
-    for key in _GROUP_STR_KEYS:
+    for key in str_keys(tools):
         meta[key] = [getattr(g, key) for g in groups]
     return record, ConfigRecord(meta)
 
@@ -106,8 +105,12 @@ def read(arrays: ArrayRecord, meta: ConfigRecord, wire: WireConfig) -> Fields:
         raise PayloadError(f"meta logprob_dtype {lp_dtype!r} is not one of {LOGPROB_DTYPES}")
     if tok_dtype not in TOKEN_DTYPES:
         raise PayloadError(f"meta token_dtype {tok_dtype!r} is not one of {TOKEN_DTYPES}")
+    tools = [key in meta for key in TOOL_KEYS]
+    if any(tools) and not all(tools):
+        raise PayloadError(f"meta has {' and '.join(k for k, t in zip(TOOL_KEYS, tools) if t)} without "
+                           f"{' and '.join(k for k, t in zip(TOOL_KEYS, tools) if not t)}")
     strs: dict[str, list[str]] = {}
-    for key in _GROUP_STR_KEYS:
+    for key in str_keys(all(tools)):
         value = meta.get(key)
         if not isinstance(value, list) or not all(isinstance(s, str) and s for s in value):
             raise PayloadError(f"meta {key!r} is missing or not a list of non-empty str")

@@ -65,9 +65,13 @@ MAGIC = b"FTWC"
 VERSION = 2
 HEADER = struct.Struct("<4sBBBB9I")
 STR_KEYS = ("prompt_id", "node", "model_id", "tokenizer_fp")
+TOOL_KEYS = ("tool_format", "tool_layout")
+"""Episodes with texts (flag ``_TOOLS``): two more strings per group, the sender's tool-call format
+and tool-turn layout (:mod:`ftis_flwr.wire.tool_turns`)."""
 _ZLIB = 4
 _TEXT = 8
 _MASK = 16
+_TOOLS = 32
 MASK_EXT = struct.Struct("<I")
 """The sampled-mask extension after the header (and the text extension): sampled tokens."""
 EXT = struct.Struct("<2I")
@@ -81,7 +85,8 @@ class Fields:
     """A payload's content, structurally read but not yet checked (both formats decode to this).
 
     Token ids and offsets are int64, log-probs float32 (decoded from their wire codec), rewards
-    float32; ``strings[key]`` has one str per group for each of :data:`STR_KEYS`.
+    float32; ``strings[key]`` has one str per group for each of :data:`STR_KEYS` (and of
+    :data:`TOOL_KEYS` when the payload's episodes carry them).
     """
 
     strings: dict[str, list[str]]
@@ -116,7 +121,7 @@ def _section_sizes(h: dict) -> list[tuple[str, int]]:
     return [
         ("string lengths", packed_len(s, ws)),
         ("string table", h["string_bytes"]),
-        ("string indices", packed_len(4 * n, bits_for(max(s - 1, 0)))),
+        ("string indices", packed_len(len(str_keys(h["tools"])) * n, bits_for(max(s - 1, 0)))),
         ("prompt lengths", packed_len(n, wp)),
         ("group sizes", packed_len(n, wg)),
         ("completion lengths", packed_len(c, wc)),
@@ -126,6 +131,11 @@ def _section_sizes(h: dict) -> list[tuple[str, int]]:
         ("rewards", 4 * k + packed_len(c, bits_for(max(k - 1, 0))) if k else 4 * c),
     ] + ([("byte lengths", packed_len(t, h["length_bits"])), ("text", h["text_bytes"])]
          if h["text"] else []) + ([("sampled mask", packed_len(t, 1))] if h["mask"] else [])
+
+
+def str_keys(tools: bool) -> tuple[str, ...]:
+    """The strings each group carries: :data:`STR_KEYS`, and :data:`TOOL_KEYS` with ``tools``."""
+    return STR_KEYS + TOOL_KEYS if tools else STR_KEYS
 
 
 def pack(fields: Fields, *, id_bits: int, codec: str = "fp32", compress: str = "none",
@@ -139,14 +149,15 @@ def pack(fields: Fields, *, id_bits: int, codec: str = "fp32", compress: str = "
     if compress not in COMPRESSORS:
         raise ValueError(f"wire.compress must be one of {COMPRESSORS}, got {compress!r}")
     n = len(fields.group_offsets) - 1
+    tools = all(key in fields.strings for key in TOOL_KEYS)
+    keys = str_keys(tools)
     table: dict[str, int] = {}
     for g in range(n):
-        for key in STR_KEYS:
+        for key in keys:
             table.setdefault(fields.strings[key][g], len(table))
     encoded = [s.encode("utf-8") for s in table]
     str_lens = np.array([len(b) for b in encoded], np.int64)
-    indices = np.array([table[fields.strings[key][g]] for g in range(n) for key in STR_KEYS],
-                       np.int64)
+    indices = np.array([table[fields.strings[key][g]] for g in range(n) for key in keys], np.int64)
     plen = np.diff(fields.prompt_offsets)
     gsize = np.diff(fields.group_offsets)
     clen = np.diff(fields.completion_offsets)
@@ -192,7 +203,8 @@ def pack(fields: Fields, *, id_bits: int, codec: str = "fp32", compress: str = "
     if len(packed) >= len(body):  # zlib only where it pays: tiny or random bodies go as they are
         packed = body
     flags = (LP_CODECS.index(codec) | (_ZLIB if packed is not body else 0)
-             | (_TEXT if fields.text is not None else 0) | (_MASK if sampled is not None else 0))
+             | (_TEXT if fields.text is not None else 0) | (_MASK if sampled is not None else 0)
+             | (_TOOLS if tools else 0))
     header = HEADER.pack(MAGIC, VERSION, flags, id_bits, 0, n, len(clen),
                          len(fields.completion_ids), len(fields.prompt_ids), len(table),
                          int(str_lens.sum()), k if use_palette else 0, len(body),
@@ -211,7 +223,7 @@ def read_header(buf: bytes | memoryview) -> dict:
         raise PayloadError(f"compact payload: magic {magic!r}, expected {MAGIC!r}")
     if version != VERSION:
         raise PayloadError(f"compact payload: version {version}, this receiver reads {VERSION}")
-    if flags & ~(_ZLIB | _TEXT | _MASK | 3) or (flags & 3) >= len(LP_CODECS) or zero:
+    if flags & ~(_ZLIB | _TEXT | _MASK | _TOOLS | 3) or (flags & 3) >= len(LP_CODECS) or zero:
         raise PayloadError(f"compact payload: unknown flags {flags:#04x} / reserved byte {zero}")
     w = tuple((widths >> sh) & 0xFF for sh in (0, 8, 16, 24))
     if id_bits > _MAX_ID_BITS or max(w) > _MAX_WIDTH:
@@ -236,7 +248,7 @@ def read_header(buf: bytes | memoryview) -> dict:
             "groups": n, "completions": c, "tokens": t, "prompt_tokens": p, "strings": s,
             "string_bytes": sb, "palette": k, "body_bytes": body, "widths": w,
             "text": bool(flags & _TEXT), "text_bytes": text_bytes, "length_bits": length_bits,
-            "mask": bool(flags & _MASK), "sampled": sampled, "header_bytes": at}
+            "mask": bool(flags & _MASK), "sampled": sampled, "tools": bool(flags & _TOOLS), "header_bytes": at}
 
 
 def check_token_cap(tokens: int, wire: WireConfig) -> None:
@@ -257,9 +269,10 @@ def check_caps(h: dict, container_bytes: int, wire: WireConfig) -> None:
         raise PayloadError(f"compact payload: {h['completions']} completions in {h['groups']} "
                            f"groups exceed wire.max_completions_per_group="
                            f"{wire.max_completions_per_group} per group")
-    if h["strings"] > 4 * h["groups"]:
+    per = len(str_keys(h["tools"]))
+    if h["strings"] > per * h["groups"]:
         raise PayloadError(f"compact payload: {h['strings']} strings for {h['groups']} groups "
-                           f"(at most 4 per group)")
+                           f"(at most {per} per group)")
     if h["palette"] > h["completions"]:
         raise PayloadError(f"compact payload: reward palette of {h['palette']} values for "
                            f"{h['completions']} completions")
@@ -303,15 +316,16 @@ def unpack(buf: bytes | memoryview, wire: WireConfig) -> Fields:
         except UnicodeDecodeError as e:
             raise PayloadError(f"compact payload: string {i} is not UTF-8 ({e.reason})") from None
         at += size
-    idx = unpack_bits(sec["string indices"], 4 * n, bits_for(max(h["strings"] - 1, 0)),
+    keys = str_keys(h["tools"])
+    idx = unpack_bits(sec["string indices"], len(keys) * n, bits_for(max(h["strings"] - 1, 0)),
                       "string indices")
     if n and idx.max() >= h["strings"]:
-        g = int(np.argmax(idx >= h["strings"])) // 4
+        g = int(np.argmax(idx >= h["strings"])) // len(keys)
         raise PayloadError(f"compact payload: group {g} names string {int(idx.max())}, the table "
                            f"has {h['strings']}")
-    per_group = idx.reshape(n, 4)
+    per_group = idx.reshape(n, len(keys))
     fields_str = {key: [strings[i] for i in per_group[:, j].tolist()]
-                  for j, key in enumerate(STR_KEYS)}
+                  for j, key in enumerate(keys)}
     plen = unpack_bits(sec["prompt lengths"], n, wp, "prompt lengths")
     gsize = unpack_bits(sec["group sizes"], n, wg, "group sizes")
     clen = unpack_bits(sec["completion lengths"], c, wc, "completion lengths")

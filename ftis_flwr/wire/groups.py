@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ftis_flwr.wire.tool_turns import tools_fault
+
 LOGPROB_TOLERANCE = 1e-4
 
 
@@ -63,6 +65,14 @@ class Group:
     source_texts: list[str] | None = None
     """Receiver side only, after alignment: the completions' texts as the sender sent them; the
     receiver scores its rewards on these (a refused completion has no tokens to decode)."""
+    tool_format: str | None = None
+    """Episodes with ``texts``: the sender's tool-call format
+    (:data:`ftis_flwr.tasks.tool_calls.TOOL_FORMATS`); a receiver of another tokenizer reads the
+    calls in it, and refuses episodes written in a format other than its own."""
+    tool_layout: str | None = None
+    """With ``tool_format``: the sender's tool-turn layout
+    (:class:`~ftis_flwr.wire.tool_turns.ToolTurnLayout`, as its wire string, or ``"null"``), which a
+    receiver of another template checks the sent tool turns against."""
     replayed_rewards: np.ndarray | None = None
     """Receiver side only, episodes: the rewards this node computed by replaying them through its
     own environment (:mod:`ftis_flwr.node.replay`), which it trains on instead of the sender's."""
@@ -133,6 +143,14 @@ class Group:
                 why = text_fault(text, np.asarray(lengths), len(ids), None if mask is None else span_ends(mask))
                 if why:
                     raise PayloadError(f"{where}: completion {i}: {why}")
+        if (self.tool_format is None) != (self.tool_layout is None):
+            raise PayloadError(f"{where}: tool_format and tool_layout come together or not at all")
+        if self.tool_format is not None:
+            if self.texts is None:
+                raise PayloadError(f"{where}: tool_format and tool_layout come only with the episodes' texts")
+            why = tools_fault(self.tool_format, self.tool_layout)
+            if why:
+                raise PayloadError(f"{where}: {why}")
 
 
 def span_ends(mask: np.ndarray) -> np.ndarray:

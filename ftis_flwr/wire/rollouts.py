@@ -40,6 +40,7 @@ from ftis_flwr.wire.compact import Fields
 from ftis_flwr.wire.compact import flat as _flat
 from ftis_flwr.wire.compact import offsets as _offsets
 from ftis_flwr.wire.groups import Group, PayloadError, _first_bad_logprob, mask_fault, span_ends, text_fault
+from ftis_flwr.wire.tool_turns import tools_fault
 
 FORMATS = WIRE_FORMATS
 WIRE_KEY = "wire"
@@ -70,6 +71,11 @@ def encode_groups(
     if with_text == {True}:
         text = (np.frombuffer(b"".join(t for g in groups for t in g.texts), np.uint8),
                 _flat([np.asarray(b) for g in groups for b in g.byte_lengths], np.int64))
+    with_tools = {g.tool_format is not None for g in groups}
+    if len(with_tools) > 1:
+        raise PayloadError("some groups carry their tool format and layout and some do not: a payload carries all "
+                           "or none")
+    tools = with_tools == {True}
     sampled = None  # episodes: one flat mask, all ones for the payload's single-turn groups
     if any(g.sampled_masks is not None for g in groups):
         sampled = _flat([np.asarray(m, np.uint8) for g in groups
@@ -78,7 +84,7 @@ def encode_groups(
     flat_lp = _flat([np.asarray(lp, np.float32) for g in groups for lp in g.logprobs], np.float32)
     if format == WireFormat.COMPACT:
         fields = Fields(
-            strings={key: [getattr(g, key) for g in groups] for key in wire_compact.STR_KEYS},
+            strings={key: [getattr(g, key) for g in groups] for key in wire_compact.str_keys(tools)},
             prompt_ids=_flat([g.prompt_tokens for g in groups], np.int64),
             prompt_offsets=_offsets([len(g.prompt_tokens) for g in groups]),
             completion_ids=_flat(completions, np.int64),
@@ -93,7 +99,7 @@ def encode_groups(
                                  codec=logprob_dtype, compress=compress, check_range=True)
         return ArrayRecord({WIRE_KEY: Array.from_numpy_ndarray(np.frombuffer(blob, np.uint8))}), \
             ConfigRecord()
-    return wire_arrays.encode(groups, completions, flat_lp, logprob_dtype, tok_dtype, text, sampled)
+    return wire_arrays.encode(groups, completions, flat_lp, logprob_dtype, tok_dtype, text, sampled, tools)
 
 
 def _group_at(group_offsets: np.ndarray, completion: int) -> int:
@@ -255,6 +261,13 @@ def check_fields(f: Fields, wire: WireConfig, *, vocab_size: int | None = None) 
         _check_sampled(f, n_comp, name_completion)
     if (f.text is None) != (f.byte_lengths is None):
         raise PayloadError("a payload carries texts and byte lengths together or neither")
+    if "tool_format" in strs:
+        if f.text is None:
+            raise PayloadError("a payload carries tool formats and layouts only with its episodes' texts")
+        for g in range(n):
+            why = tools_fault(strs["tool_format"][g], strs["tool_layout"][g])
+            if why:
+                raise PayloadError(f"{name(g)}: {why}")
     if f.text is not None:
         if len(f.byte_lengths) != len(f.completion_ids):
             raise PayloadError(f"{len(f.byte_lengths)} byte lengths for {len(f.completion_ids)} completion tokens")
@@ -313,6 +326,9 @@ def _build(f: Fields) -> list[Group]:
             cs = range(int(g_off[g]), int(g_off[g + 1]))
             group.texts = [text[at[c_off[c]]:at[c_off[c + 1]]] for c in cs]
             group.byte_lengths = [f.byte_lengths[c_off[c]:c_off[c + 1]].copy() for c in cs]
+    if "tool_format" in strs:
+        for g, group in enumerate(groups):
+            group.tool_format, group.tool_layout = strs["tool_format"][g], strs["tool_layout"][g]
     if f.sampled is not None:  # a group whose every token was sampled is a single turn: None
         for g, group in enumerate(groups):
             masks = [f.sampled[c_off[c]:c_off[c + 1]].astype(np.uint8) for c in range(int(g_off[g]), int(g_off[g + 1]))]
