@@ -97,14 +97,17 @@ def test_a_node_trains_on_its_episodes_and_replays_a_peers(node, first):
         assert find(key, "node") is not None, key
 
 
-def test_a_reward_function_reads_each_episodes_instance_on_the_sampler_and_on_replay(tmp_path):
-    """TRL's ``environments`` argument: an environment without ``get_reward`` (``Ledger``) and a
-    reward function that reads what each episode's instance showed (``shown_the_answer``). The
-    episodes end with "done", which the exact-match reward would score 0, so rewards above 0 are
-    the instances'; a peer's replay scores them on its own instances, to the same values."""
+@pytest.mark.parametrize("reward", ["shown_the_answer", "read_the_answer_from_a_tool"])
+def test_a_reward_function_reads_each_episode_on_the_sampler_and_on_replay(tmp_path, reward):
+    """TRL's reward arguments for environments, on an environment without ``get_reward``
+    (``Ledger``): ``environments``, each episode's instance (``shown_the_answer`` reads what it
+    showed), and the conversational ``completions`` and ``prompts``, each episode's messages
+    (``read_the_answer_from_a_tool`` reads the tool messages; it raises on plain text). The episodes
+    end with "done", which the exact-match reward would score 0, so rewards above 0 are the
+    episodes'; a peer's replay scores them on its own instances, to the same values."""
     from ftis_flwr.tasks.reward_probe import environment_scorer
 
-    ledger = episode_node(tmp_path, f"{TOYS}:Ledger", ROWS, max_turns=3, reward=f"{TOYS}:shown_the_answer")
+    ledger = episode_node(tmp_path, f"{TOYS}:Ledger", ROWS, max_turns=3, reward=f"{TOYS}:{reward}")
     teach(ledger, [(f"{a}+{b}=", [(f"#calc({a}+{b})", str(a + b)), ("done", None)]) for a, b in ROWS])
     res = ledger.step(StepRequest(0, 2, [0, 1], 8, False))
     rewards = np.concatenate([g.rewards for g in res.groups])

@@ -199,3 +199,15 @@ class Ledger:
 def shown_the_answer(completions, environments, answer, **kwargs):
     """1 when the episode's calculator showed the row's answer, read from its instance."""
     return [1.0 if str(a) in env.shown else 0.0 for env, a in zip(environments, answer)]
+
+
+def read_the_answer_from_a_tool(completions, prompts, answer, **kwargs):
+    """TRL's conversational form: each completion is the episode's messages after the prompt, each
+    prompt its messages. 1 when a tool message showed the row's answer and the model then answered."""
+    out = []
+    for episode, prompt, a in zip(completions, prompts, answer):
+        if prompt[-1]["role"] != "user" or episode[0]["role"] != "assistant":
+            raise ValueError("expected TRL's conversational messages")
+        shown = any(m["role"] == "tool" and m["content"] == str(a) for m in episode)
+        out.append(1.0 if shown and episode[-1]["role"] == "assistant" else 0.0)
+    return out

@@ -35,7 +35,7 @@ from typing import Any
 from ftis_flwr.node.episodes import Episode, Sampling, Score, run_groups
 from ftis_flwr.node.turns import tool_turn_layout
 from ftis_flwr.tasks.base import Problem
-from ftis_flwr.tasks.environment import EnvironmentSpec, load_environment, reset_seed, scored
+from ftis_flwr.tasks.environment import EnvironmentSpec, final_answer, load_environment, reset_seed, scored
 from ftis_flwr.tasks.episode_prompt import prompt_messages
 from ftis_flwr.tasks.tool_calls import tool_format_for
 from ftis_flwr.wire.groups import Group, PayloadError
@@ -91,17 +91,12 @@ class EnvironmentRollout:
 
 def scorer(node: Any, problems: list[Problem]) -> Score:
     """How :func:`~ftis_flwr.node.episodes.run_groups` scores the episodes of ``problems``' rows: the
-    environment's reward, else the task's over the final answer text, given the episode's instance."""
-    def score(i: int, episodes: list[Episode], instances: list[Any]) -> list[float]:
-        return scored([e.reward for e in episodes], [final_answer(e.messages) for e in episodes], node.task,
-                      [problems[i]] * len(episodes), environments=instances)
+    environment's reward, else the task's (:func:`~ftis_flwr.tasks.environment.scored`: reward
+    functions get the episodes' messages and prompt, TRL's form), given the episode's instance."""
+    def score(i: int, episodes: list[Episode], instances: list[Any], prompt: list[dict]) -> list[float]:
+        return scored([e.reward for e in episodes], [e.messages for e in episodes], node.task,
+                      [problems[i]] * len(episodes), environments=instances, prompts=[prompt] * len(episodes))
     return score
-
-
-def final_answer(messages: list[dict]) -> str:
-    """The text of an episode's last model turn (its answer), "" when it has none."""
-    said = [m["content"] for m in messages if m.get("role") == "assistant"]
-    return str(said[-1]) if said else ""
 
 
 def round_metrics(parts: dict[str, float]) -> dict[str, float]:

@@ -117,8 +117,9 @@ class Sampling:
                              f"{self.max_tokens}, {self.max_turn_tokens}")
 
 
-Score = Callable[[int, list[Episode], list[Any]], Sequence[float]]
-"""(row index, the row's episodes, their environment instances) -> their rewards."""
+Score = Callable[[int, list[Episode], list[Any], list[dict]], Sequence[float]]
+"""(row index, the row's episodes, their environment instances, the row's prompt messages) -> their
+rewards."""
 
 
 def run_group(engine: Any, tokenizer: Any, spec: EnvironmentSpec, *, row: Mapping[str, Any],
@@ -140,8 +141,9 @@ def run_groups(engine: Any, tokenizer: Any, spec: EnvironmentSpec, *,
     ``sample_seed``); ``messages`` is the row's prompt before ``reset``'s text; ``tool_format``: a
     :data:`ftis_flwr.tasks.tool_calls.TOOL_FORMATS` reader (default:
     :func:`~ftis_flwr.tasks.tool_calls.tool_format_for` the tokenizer); ``score(row index,
-    episodes, their instances)``: the row's episodes' rewards (:attr:`Episode.score`), called while
-    the instances still hold the episodes' state, before they go back to the pool. EnvironmentFault
+    episodes, their instances, the prompt's messages)``: the row's episodes' rewards
+    (:attr:`Episode.score`), called while the instances still hold the episodes' state, before
+    they go back to the pool. EnvironmentFault
     when the environment cannot start or score the episodes."""
     fmt = tool_format or tool_format_for(tokenizer)
     envs = [[spec.acquire() for _ in range(int(n))] for _ in rows]
@@ -164,7 +166,8 @@ def run_groups(engine: Any, tokenizer: Any, spec: EnvironmentSpec, *,
             ep.reward = env.reward()
         for i in range(len(rows) if score is not None else 0):
             mine = slice(i * int(n), (i + 1) * int(n))
-            for ep, value in zip(episodes[mine], score(i, episodes[mine], [env.instance for env in flat[mine]])):
+            for ep, value in zip(episodes[mine], score(i, episodes[mine], [env.instance for env in flat[mine]],
+                                                       list(starts[i][0]))):
                 ep.score = float(value)
     finally:
         for env in (env for mine in envs for env in mine):

@@ -35,7 +35,6 @@ from typing import Any
 
 import numpy as np
 
-from ftis_flwr.node.env_rollout import final_answer
 from ftis_flwr.node.episodes import LiveEpisode, take_turn
 from ftis_flwr.tasks.base import Problem
 from ftis_flwr.tasks.environment import Environment, EnvironmentFault, reset_seed, scored
@@ -58,9 +57,11 @@ def spans(mask: np.ndarray) -> list[tuple[int, int, bool]]:
 
 
 @contextmanager
-def reset_instances(node: Any, n: int, problem: Problem) -> Iterator[tuple[list[Environment], list[int]]]:
+def reset_instances(node: Any, n: int, problem: Problem
+                    ) -> Iterator[tuple[list[Environment], list[int], list[dict]]]:
     """``n`` instances of this node's environment, each reset from ``problem``'s row with the row's
-    seed, and this node's prompt of the row after reset; the instances go back to the pool after.
+    seed, and this node's prompt of the row after reset, as tokens and as messages; the instances
+    go back to the pool after.
     :class:`ReplayMismatch` when the reset fails or gives different texts."""
     spec = node.env.spec
     envs = [spec.acquire() for _ in range(n)]
@@ -73,7 +74,7 @@ def reset_instances(node: Any, n: int, problem: Problem) -> Iterator[tuple[list[
             raise ReplayMismatch(f"{spec.name}.reset(**row) returned different texts for one row and seed: "
                                  "the environment is not deterministic, though it says so")
         messages = with_reset_text(prompt_messages(problem, node.env.chat), extras.pop())
-        yield envs, prompt_ids(node.tokenizer, messages, spec.schemas)
+        yield envs, prompt_ids(node.tokenizer, messages, spec.schemas), messages
     finally:
         for env in envs:
             spec.release(env)
@@ -90,12 +91,13 @@ def each_episode(replay: Callable[..., Any], envs: list[Environment], *columns: 
     return out
 
 
-def replayed_scores(node: Any, envs: list[Environment], finals: list[str], problem: Problem) -> list[float]:
+def replayed_scores(node: Any, envs: list[Environment], episodes: list[list[dict]], problem: Problem,
+                    prompt: list[dict]) -> list[float]:
     """The replayed episodes' rewards as this node computes them, before the instances go back to
-    the pool: each instance's ``get_reward()``, else the task's over the final answer, given the
-    instance (:func:`~ftis_flwr.tasks.environment.scored`)."""
-    return scored(env_rewards(envs), finals, node.task, [problem] * len(finals),
-                  environments=[env.instance for env in envs])
+    the pool: each instance's ``get_reward()``, else the task's over the replayed messages, given
+    the instance and the prompt (:func:`~ftis_flwr.tasks.environment.scored`)."""
+    return scored(env_rewards(envs), episodes, node.task, [problem] * len(episodes),
+                  environments=[env.instance for env in envs], prompts=[prompt] * len(episodes))
 
 
 def env_rewards(envs: list[Environment]) -> list[float | None]:
@@ -113,19 +115,19 @@ def replay_group(node: Any, g: Group, problem: Problem) -> np.ndarray:
     """The rewards of ``g``'s episodes as this node computes them by replay (module docstring);
     :class:`ReplayMismatch` naming the first difference otherwise. ``node`` gives the environment
     (``node.env``), tokenizer, stop ids, task and run seed."""
-    with reset_instances(node, g.size, problem) as (envs, prompt):
+    with reset_instances(node, g.size, problem) as (envs, prompt, messages):
         if not np.array_equal(np.asarray(prompt, np.int64), np.asarray(g.prompt_tokens, np.int64)):
             raise ReplayMismatch("its prompt is not this node's rendering of the row after reset")
         masks = g.sampled_masks or [np.ones(len(c), np.uint8) for c in g.completions]
-        finals = each_episode(lambda env, tokens, mask: replay_episode(node, env, np.asarray(tokens), np.asarray(mask)),
-                              envs, g.completions, masks)
-        return np.asarray(replayed_scores(node, envs, finals, problem), np.float32)
+        episodes = each_episode(lambda env, tokens, mask: replay_episode(node, env, np.asarray(tokens),
+                                                                         np.asarray(mask)), envs, g.completions, masks)
+        return np.asarray(replayed_scores(node, envs, episodes, problem, messages), np.float32)
 
 
-def replay_episode(node: Any, env: Environment, tokens: np.ndarray, mask: np.ndarray) -> str:
+def replay_episode(node: Any, env: Environment, tokens: np.ndarray, mask: np.ndarray) -> list[dict]:
     """Drive the episode loop's own step (:func:`ftis_flwr.node.episodes.take_turn`) through ``env``
     (already reset) with the sender's sampled turns: everything it appends must be what was sent,
-    and it must end the episode exactly where the sent one ends; returns the final answer text."""
+    and it must end the episode exactly where the sent one ends; returns the replayed messages."""
     rollout, stops = node.env, {int(t) for t in node.stop_ids}
     runs = spans(mask)
     turns = [(a, b) for a, b, sampled in runs if sampled]
@@ -156,4 +158,4 @@ def replay_episode(node: Any, env: Environment, tokens: np.ndarray, mask: np.nda
             raise ReplayMismatch(f"the tool turn after turn {k + 1} cannot be rendered here: {exc}") from None
     if not live.done:
         raise ReplayMismatch(f"it ends on turn {len(turns)}, which called a tool, with turns and tokens left")
-    return final_answer(live.ep.messages)
+    return live.ep.messages

@@ -39,7 +39,6 @@ from typing import Any
 import numpy as np
 
 from ftis_flwr.config.choices import CrossTokenizerRatio
-from ftis_flwr.node.env_rollout import final_answer
 from ftis_flwr.node.episodes import LiveEpisode, take_turn
 from ftis_flwr.node.replay import ReplayMismatch, each_episode, replayed_scores, reset_instances, spans
 from ftis_flwr.tasks.base import Problem
@@ -61,7 +60,8 @@ class OwnEpisode:
     """The sender's log-probs summed per chunk, on each chunk's last token; 0 on tool tokens."""
     chunks: np.ndarray
     mask: np.ndarray
-    final: str
+    messages: list[dict]
+    """The replayed episode's messages after the prompt (what its reward is computed from)."""
 
 
 def replay_text_group(node: Any, g: Group, problem: Problem) -> Group:
@@ -75,11 +75,11 @@ def replay_text_group(node: Any, g: Group, problem: Problem) -> Group:
                              "or word)")
     layout = sender_layout(node, g)
     masks = g.sampled_masks or [np.ones(len(c), np.uint8) for c in g.completions]
-    with reset_instances(node, g.size, problem) as (envs, prompt):
+    with reset_instances(node, g.size, problem) as (envs, prompt, messages):
         own = each_episode(lambda env, text, lengths, gen, mask: replay_text_episode(
             node, env, bytes(text), np.asarray(lengths, np.int64), np.asarray(gen, np.float32), np.asarray(mask),
             layout), envs, g.texts, g.byte_lengths, g.logprobs, masks)
-        scores = replayed_scores(node, envs, [e.final for e in own], problem)
+        scores = replayed_scores(node, envs, [e.messages for e in own], problem, messages)
     return Group(prompt_id=g.prompt_id, prompt_tokens=np.asarray(prompt, np.int64),
                  completions=[e.ids for e in own], logprobs=[e.gen for e in own], rewards=g.rewards, node=g.node,
                  model_id=g.model_id, tokenizer_fp=g.tokenizer_fp, chunks=[e.chunks for e in own],
@@ -171,7 +171,7 @@ def replay_text_episode(node: Any, env: Environment, text: bytes, lengths: np.nd
     if len(ids) > cfg.wire.max_tokens_per_completion:
         raise ReplayMismatch(f"{len(ids)} tokens here, more than wire.max_tokens_per_completion")
     return OwnEpisode(ids=ids, gen=np.concatenate(gens).astype(np.float32), chunks=np.concatenate(chunks),
-                      mask=np.asarray(live.mask, np.uint8), final=final_answer(live.ep.messages))
+                      mask=np.asarray(live.mask, np.uint8), messages=live.ep.messages)
 
 
 def sender_tool_turn(tok: Any, tool_ids: list[int], results: list[str], layout: ToolTurnLayout | None) -> bytes:

@@ -91,17 +91,31 @@ def reset_seed(run_seed: int, prompt_id: str) -> int:
     return (int(run_seed) * 1_000_003 + zlib.crc32(prompt_id.encode()) * 7_919 + 17) % (2**63)
 
 
-def scored(rewards: Sequence[float | None], answers: Sequence[str], task: Any, problems: Sequence[Any],
-           environments: Sequence[Any]) -> list[float]:
+def final_answer(messages: Sequence[dict]) -> str:
+    """The text of an episode's last model turn (its answer), "" when it has none."""
+    said = [m["content"] for m in messages if m.get("role") == "assistant"]
+    return str(said[-1]) if said else ""
+
+
+def scored(rewards: Sequence[float | None], episodes: Sequence[Sequence[dict]], task: Any, problems: Sequence[Any],
+           environments: Sequence[Any], prompts: Sequence[Sequence[dict]] | None = None) -> list[float]:
     """Each episode's reward: its environment's (``get_reward()``) where it gave one, else the
-    task's reward functions over its final answer text, scored together, each given its
-    episode's ``environments`` instance (TRL's argument: the user's object, as the episode left it;
-    called before the instance goes back to the pool)."""
+    task's, scored together. ``episodes``: each episode's messages after the prompt (its model
+    turns as ``assistant`` messages, its tool results as ``tool`` messages); ``prompts``: each
+    episode's prompt messages. Reward functions (``task.reward`` / ``task.rewards``) receive them as
+    TRL passes a conversational rollout's, ``completions`` and ``prompts`` as message lists, with
+    each episode's ``environments`` instance as the episode left it (called before the instance
+    goes back to the pool); a task's own reward scores the final answer text (:func:`final_answer`)."""
     out = list(rewards)
     missing = [i for i, r in enumerate(out) if r is None]
     if missing:
-        for i, value in zip(missing, task.rewards([answers[i] for i in missing], [problems[i] for i in missing],
-                                                  environments=[environments[i] for i in missing])):
+        probs, envs = [problems[i] for i in missing], [environments[i] for i in missing]
+        if task.reward_set is not None:
+            values = task.reward_set([list(episodes[i]) for i in missing], probs, environments=envs,
+                                     prompts=None if prompts is None else [list(prompts[i]) for i in missing])
+        else:
+            values = task.rewards([final_answer(episodes[i]) for i in missing], probs, environments=envs)
+        for i, value in zip(missing, values):
             out[i] = float(value)
     return [float(r) for r in out]
 

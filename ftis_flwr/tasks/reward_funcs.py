@@ -2,9 +2,11 @@
 
 Why TRL's form: a lab that wrote ``reward_funcs`` for TRL's ``GRPOTrainer`` drops them in
 unchanged: ``f(completions: list[str], **kwargs) -> list[float | None]``, where ``kwargs`` holds
-``prompts`` and every column of the data set's rows, each as a list aligned with ``completions``,
-and, when the task has an environment, ``environments``: each episode's instance after it ended
-(TRL passes them the same way), so a reward may read the environment's state.
+``prompts`` and every column of the data set's rows, each as a list aligned with ``completions``.
+When the task has an environment, TRL's conversational form: each completion is the episode's
+messages after the prompt (``assistant`` turns, ``tool`` results), each prompt its messages, and
+``environments`` holds each episode's instance after it ended, so a reward may read the
+environment's state. The built-in rewards score an episode's final answer (its last model turn).
 ``None`` means "no opinion" (counted, scored 0). Several functions are summed with weights, as TRL
 sums ``reward_funcs`` with ``reward_weights``. Every node runs the same code on the decoded text
 (a node never trusts a reward it did not compute). A reward that raises, or returns a wrong length
@@ -28,23 +30,31 @@ class RewardError(ValueError):
     """A reward function that cannot be used or misbehaved; the message names it and why."""
 
 
-def exact(completions: list[str], answer: list[Any], **kwargs) -> list[float]:
+def answer_text(completion: str | Sequence[dict]) -> str:
+    """A completion's text; for an episode (its messages), the text of its last model turn."""
+    if isinstance(completion, str):
+        return completion
+    said = [m.get("content") for m in completion if isinstance(m, dict) and m.get("role") == "assistant"]
+    return str(said[-1]) if said else ""
+
+
+def exact(completions: list, answer: list[Any], **kwargs) -> list[float]:
     """1.0 when the completion, stripped, is the answer's text (the arithmetic task's reward)."""
-    return [1.0 if c.strip() == str(a).strip() else 0.0 for c, a in zip(completions, answer)]
+    return [1.0 if answer_text(c).strip() == str(a).strip() else 0.0 for c, a in zip(completions, answer)]
 
 
-def math_verify(completions: list[str], answer: list[Any], **kwargs) -> list[float]:
+def math_verify(completions: list, answer: list[Any], **kwargs) -> list[float]:
     """1.0 when the whole completion equals the answer under math-verify (no format asked)."""
     from ftis_flwr.tasks.rewards import math_equal
 
-    return [1.0 if math_equal(c, str(a)) else 0.0 for c, a in zip(completions, answer)]
+    return [1.0 if math_equal(answer_text(c), str(a)) else 0.0 for c, a in zip(completions, answer)]
 
 
-def strict_math(completions: list[str], answer: list[Any], **kwargs) -> list[float]:
+def strict_math(completions: list, answer: list[Any], **kwargs) -> list[float]:
     """The paper's reward: strict <think>/<answer> format and math-verify on the answer (§8)."""
     from ftis_flwr.tasks.rewards import math_reward
 
-    return [float(math_reward(c, str(a))) for c, a in zip(completions, answer)]
+    return [float(math_reward(answer_text(c), str(a))) for c, a in zip(completions, answer)]
 
 
 BUILTIN_REWARDS: dict[str, Callable[..., list]] = {
@@ -104,8 +114,10 @@ class RewardSet:
             raise RewardError(f"task.reward_weights has {len(weights)} weights for {len(names)} rewards")
         return cls(names, weights, [resolve_reward(n) for n in names])
 
-    def __call__(self, completions: list[str], problems: Sequence[Problem],
-                 prompts: list[str] | None = None, environments: Sequence[Any] | None = None) -> list[float]:
+    def __call__(self, completions: list, problems: Sequence[Problem],
+                 prompts: list | None = None, environments: Sequence[Any] | None = None) -> list[float]:
+        """The weighted sum of the functions' rewards of ``completions`` (texts, or episodes'
+        message lists) of ``problems``; ``prompts`` default to the problems' questions."""
         columns: dict[str, list] = {}
         for p in problems:
             for key in p.columns:

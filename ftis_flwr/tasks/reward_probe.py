@@ -203,18 +203,21 @@ def environment_scorer(exp: Any, task: Task) -> Scorer:
     else the task's rewards over the answer (:mod:`ftis_flwr.node.env_rollout`)."""
     from ftis_flwr.tasks.checks import loaded_environment
     from ftis_flwr.tasks.environment import reset_seed, scored
+    from ftis_flwr.tasks.episode_prompt import prompt_messages, with_reset_text
 
     spec = loaded_environment(exp.task)
 
     def score(answers: list[str], problems: list[Problem]) -> list[float]:
         out: list[float | None] = []
-        envs = []
+        envs, prompts = [], []
         try:  # every instance held until scored: a reward function may read it (``environments``)
             for problem in problems:
                 envs.append(spec.acquire())
-                envs[-1].reset(dict(problem.columns), reset_seed(exp.rounds.seed, problem.id))
+                extra = envs[-1].reset(dict(problem.columns), reset_seed(exp.rounds.seed, problem.id))
+                prompts.append(with_reset_text(prompt_messages(problem, exp.task.chat), extra))
                 out.append(envs[-1].reward())
-            return scored(out, answers, task, problems, environments=[env.instance for env in envs])
+            episodes = [[{"role": "assistant", "content": answer}] for answer in answers]
+            return scored(out, episodes, task, problems, environments=[env.instance for env in envs], prompts=prompts)
         finally:
             for env in envs:
                 spec.release(env)
