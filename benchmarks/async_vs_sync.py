@@ -28,8 +28,8 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "simulations"))
-from runs import seed_list  # noqa: E402
+sys.path.insert(0, str(REPO))  # the simulations package, run as a script from benchmarks/
+from simulations.runs import seed_list  # noqa: E402
 
 SPLIT = "test"
 
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     for seed in seeds:
         for schedule in ("sync", "async"):
             folder = out / schedule
-            cmd = [sys.executable, str(REPO / "simulations" / "seeds.py"), "--preset", a.preset,
+            cmd = [sys.executable, "-m", "simulations.seeds", "--preset", a.preset,
                    "--seeds", str(seed), "--out", str(folder), "--set", *a.set, f"exchange.schedule={schedule}"]
             if not (folder / f"seed-{seed}.json").is_file():
                 print(f"seed {seed}, {schedule}: running", flush=True)

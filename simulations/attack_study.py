@@ -1,7 +1,7 @@
 """Does a forger in the federation move the honest nodes? The same federation over run seeds,
 with and without one, through Flower.
 
-    python simulations/attack_study.py --seeds 0-4 --out runs/attack-study
+    python -m simulations.attack_study --seeds 0-4 --out runs/attack-study
 
 Three conditions per seed, each one real Flower simulation in its own process, of
 ``studies/attack-trio.yaml`` (the offline default's small + large nodes and a third card):
@@ -26,14 +26,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 from pathlib import Path
 
+from simulations.runs import run_missing, seed_list
+from simulations.sweep_report import mean_range
+from simulations.verdicts import fmt_points, paired, verdict
+
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent)]
-from runs import run_missing, seed_list  # noqa: E402
-from sweep_report import mean_range  # noqa: E402
-from verdicts import fmt_points, paired, verdict  # noqa: E402
 
 EXPERIMENT = HERE / "studies" / "attack-trio.yaml"
 CONDITIONS = ("pair", "honest", "forger")
@@ -55,8 +54,8 @@ def client_app(condition: str, exp):
         from clients.client_app import app
 
         return app
-    from forger import forgeries, forging_app
     from ftis_flwr.node.tiny import build_char_tokenizer
+    from simulations.forger import forgeries, forging_app
 
     honest = [c.name for c in exp.nodes if c.name != ATTACKER]
     plan = list(forgeries(vocab_size=len(build_char_tokenizer()), max_new_tokens=exp.rollout.max_new_tokens,
@@ -67,7 +66,7 @@ def client_app(condition: str, exp):
 def run_one(condition: str, seed: int, out: Path) -> None:
     """One simulation in this process; writes ``<condition>-seed-<seed>.json``."""
     from ftis_flwr.server.summary import load_metrics
-    from runs import simulate
+    from simulations.runs import simulate
 
     exp = experiment(condition, seed, out)
     run_dir = simulate(str(EXPERIMENT), {}, experiment=exp, client_app=client_app(condition, exp))
@@ -144,8 +143,8 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as exc:
         p.error(f"--seeds: {exc}")
     # seed-major: a study stopped part way holds whole seeds
-    run_missing([(f"{cond}-seed-{seed}", [__file__, "--out", str(out), "--one", cond, str(seed)])
-                 for seed in seeds for cond in conditions], out)
+    run_missing([(f"{cond}-seed-{seed}", ["-m", "simulations.attack_study", "--out", str(out), "--one", cond,
+                                          str(seed)]) for seed in seeds for cond in conditions], out)
     text = table(out)
     print(text)
     (out / "table.md").write_text(text + "\n")

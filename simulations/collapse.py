@@ -1,8 +1,8 @@
 """Collapse counts across seeds, judged by the rule ``sweeps/xfamily-upper-40.yaml`` fixed before its
 first run (issue #55): prevents, reduces, delays, or not shown.
 
-    python simulations/collapse.py docs/sweep-xfamily-upper-40            # markdown to stdout
-    python simulations/collapse.py runs/sweep-xfamily-upper-40 --split test
+    python -m simulations.collapse docs/sweep-xfamily-upper-40            # markdown to stdout
+    python -m simulations.collapse runs/sweep-xfamily-upper-40 --split test
 
 A node has **collapsed** in a run at an evaluation when its accuracy there is below ``THRESHOLD``
 (0.10). By round R: below it at an evaluation at or before R (a node that recovers later still
@@ -26,13 +26,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from dataclasses import dataclass, field
 from math import comb
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sweep_report import config_label, load_results  # noqa: E402
+from simulations.sweep_report import config_label, load_results
 
 THRESHOLD = 0.10
 ALPHA = 0.05

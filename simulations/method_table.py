@@ -1,6 +1,6 @@
 r"""Final in-distribution accuracy per setup, node and method, on the seeds every method ran.
 
-    python simulations/method_table.py runs/sweep-main --seeds 0-4 --rule level \
+    python -m simulations.method_table runs/sweep-main --seeds 0-4 --rule level \
         --configs "alone,nois vertical,tis vertical,vis vertical,f-tis vertical g=50"
 
 One row per setup and node: each config's final accuracy in points, the mean over the given
@@ -18,10 +18,9 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from runs import seed_list  # noqa: E402
-from sweep_report import load_results  # noqa: E402
-from verdicts import decide, finals, fmt_points, paired, starts  # noqa: E402
+from simulations.runs import seed_list
+from simulations.sweep_report import load_results
+from simulations.verdicts import decide, finals, fmt_points, paired, starts
 
 
 def judged(d: list[float], rule: str) -> str:

@@ -24,7 +24,7 @@ The verdict, at the level 95%, from the interval [lo, hi] alone:
 
 The Wilcoxon p and the MDD are reported beside the verdict, not used by it.
 
-Calibration (``python simulations/paired.py --calibrate``, ``calibrate``): with no true effect
+Calibration (``python -m simulations.paired --calibrate``, ``calibrate``): with no true effect
 the rule should give a verdict on an "above" claim in 5% of studies. The rule first used a
 percentile bootstrap interval of the mean (``bootstrap_interval``, 10,000 resamples), which is
 narrower than the t interval at few seeds (the resampled means have (n-1)/n of the sample

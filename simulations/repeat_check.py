@@ -1,6 +1,6 @@
 """Did a rerun repeat its run? Two run folders (each with a ``metrics.jsonl``) compared round by round.
 
-    python simulations/repeat_check.py docs/sweep-xfamily-rg/run-data/<key> runs/repeat/runs/<key>/<run>
+    python -m simulations.repeat_check docs/sweep-xfamily-rg/run-data/<key> runs/repeat/runs/<key>/<run>
 
 A run on another CPU computes the same float32 ops with other kernels, so its losses move in the
 last digits; what decides whether it *repeats* is whether every node drew the same samples
@@ -18,9 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
-from ftis_flwr.server.summary import load_metrics  # noqa: E402
-from runs import _num  # noqa: E402
+from ftis_flwr.server.summary import load_metrics
+from simulations.runs import _num
 
 SAMPLED = ("reward_mean", "tokens", "samples", "samples_kept", "train_reward_own", "train_reward_foreign")
 """Metrics fixed by what a node drew and kept: equal in every round when a rerun repeats."""

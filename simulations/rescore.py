@@ -6,9 +6,9 @@ adding them. The task now pays only for the number (``ftis_flwr.tasks.basic_math
 Runs measured before that fix keep their final checkpoints, so this tells, per run and node, how
 much of the accuracy they reported was the number and how much the copied question:
 
-    python simulations/rescore.py runs/sweep-xfamily --out docs/sweep-xfamily/rescore.json \
+    python -m simulations.rescore runs/sweep-xfamily --out docs/sweep-xfamily/rescore.json \
         --results-out runs/sweep-xfamily-number
-    python simulations/verdicts.py runs/sweep-xfamily-number
+    python -m simulations.verdicts runs/sweep-xfamily-number
 
 For each finished run (``<sweep>/results/<key>.json``), each ``checkpoints/<node>``: the node's
 held-out splits, greedy, with the run's own settings (``config.json``: task, ``eval_size``,
@@ -30,9 +30,9 @@ import sys
 import time
 from pathlib import Path
 
+from ftis_flwr.node.answers import greedy_answers, run_task
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from ftis_flwr.node.answers import greedy_answers, run_task  # noqa: E402
 
 _EXPRESSION = re.compile(r"[\d\s+\-*/().]+")
 

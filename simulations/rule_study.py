@@ -1,6 +1,6 @@
 """The selection-rule study's table (docs/performance.md, "Many nodes"): one row per ``seeds.py`` output folder.
 
-    python simulations/rule_study.py runs/quad-all runs/quad-random runs/quad-reward_variance runs/quad-low_kl
+    python -m simulations.rule_study runs/quad-all runs/quad-random runs/quad-reward_variance runs/quad-low_kl
 
 Per folder (one ``exchange.select`` rule over seeds): the mean over the nodes of the held-out
 accuracy gain (first to last evaluation), its mean and min..max over seeds; and, averaged over
@@ -17,8 +17,7 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from ftis_flwr.server.summary import load_metrics  # noqa: E402
+from ftis_flwr.server.summary import load_metrics
 
 
 def row(folder: Path) -> str:

@@ -52,7 +52,6 @@ def simulate(preset: str, overrides: Mapping[str, Any], *, experiment: Any = Non
     from flwr.serverapp import ServerApp
     from flwr.simulation import run_simulation
 
-    sys.path.insert(0, str(REPO))
     if client_app is None:
         from clients.client_app import app as client_app
     from ftis_flwr.config.schema import default_cache_dir

@@ -1,6 +1,6 @@
 """One federation repeated over run seeds, through Flower: the spread a learning claim needs.
 
-    python simulations/seeds.py --preset cpu-pair --seeds 0-11 --set rounds.num_rounds=10 \
+    python -m simulations.seeds --preset cpu-pair --seeds 0-11 --set rounds.num_rounds=10 \
         --out runs/seeds-cpu-pair
 
 Each seed is one real Flower simulation (``flwr.simulation.run_simulation`` with this project's
@@ -15,17 +15,15 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import sys
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
-from ftis_flwr.config.merge import ConfigError, parse_overrides  # noqa: E402
-from runs import run_missing, seed_list  # noqa: E402
+from ftis_flwr.config.merge import ConfigError, parse_overrides
+from simulations.runs import run_missing, seed_list
 
 
 def run_one(preset: str, seed: int, sets: dict[str, str], out: Path) -> None:
     """One simulation in this process; writes ``seed-<seed>.json`` with first/last accuracies."""
-    from runs import card_order, require_complete, simulate, summarize
+    from simulations.runs import card_order, require_complete, simulate, summarize
 
     overrides = dict(sets, **{"rounds.seed": seed, "run_dir": str(out / "runs")})
     run_dir = simulate(preset, overrides)
@@ -84,8 +82,8 @@ def main(argv: list[str] | None = None) -> None:
         seeds = seed_list(a.seeds)
     except ValueError as exc:
         p.error(f"--seeds: {exc}")
-    run_missing([(f"seed-{seed}", [__file__, "--preset", a.preset, "--out", str(out), "--one", str(seed),
-                                   "--set", *a.set]) for seed in seeds], out)
+    run_missing([(f"seed-{seed}", ["-m", "simulations.seeds", "--preset", a.preset, "--out", str(out), "--one",
+                                   str(seed), "--set", *a.set]) for seed in seeds], out)
     text = table(out)
     print(text)
     (out / "table.md").write_text(text + "\n")

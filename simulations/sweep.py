@@ -1,7 +1,7 @@
 """A grid of federations (setup x method x mode x g x seed), each a real Flower simulation.
 
-    python simulations/sweep.py simulations/sweeps/quick.yaml --out runs/sweep-quick
-    python simulations/sweep.py simulations/sweeps/paper.yaml --dry-run
+    python -m simulations.sweep simulations/sweeps/quick.yaml --out runs/sweep-quick
+    python -m simulations.sweep simulations/sweeps/paper.yaml --dry-run
 
 The grid file is described in ``sweep_grid.py``. Each run is one Flower simulation
 (``flwr.simulation.run_simulation`` with the project's ServerApp and ClientApp) in its own
@@ -28,9 +28,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
-from runs import REPO, run_child  # noqa: E402
-from sweep_grid import Grid, GridError, Point, load_grid  # noqa: E402
+from simulations.runs import REPO, run_child
+from simulations.sweep_grid import Grid, GridError, Point, load_grid
 
 WARMSTART_ESTIMATE_S = {"small": 240, "large": 600}
 """Rough seconds to warm-start one tiny model on 2 shared cores (FACTS: 1-6 min, x2 margin)."""
@@ -177,7 +176,7 @@ def dry_run(grid: Grid, out: Path) -> None:
 
 def run_point(grid_path: Path, key: str, out: Path) -> None:
     """The child process: run one grid point and write its result file (atomically)."""
-    from runs import card_order, machine, require_complete, simulate, summarize
+    from simulations.runs import card_order, machine, require_complete, simulate, summarize
 
     grid = load_grid(grid_path)
     point = next((p for p in grid.points if p.key == key), None)
@@ -223,8 +222,7 @@ def sweep(grid_path: Path, grid: Grid, out: Path, nice: int, retries: int = 1) -
         print(estimate_line(grid, todo, before), flush=True)
     pause_file(out).unlink(missing_ok=True)  # asked before this sweep started: running it again goes on
     if todo:
-        script = os.path.relpath(Path(__file__).resolve())
-        print(f"to stop after the current run: python {script} {os.path.relpath(grid_path)} --out "
+        print(f"to stop after the current run: python -m simulations.sweep {os.path.relpath(grid_path)} --out "
               f"{os.path.relpath(out)} --pause", flush=True)
         warm_all(grid)
     failed: list[tuple[str, Path]] = []
@@ -242,7 +240,8 @@ def sweep(grid_path: Path, grid: Grid, out: Path, nice: int, retries: int = 1) -
             if attempt > 1:
                 os.replace(log, log.with_suffix(f".attempt{attempt - 1}.log"))
                 print(f"run {k} of {n}: {p.key} failed (exit {rc}), trying again", flush=True)
-            rc = run_child([__file__, str(grid_path), "--out", str(out), "--one", p.key], log, nice=nice)
+            rc = run_child(["-m", "simulations.sweep", str(grid_path), "--out", str(out), "--one", p.key], log,
+                           nice=nice)
             ok = rc == 0 and result_file(out, p.key).is_file()
             if ok:
                 break
@@ -304,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     failed = [] if a.report_only else sweep(grid_path, grid, out, grid.nice if a.nice is None else a.nice,
                                          max(0, a.retries))
-    from sweep_report import load_results, markdown, write_all
+    from simulations.sweep_report import load_results, markdown, write_all
 
     # the tables cover every result in the folder: several grids may share it (sweeps/extra-*.yaml)
     title = f"sweep {grid.name}" if out.name == f"sweep-{grid.name}" else f"{out.name} (last grid: {grid.name})"

@@ -60,7 +60,7 @@ class Grid:
 
 def _seeds(spec: Any) -> list[int]:
     if isinstance(spec, str):
-        from runs import seed_list
+        from simulations.runs import seed_list
 
         try:
             return seed_list(spec)

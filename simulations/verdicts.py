@@ -1,9 +1,9 @@
 """The paper's claims, tested on a finished sweep: paired over seeds, with the rule fixed first.
 
-    python simulations/verdicts.py runs/sweep-main            # markdown to stdout
-    python simulations/verdicts.py runs/sweep-main --out runs/sweep-main/verdicts.md
-    python simulations/verdicts.py runs/sweep-main --brief   # the claims that ran, paired rule only
-    python simulations/verdicts.py runs/sweep-main --plan 2  # + the seeds an MDD of 2 points needs
+    python -m simulations.verdicts runs/sweep-main            # markdown to stdout
+    python -m simulations.verdicts runs/sweep-main --out runs/sweep-main/verdicts.md
+    python -m simulations.verdicts runs/sweep-main --brief   # the claims that ran, paired rule only
+    python -m simulations.verdicts runs/sweep-main --plan 2  # + the seeds an MDD of 2 points needs
 
 Each claim compares two configurations of one setup on the same seeds (same models, prompts and
 sampling seed), one node at a time, on the final evaluation: d_s = 100 * (acc_A - acc_B) in
@@ -68,9 +68,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from paired import HEADER, NOT_RUN, cells, seeds_for  # noqa: E402
-from sweep_report import config_label, load_results  # noqa: E402
+from simulations.paired import HEADER, NOT_RUN, cells, seeds_for
+from simulations.sweep_report import config_label, load_results
 
 MIN_SEEDS = 5
 LEVEL_POINTS = 2.0

@@ -2,11 +2,8 @@
 forger's paired difference against each baseline, the level rule and the inside-the-spread count."""
 
 import json
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "simulations"))
-from attack_study import table  # noqa: E402
+from simulations.attack_study import table
 
 
 def _run(out, condition, seed, small, large, rejected=0):

@@ -18,17 +18,13 @@ duplicate attack and the inflated-rewards groups, whose rewards the receivers re
 attacker cannot move the honest nodes other than by taking a share of the prompt schedule.
 """
 
-import sys
-from pathlib import Path
 
 import pytest
 from conftest import kill_workers
 
 from ftis_flwr.experiment import load_experiment
 from ftis_flwr.server.summary import load_events, load_metrics
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "simulations"))
-from forger import forgeries, forging_app  # noqa: E402
+from simulations.forger import forgeries, forging_app
 
 pytestmark = pytest.mark.slow
 

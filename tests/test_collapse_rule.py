@@ -5,15 +5,14 @@ and scipy values, the categories, and the counts and onset rounds the rule's tex
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "simulations")]
+from simulations.collapse import category, counts, fisher_greater, node_runs, table
 
-from collapse import category, counts, fisher_greater, node_runs, table  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
+
 
 
 def test_the_one_sided_fisher_test_and_the_significant_counts_the_rule_lists():

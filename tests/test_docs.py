@@ -91,8 +91,7 @@ def test_the_key_count_the_docs_quote_is_the_keys_there_are():
 def _study(name: str) -> tuple[set[str], set[str]]:
     """(the grid's run keys, the keys of the result files kept in docs/sweep-<name>/results), each
     kept result with its run's metrics beside it."""
-    sys.path.insert(0, str(REPO / "simulations"))
-    from sweep_grid import load_grid
+    from simulations.sweep_grid import load_grid
 
     grid = load_grid(REPO / "simulations" / "sweeps" / f"{name}.yaml", check_configs=False)
     keys = {point.key for point in grid.points}

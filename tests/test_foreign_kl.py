@@ -2,11 +2,9 @@
 (hand-written records)."""
 
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "simulations"))
-import foreign_kl  # noqa: E402
+from simulations import foreign_kl
 
 
 def _write(run: Path, records: list[dict]) -> None:

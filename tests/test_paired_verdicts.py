@@ -4,18 +4,17 @@ verdicts.py's table beside today's rule."""
 from __future__ import annotations
 
 import math
-import sys
 from itertools import product
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "simulations")]
+from simulations import paired
+from simulations.paired import bootstrap_interval, calibrate, cells, decide, mdd, t_interval, t_quantile, wilcoxon_p
 
-import paired  # noqa: E402
-from paired import bootstrap_interval, calibrate, cells, decide, mdd, t_interval, t_quantile, wilcoxon_p  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
+
 
 # 16 seeds of one effect: the first 5 split widely (one below 0), the other 11 all above 0
 SIXTEEN = [4.0, -3.0, 0.5, 2.5, 1.0, 1.5, 2.0, 0.5, 3.0, 1.0, 2.5, 1.5, 0.5, 2.0, 1.0, 1.5]
@@ -179,7 +178,7 @@ def test_level_claim_with_its_margin():
 
 def _today(d: list[float]) -> str:
     """Today's rule for an "above" claim (verdicts.verdict), in its first word."""
-    from verdicts import verdict
+    from simulations.verdicts import verdict
 
     return verdict(d, "above").split(" (")[0]
 
@@ -226,7 +225,7 @@ def test_verdicts_table_shows_both_rules_side_by_side():
     """(a) on 16 seeds whose alone - NoIS differences are SIXTEEN: today's rule inconclusive
     (15/16), the paired rule reproduced, with its mean, interval, Wilcoxon p and MDD cells; (c)
     with F-TIS equal to alone in every seed: level under both. Seeds 0-4 only: both inconclusive."""
-    from verdicts import claims
+    from simulations.verdicts import claims
 
     results = []
     for seed, d in enumerate(SIXTEEN):
@@ -255,7 +254,7 @@ def test_out_keeps_the_note_quoted_at_the_top_of_the_page_it_redraws(tmp_path, c
     ``--out`` replaces the table and keeps the note. A page without one gets the table alone."""
     import json
 
-    from verdicts import main
+    from simulations.verdicts import main
 
     sweep = tmp_path / "sweep"
     (sweep / "results").mkdir(parents=True)
@@ -277,7 +276,7 @@ def test_seeds_for_a_target_mdd():
     """sd 1 ([0, sqrt 2]): the MDD is (t_{.975,n-1} + t_{.8,n-1}) / sqrt(n): 1.267 at 7 seeds and
     1.153 at 8, so an MDD of 1.2 needs 8 seeds. The MDD a study has is reached at its own seed
     count; no spread needs 2 seeds; one seed, or a target of 0, says nothing."""
-    from paired import seeds_for
+    from simulations.paired import seeds_for
 
     one = [0.0, math.sqrt(2.0)]
     assert seeds_for(one, 1.2) == 8
@@ -292,8 +291,8 @@ def test_seeds_for_a_target_mdd():
 def test_the_plan_column_says_how_many_seeds_would_reach_the_mdd(capsys):
     """verdicts.py --plan P adds a last column, in the full and the brief table: the seeds whose
     MDD would be P points for each claim that ran (paired.seeds_for), "-" for one that did not."""
-    from paired import seeds_for
-    from verdicts import brief, claims
+    from simulations.paired import seeds_for
+    from simulations.verdicts import brief, claims
 
     results = []
     for seed, d in enumerate(SIXTEEN):

@@ -4,15 +4,14 @@ the same accuracies; float noise elsewhere is reported, not judged. Synthetic me
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO / "simulations")]
+from simulations.repeat_check import main
 
-from repeat_check import main  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
+
 
 
 def _run(folder: Path, rewards: list[float], losses: list[float], test_acc: tuple[float, float] = (0.1, 0.2),

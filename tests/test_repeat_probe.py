@@ -1,15 +1,10 @@
 """benchmarks/repeat_probe.py on tiny models: a probe repeats itself bit for bit in one process, and
 its op trace and replay find no op that parts from itself (the real models: the script's docstring)."""
 
-import sys
-from pathlib import Path
-
 import pytest
 
+from benchmarks import repeat_probe
 from ftis_flwr.experiment import load_experiment
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-import repeat_probe  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -4,11 +4,9 @@ Its model path is the node's own (``HFEngine.greedy`` on the run's settings); re
 cross-family study's checkpoints with math-verify gave back every accuracy the runs reported."""
 
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "simulations"))
-import rescore  # noqa: E402
+from simulations import rescore
 
 
 def test_answers_are_told_apart_by_what_stands_in_the_answer_tag():

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO / "simulations")]
+from simulations.runs import machine
+from simulations.sweep_grid import GridError, load_grid
+from simulations.sweep_report import markdown, write_all
 
-from runs import machine  # noqa: E402
-from sweep_grid import GridError, load_grid  # noqa: E402
-from sweep_report import markdown, write_all  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
+
 
 
 def _grid(tmp_path: Path, text: str) -> Path:
@@ -125,7 +125,7 @@ def test_bad_grid_names_the_key_and_the_allowed_values(tmp_path, key, value, mes
 
 def test_paper_grid_validates_without_downloading(tmp_path):
     """The GPU presets go through the same sweep unchanged; --dry-run builds and fetches nothing."""
-    out = subprocess.run([sys.executable, "simulations/sweep.py", "simulations/sweeps/paper.yaml", "--dry-run",
+    out = subprocess.run([sys.executable, "-m", "simulations.sweep", "simulations/sweeps/paper.yaml", "--dry-run",
                           "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True,
                          env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(Path.home())})
     assert out.returncode == 0, out.stderr
@@ -142,7 +142,7 @@ def test_xfamily_grid_says_what_its_named_sources_need(tmp_path):
 
     from ftis_flwr.config.named_sources import GEMMA3_INSTALL
 
-    out = subprocess.run([sys.executable, "simulations/sweep.py", "simulations/sweeps/xfamily.yaml", "--dry-run",
+    out = subprocess.run([sys.executable, "-m", "simulations.sweep", "simulations/sweeps/xfamily.yaml", "--dry-run",
                           "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "grid xfamily: 2 setups, 15 runs" in out.stdout
@@ -212,7 +212,7 @@ def test_dry_run_estimates_from_finished_runs(tmp_path, capsys):
     """A resumed study's dry run says what the sweep will say: the time left from its finished runs
     (one of 12.5 s here, two to do), not the grid's per-round projection; with none finished, the
     projection."""
-    from sweep import _fmt_s, dry_run, estimate, estimate_line
+    from simulations.sweep import _fmt_s, dry_run, estimate, estimate_line
 
     grid = load_grid(_grid(tmp_path, SMOKE))
     out = tmp_path / "out"
@@ -239,7 +239,7 @@ def test_real_sweep_resumes_and_reports_a_failure(tmp_path):
     (out / "results" / f"{kept_key}.json").write_text(json.dumps(kept))
     blocked = "size__alone__alone__g--__seed-0"
     (out / "results" / f"{blocked}.json.tmp").mkdir()
-    proc = subprocess.run([sys.executable, "simulations/sweep.py", str(grid), "--out", str(out), "--nice", "0"],
+    proc = subprocess.run([sys.executable, "-m", "simulations.sweep", str(grid), "--out", str(out), "--nice", "0"],
                           cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "grid smoke: 3 runs, 1 finished before, 2 to run" in proc.stdout
@@ -277,9 +277,8 @@ def test_a_run_without_one_of_its_nodes_is_not_written_as_a_result(tmp_path, mon
     without a node's last round (the check that caught the study's case): a study must not count it
     as a run of both nodes. The seam: the child's run is a stand-in (a real sweep through Flower is
     the test above); what is tested is which runs leave a result file."""
-    import runs
-    import sweep
     from ftis_flwr.server.run_failure import RunFailed
+    from simulations import runs, sweep
 
     grid, out, key = _grid(tmp_path, SMOKE), tmp_path / "out", "size__f-tis__vertical__g-50__seed-0"
     reason = "node large failed every round (rounds 0-2), so the run's results are the other nodes' alone"
@@ -315,7 +314,7 @@ def test_pause_lets_the_current_run_land_and_starts_no_other(tmp_path, monkeypat
     lands, no other starts, and the sweep says how to go on; running it again goes on with the runs
     left and drops the request. The seam: each run is a stand-in that writes a hand-written result
     (what a real run writes is tested above); what is tested is which runs the sweep starts."""
-    import sweep
+    from simulations import sweep
 
     grid = _grid(tmp_path, SMOKE)
     out = tmp_path / "out"
@@ -345,7 +344,7 @@ def test_pause_lets_the_current_run_land_and_starts_no_other(tmp_path, monkeypat
 
 
 def test_pause_without_a_sweep_folder_says_so(tmp_path, capsys):
-    import sweep
+    from simulations import sweep
 
     assert sweep.main([str(_grid(tmp_path, SMOKE)), "--out", str(tmp_path / "nowhere"), "--pause"]) == 2
     assert "is not a sweep's output folder" in capsys.readouterr().err
@@ -358,8 +357,8 @@ def test_a_grid_whose_model_package_is_missing_runs_nothing(tmp_path, monkeypatc
     Gemma package is made to fail, as where it is not installed."""
     from conftest import stand_in_for_gemma
 
-    import sweep
     from ftis_flwr.config.named_sources import GEMMA3_INSTALL
+    from simulations import sweep
 
     stand_in_for_gemma(monkeypatch)
     monkeypatch.setattr(sweep, "run_child", lambda *a, **k: pytest.fail("a run was started"))
@@ -386,7 +385,7 @@ def test_verdicts_follow_the_fixed_rules_on_paired_seeds(tmp_path):
     """(a) every seed's NoIS below alone: reproduced; (c) F-TIS within 2 points of alone with
     seeds on both sides: level, reproduced; (d) F-TIS above alone OOD in 4 of 5 seeds:
     inconclusive; with 4 seeds every verdict is inconclusive."""
-    from verdicts import claims
+    from simulations.verdicts import claims
 
     results = []
     for seed in range(5):
@@ -442,7 +441,7 @@ def test_verdicts_follow_the_fixed_rules_on_paired_seeds(tmp_path):
 def test_the_word_ratio_claim_compares_setup_word_with_its_base(tmp_path):
     """(ratio) word-boundary chunks (setup s-word) above chunk ratios (s): weak +3 points in every
     one of 8 seeds, reproduced by both rules; strong on both sides, inconclusive."""
-    from verdicts import claims
+    from simulations.verdicts import claims
 
     results = []
     for seed in range(8):
@@ -459,7 +458,7 @@ def test_the_word_ratio_claim_compares_setup_word_with_its_base(tmp_path):
     assert weak.rstrip(" |").endswith("reproduced")  # the paired rule's verdict, last column
     strong = rows[("(ratio) word-boundary chunks above chunk ratios (ID)", "strong")]
     assert "inconclusive" in strong and strong.rstrip(" |").endswith("inconclusive")
-    from verdicts import brief
+    from simulations.verdicts import brief
 
     short = brief(claims(results))  # the claims that ran (not (a), (a'), (b), (e), (f), (g)), paired rule only
     assert short[0] == "| claim | node | difference, points: mean [95% interval] | seeds | paired rule |"
@@ -472,7 +471,7 @@ def test_the_word_ratio_claim_compares_setup_word_with_its_base(tmp_path):
 
 def test_method_table_means_and_paired_differences_on_the_seeds_every_config_ran(capsys):
     """Seeds 0-2 of TIS and F-TIS in setup s; setup t lacks TIS on seed 2 and is left out, said so."""
-    from method_table import table
+    from simulations.method_table import table
 
     results = []
     for seed in range(3):
@@ -495,7 +494,7 @@ def test_method_table_judges_each_difference_with_the_verdicts_rule():
     """Five seeds, weak node: TIS 1 point either side of F-TIS (level), VIS 3 points above in
     every seed; strong node: TIS 2 points below in every seed, VIS level to the point (0 in every
     seed: no side, so "level"). With 3 seeds the rules cannot decide ("?")."""
-    from method_table import table
+    from simulations.method_table import table
 
     results = []
     for seed in range(5):
@@ -516,7 +515,7 @@ def test_method_table_judges_each_difference_with_the_verdicts_rule():
 def test_verdicts_count_a_constant_g_as_the_g_claim_run():
     """A sweep with F-TIS at g = 1 and 50 but no schedule (sweeps/long-g.yaml) has (g) rows and no
     "(g) not run" line; with F-TIS at g = 50 alone, or at 50 and 100, (g) is listed as not run."""
-    from verdicts import claims
+    from simulations.verdicts import claims
 
     results = []
     for seed in range(5):

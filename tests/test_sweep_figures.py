@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import math
 
-from test_sweep import _result  # also puts simulations/ on sys.path
+from test_sweep import _result
 
-from sweep_report import build_figures, figures  # noqa: E402  (found through test_sweep's path)
+from simulations.sweep_report import build_figures, figures
 
 RESULTS = dict([
     _result("size", "f-tis", "vertical", "50", 0, (0.5, 0.7, 0.4, 0.5), (0.6, 0.65, 0.2, 0.3), 0.25),

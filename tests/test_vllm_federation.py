@@ -61,10 +61,6 @@ def test_two_node_federation_with_one_vllm_node(tmp_path):
     """cpu-smollm2 for 2 rounds through a real Flower simulation: node "full" samples with vLLM
     (float32 end to end, so its own samples' learner/generator gap is rounding only), node
     "lora" with HF; both train on each other's groups and the vLLM node syncs every round."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parent))
     from conftest import simulate
 
     from ftis_flwr.experiment import load_experiment
