@@ -1,5 +1,6 @@
-"""Measurements of the product (``python benchmarks/<name>.py``; docs/performance.md quotes them).
+"""Measurements of the product (``python -m benchmarks.<name>`` from the repository's root;
+docs/performance.md quotes them).
 
-A package so that tests import a benchmark's functions by name (``from benchmarks import
-repeat_probe``) without patching ``sys.path``; each module still runs as a script.
+A package so that benchmarks and tests import a benchmark's functions by name (``from benchmarks
+import repeat_probe``) without patching ``sys.path``.
 """

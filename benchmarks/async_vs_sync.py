@@ -1,6 +1,6 @@
 """Synchronous rounds vs the asynchronous schedule (exchange.schedule=async), over seeds.
 
-    python benchmarks/async_vs_sync.py --seeds 0-2 --set rounds.num_rounds=20 \
+    python -m benchmarks.async_vs_sync --seeds 0-2 --set rounds.num_rounds=20 \
         rounds.eval_every=5 rounds.eval_size=200 --out runs/async-vs-sync
 
 Runs ``simulations/seeds.py`` twice per seed (resumable: a finished seed is kept), once with each
@@ -27,9 +27,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from simulations.runs import seed_list
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # the simulations package, run as a script from benchmarks/
-from simulations.runs import seed_list  # noqa: E402
 
 SPLIT = "test"
 

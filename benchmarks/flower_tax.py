@@ -1,8 +1,8 @@
 """The Flower tax: the share of a round that is not any node's compute.
 
-    python benchmarks/flower_tax.py sim --rounds 10 --poll 0.2 0.02     # side by side, one run
-    python benchmarks/flower_tax.py deploy --rounds 6                    # SuperLink + 2 SuperNodes
-    python benchmarks/flower_tax.py breakdown --rounds 3                 # a node's step, no Flower
+    python -m benchmarks.flower_tax sim --rounds 10 --poll 0.2 0.02     # side by side, one run
+    python -m benchmarks.flower_tax deploy --rounds 6                    # SuperLink + 2 SuperNodes
+    python -m benchmarks.flower_tax breakdown --rounds 3                 # a node's step, no Flower
 
 Per round: tax = (round wall time - the slowest node's in-worker compute) / round wall time,
 where in-worker compute is the timings a node's reply carries (train, generate, evaluate, state
@@ -30,11 +30,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from deploy.secure_local import BIN, free_port, start, stop
+from ftis_flwr.config.merge import ConfigError, parse_overrides
+from ftis_flwr.node.processes import kill_workers_of_new_runs, worker_runs
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-from deploy.secure_local import BIN, free_port, start, stop  # noqa: E402
-from ftis_flwr.config.merge import ConfigError, parse_overrides  # noqa: E402
-from ftis_flwr.node.processes import kill_workers_of_new_runs, worker_runs  # noqa: E402
 
 
 def taxes(run_dir: Path) -> list[dict]:
@@ -90,8 +90,8 @@ def sim(a) -> None:
     means = {}
     for poll in a.poll:
         out = Path(tempfile.mkdtemp(prefix=f"tax-sim-{poll}-"))
-        cmd = [sys.executable, __file__, "sim-one", "--preset", a.preset, "--poll", str(poll), "--out", str(out),
-               "--set", f"rounds.num_rounds={a.rounds}", *a.set]
+        cmd = [sys.executable, "-m", "benchmarks.flower_tax", "sim-one", "--preset", a.preset, "--poll", str(poll),
+               "--out", str(out), "--set", f"rounds.num_rounds={a.rounds}", *a.set]
         print(f"poll {poll} s: running ({out})", flush=True)
         with open(out / "log.txt", "w") as log:
             rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)

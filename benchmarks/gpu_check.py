@@ -1,6 +1,6 @@
 """The paper-sized node on a GPU, without the hub: measured memory and time vs ``ftis_flwr.config.plan``.
 
-    python benchmarks/gpu_check.py --model Qwen/Qwen2.5-1.5B [--dtype float32] [--out results.json]
+    python -m benchmarks.gpu_check --model Qwen/Qwen2.5-1.5B [--dtype float32] [--out results.json]
 
 Builds the model's *architecture* with random weights (nothing is downloaded; memory and time
 do not depend on the values), then runs what one paper round asks of a node: the HF engine
@@ -20,20 +20,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from ftis_flwr.config.plan import GIB, KNOWN, PROMPT_TOKENS, estimate  # noqa: E402
-from ftis_flwr.config.schema import ExperimentConfig, LossConfig, ModelCard  # noqa: E402
-from ftis_flwr.maths.loss import LossInputs, compute_loss  # noqa: E402
-from ftis_flwr.node.engines.hf import HFEngine  # noqa: E402
-from ftis_flwr.node.logprobs import completion_logprobs, pack_batch  # noqa: E402
-from ftis_flwr.node.sharding import norm_value, plain_copy, shard, sync_copy  # noqa: E402
+from ftis_flwr.config.plan import GIB, KNOWN, PROMPT_TOKENS, estimate
+from ftis_flwr.config.schema import ExperimentConfig, LossConfig, ModelCard
+from ftis_flwr.maths.loss import LossInputs, compute_loss
+from ftis_flwr.node.engines.hf import HFEngine
+from ftis_flwr.node.logprobs import completion_logprobs, pack_batch
+from ftis_flwr.node.sharding import norm_value, plain_copy, shard, sync_copy
 
 
 class _Tok:

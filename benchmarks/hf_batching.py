@@ -1,7 +1,7 @@
 """HF engine throughput: one sequence at a time vs one prompt's group at a time vs all at once.
 
-    python benchmarks/hf_batching.py                        # SmolLM2-135M-Instruct, bf16
-    python benchmarks/hf_batching.py --prompts 8 --n 4 --max-new 64 --dtype float32
+    python -m benchmarks.hf_batching                        # SmolLM2-135M-Instruct, bf16
+    python -m benchmarks.hf_batching --prompts 8 --n 4 --max-new 64 --dtype float32
 
 The same model, prompts, sampling settings and seed for every batch size; each batch size is
 timed once per repeat, the sizes interleaved (so a busy machine slows them alike), after one
@@ -17,7 +17,8 @@ import statistics
 import time
 
 import torch
-from vllm_vs_hf import MESSAGES, count, model_dir
+
+from benchmarks.vllm_vs_hf import MESSAGES, count, model_dir
 
 
 def main() -> None:

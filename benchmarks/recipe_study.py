@@ -1,6 +1,6 @@
 """Recipe study: many model seeds of one federation, driven in-process without Flower.
 
-    python benchmarks/recipe_study.py --yaml simulations/studies/small-pair.yaml \\
+    python -m benchmarks.recipe_study --yaml simulations/studies/small-pair.yaml \\
         --pairs 0,1 2,3 4,5 6,7 8,9 10,11 --set train.lr=5e-5 --out runs/study-lr5e-5
 
 For choosing a training recipe fast (no Ray, no sockets): each pair of model seeds

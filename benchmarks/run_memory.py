@@ -1,6 +1,6 @@
 r"""The whole run's memory: every process it starts together (Flower, Ray, the node workers), sampled.
 
-    python benchmarks/run_memory.py -- \
+    python -m benchmarks.run_memory -- \
         ftis-flwr run . --stream --federation-config "num-supernodes=2 client-resources-num-cpus=1"
 
 Runs the command after ``--`` and, every ``--every`` seconds, sums the PSS (proportional set
@@ -56,7 +56,7 @@ def _kind(pid: int) -> str:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if "--" not in argv:
-        raise SystemExit("usage: python benchmarks/run_memory.py [--every S] -- COMMAND ...")
+        raise SystemExit("usage: python -m benchmarks.run_memory [--every S] -- COMMAND ...")
     cut = argv.index("--")
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--every", type=float, default=0.5)

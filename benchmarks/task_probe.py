@@ -3,8 +3,8 @@ candidate task, both cpu-xfamily models (SmolLM2-135M-Instruct and Gemma 3 270M)
 first test problems greedily with one worked example, and their own completions are aligned with
 the *other* model's tokenizer, as a receiver does:
 
-    python benchmarks/task_probe.py                       # the default candidates, 16 problems each
-    python benchmarks/task_probe.py --tasks basic-math-20,reasoning-gym:spell_backward --n 32
+    python -m benchmarks.task_probe                       # the default candidates, 16 problems each
+    python -m benchmarks.task_probe --tasks basic-math-20,reasoning-gym:spell_backward --n 32
 
 Per task and model it prints the accuracy (the task's own reward), the share of answers with full
 credit and of answers copied word for word from the prompt (``ftis-flwr answers``'s counts: a

@@ -1,7 +1,7 @@
 """Where two real tokenizers cut the same text differently: SmolLM2's and Gemma 3's (#24).
 
-    python benchmarks/tokenizer_cuts.py                 # basic-math, reasoning-gym, GSM8K and MATH-500 texts
-    python benchmarks/tokenizer_cuts.py --limit 50
+    python -m benchmarks.tokenizer_cuts                 # basic-math, reasoning-gym, GSM8K and MATH-500 texts
+    python -m benchmarks.tokenizer_cuts --limit 50
 
 Cross-tokenizer F-TIS compares the two sides in chunks: the smallest runs of tokens of each side
 that cover the same bytes (docs/cross-tokenizer.md). Chunk ratios and the HACPO-style sequence

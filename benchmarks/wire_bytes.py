@@ -1,7 +1,7 @@
 """Bytes per completion token on the wire, measured from the Flower records themselves (issue #9).
 
-    python benchmarks/wire_bytes.py            # synthetic + real tiny-model groups (~1 min)
-    python benchmarks/wire_bytes.py --no-real  # synthetic only (seconds)
+    python -m benchmarks.wire_bytes            # synthetic + real tiny-model groups (~1 min)
+    python -m benchmarks.wire_bytes --no-real  # synthetic only (seconds)
 
 Prints, side by side, bytes per completion token of format 1 ("arrays": fp32, 16-bit) and of the
 compact format 2 (each log-prob codec, with and without zlib), next to what weight sharing would

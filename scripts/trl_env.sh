@@ -6,7 +6,7 @@
 # is itself a virtual environment, and adds TRL alone (--no-deps: never a second, CUDA, torch).
 #
 #   scripts/trl_env.sh                 # build or reuse .venv/trl
-#   .venv/trl/bin/python benchmarks/vs_trl.py --model smollm2 --repeats 3
+#   .venv/trl/bin/python -m benchmarks.vs_trl --model smollm2 --repeats 3
 #
 # Environment: TRL_VENV (default .venv/trl), PYTHON (default python3.11 or python3).
 set -euo pipefail

@@ -27,11 +27,8 @@ nodes:
 
 
 def test_a_deployment_under_faults_completes_and_logs_every_round_once(tmp_path):
-    import importlib.util
+    from benchmarks import chaos
 
-    spec = importlib.util.spec_from_file_location("chaos", REPO / "benchmarks" / "chaos.py")
-    chaos = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(chaos)
     study = tmp_path / "pair.yaml"
     study.write_text(PAIR)
     res = chaos.main(["--study", str(study), "--rounds", "6", "--kill-every", "3", "--seed", "0",

@@ -81,14 +81,15 @@ def test_no_part_reaches_another_by_a_module_name_in_a_string():
     assert not found, found
 
 
-def test_the_lab_and_the_tests_reach_modules_by_their_package_names():
-    """``simulations`` is a package (``python -m simulations.<tool>``): its tools and the tests
-    import it, ``ftis_flwr`` and ``benchmarks`` by name, never by putting a folder on
-    ``sys.path`` (a patched path hides which module a name resolves to)."""
+def test_the_lab_the_benchmarks_and_the_tests_reach_modules_by_their_package_names():
+    """``simulations`` and ``benchmarks`` are packages (``python -m simulations.<tool>``, ``python -m
+    benchmarks.<name>``, from the repository's root): they and the tests import them and
+    ``ftis_flwr`` by name, never by putting a folder on ``sys.path`` (a patched path hides which
+    module a name resolves to)."""
     import re
 
     root = PKG.parent
-    found = [f"{f.relative_to(root)}:{i}" for folder in ("simulations", "tests")
+    found = [f"{f.relative_to(root)}:{i}" for folder in ("simulations", "benchmarks", "tests")
              for f in sorted((root / folder).glob("*.py"))
              for i, line in enumerate(f.read_text().splitlines(), 1)
              if re.match(r"\s*sys\.path(\.insert|\.append|\.extend|\[:0\]|\s*=)", line)]

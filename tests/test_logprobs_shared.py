@@ -3,7 +3,7 @@
 LoRA), with prompts of different lengths (left padding), completions of 1..7 tokens, a temperature
 and a vocabulary smaller than the output rows. On SmolLM2 (float32) the same comparison gave
 |d lp| <= 3.1e-5 and a gradient relative error of 2.0e-5 (full) / 1.5e-5 (LoRA), 2.9-3.1x faster
-(``python benchmarks/shared_prompts.py``)."""
+(``python -m benchmarks.shared_prompts``)."""
 
 import pytest
 import torch

@@ -4,7 +4,7 @@ tiny Qwen2 models (full and LoRA), for prompts with and without a common prefix 
 prompt and worked example), of different lengths, in batches that cut groups apart; and the shared
 path really runs the common prefix once and each distinct prompt once. On SmolLM2 (float32) the
 sampled tokens were equal and generation took about half the time
-(``python benchmarks/shared_prefill.py``)."""
+(``python -m benchmarks.shared_prefill``)."""
 
 import numpy as np
 import pytest

@@ -20,7 +20,7 @@ def test_vs_trl_runs_both_sides_on_the_same_work(tmp_path):
     env = dict(os.environ, TRL_VENV=str(venv), PYTHON=sys.executable)  # this environment, venv or not
     built = subprocess.run(["scripts/trl_env.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert built.returncode == 0, built.stdout + built.stderr
-    proc = subprocess.run([str(venv / "bin" / "python"), "benchmarks/vs_trl.py", "--model", "tiny", "--repeats", "1",
+    proc = subprocess.run([str(venv / "bin" / "python"), "-m", "benchmarks.vs_trl", "--model", "tiny", "--repeats", "1",
                            "--prompts", "4"], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{\"repeat\"")]

@@ -17,7 +17,7 @@ AUTO = "auto"
 
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 """x86 CPU flags (``/proc/cpuinfo``) of native bfloat16 arithmetic. Without them torch runs a
-bfloat16 matmul 40-60x slower than float32 (``python benchmarks/bf16_matmul.py``, AMD EPYC
+bfloat16 matmul 40-60x slower than float32 (``python -m benchmarks.bf16_matmul``, AMD EPYC
 with AVX2 only: 355 ms against 5.6 ms idle, 434 against 10.5 under load), and the cpu-smollm2
 federation's first update took ~35 min instead of ~1."""
 

@@ -139,7 +139,7 @@ def fast_gguf_reading():
     ``np.memmap`` slice per vocabulary string (each slice runs numpy's Python-level memmap
     hooks), and rebuilds gguf's name map for every submodule (397 times for SmolLM2). Both are
     most of a conversion: 32 s for SmolLM2 on 2 cores, 13.5 s with this, the same tokenizer and
-    tensors out (``python benchmarks/gguf_convert.py``). Only gguf's module attributes that
+    tensors out (``python -m benchmarks.gguf_convert``). Only gguf's module attributes that
     transformers imports at call time are replaced, and only inside this block; a gguf without
     them is left as it is.
     """

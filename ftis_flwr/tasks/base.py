@@ -112,7 +112,7 @@ class Task(abc.ABC):
         tokens, so its text is encoded as it is; a plain-text prompt (a tokenizer without a
         template: a base model) gets the tokenizer's own, e.g. Gemma's ``<bos>``: base Gemma 3 270M
         answered 0 of 32 basic-math test problems greedily without it, 10 of 32 with it
-        (``python benchmarks/gemma_bos.py``)."""
+        (``python -m benchmarks.gemma_bos``)."""
         plain = not getattr(tokenizer, "chat_template", None)
         return list(tokenizer(self.prompt_text(problem, tokenizer), add_special_tokens=plain)["input_ids"])
 

@@ -5,7 +5,7 @@ Why it exists (#39): a cross-family study needs a task both models answer *exact
 least sometimes at the start, with room to learn, whose completions the two tokenizers cut into
 different pieces (where the chunk, word and sequence ratios differ). Lowercase English words are
 common tokens that every tokenizer cuts alike; the same words in capitals are rare strings that
-each byte-pair vocabulary splits its own way. ``python benchmarks/task_probe.py --tasks uppercase``
+each byte-pair vocabulary splits its own way. ``python -m benchmarks.task_probe --tasks uppercase``
 measures both: SmolLM2-135M-Instruct and Gemma 3 270M answer 38% and 62% of 16 test problems
 right at the start, and 21% and 12% of their completions' tokens sit in multi-token chunks
 (``spell_backward``: 5% and 3%).

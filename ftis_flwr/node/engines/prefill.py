@@ -14,7 +14,7 @@ and the cache rows are selected for each sequence (an index, as beam search reor
 ``generate`` is handed that cache and runs only the last prompt token and the new ones. The
 tokens and log-probs are those of the unshared call to float32 rounding
 (tests/test_shared_prefill.py on tiny Qwen2 models, full and LoRA; Gemma 3's hybrid cache in
-tests/test_real_xfamily.py). ``python benchmarks/shared_prefill.py`` measures it on cpu-smollm2.
+tests/test_real_xfamily.py). ``python -m benchmarks.shared_prefill`` measures it on cpu-smollm2.
 """
 
 from __future__ import annotations
