@@ -1,7 +1,7 @@
 """Collapse counts across seeds, judged by the rule ``sweeps/xfamily-upper-40.yaml`` fixed before its
 first run (issue #55): prevents, reduces, delays, or not shown.
 
-    python -m simulations.collapse docs/sweep-xfamily-upper-40            # markdown to stdout
+    python -m simulations.collapse simulations/results/sweep-xfamily-upper-40            # markdown to stdout
     python -m simulations.collapse runs/sweep-xfamily-upper-40 --split test
 
 A node has **collapsed** in a run at an evaluation when its accuracy there is below ``THRESHOLD``

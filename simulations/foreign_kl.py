@@ -1,7 +1,7 @@
 """How far each node's received samples were from it, run by run: what the filter and the truncation
 saw. docs/real-studies.md, "The cross-family pair over seeds".
 
-    python -m simulations.foreign_kl docs/sweep-xfamily/run-data/*/
+    python -m simulations.foreign_kl simulations/results/sweep-xfamily/run-data/*/
 
 Per run directory (holding ``metrics.jsonl``) and node, over the training rounds (round 0 trains
 nothing): the median KL of the samples it received (the filter drops a received sample with
@@ -15,7 +15,7 @@ over rounds and sources). A node that received nothing shows "-".
 ``--by-config`` folds the seeds of one configuration (run names that differ only in ``seed-N``)
 into one row per node: each cell is the range over runs of the per-run figure.
 
-    python -m simulations.foreign_kl --by-config docs/sweep-xfamily-rg/run-data/*/
+    python -m simulations.foreign_kl --by-config simulations/results/sweep-xfamily-rg/run-data/*/
 """
 
 from __future__ import annotations

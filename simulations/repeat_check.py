@@ -1,6 +1,6 @@
 """Did a rerun repeat its run? Two run folders (each with a ``metrics.jsonl``) compared round by round.
 
-    python -m simulations.repeat_check docs/sweep-xfamily-rg/run-data/<key> runs/repeat/runs/<key>/<run>
+    python -m simulations.repeat_check simulations/results/sweep-xfamily-rg/run-data/<key> runs/repeat/runs/<key>/<run>
 
 A run on another CPU computes the same float32 ops with other kernels, so its losses move in the
 last digits; what decides whether it *repeats* is whether every node drew the same samples

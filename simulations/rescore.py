@@ -6,7 +6,7 @@ adding them. The task now pays only for the number (``ftis_flwr.tasks.basic_math
 Runs measured before that fix keep their final checkpoints, so this tells, per run and node, how
 much of the accuracy they reported was the number and how much the copied question:
 
-    python -m simulations.rescore runs/sweep-xfamily --out docs/sweep-xfamily/rescore.json \
+    python -m simulations.rescore runs/sweep-xfamily --out simulations/results/sweep-xfamily/rescore.json \
         --results-out runs/sweep-xfamily-number
     python -m simulations.verdicts runs/sweep-xfamily-number
 

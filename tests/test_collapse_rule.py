@@ -1,7 +1,7 @@
 """The collapse rule of the 40-round study (simulations/collapse.py, fixed in
 sweeps/xfamily-upper-40.yaml before its first run): the one-sided Fisher test against hand-computed
 and scipy values, the categories, and the counts and onset rounds the rule's text quotes from the
-20-round study, recomputed from that study's stored runs (docs/sweep-xfamily-upper)."""
+20-round study, recomputed from that study's stored runs (simulations/results/sweep-xfamily-upper)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def test_the_20_round_studys_collapses_and_onsets_as_the_rule_quotes_them():
     """NoIS collapsed Gemma in seeds 2, 4, 6, 7 with onsets 18, 4, 16, 18; the word-boundary and
     sequence F-TIS arms in seed 7 at 19; SmolLM2 never; every other node-run stayed at 0.273 or
     above."""
-    runs = node_runs(REPO / "docs" / "sweep-xfamily-upper")
+    runs = node_runs(REPO / "simulations" / "results" / "sweep-xfamily-upper")
     assert len(runs) == 80
     fallen = sorted((r.arm, r.seed, r.onset()) for r in runs if r.collapsed_by(20))
     assert fallen == [("f-tis vertical g=50 [xfamily-upper-seq]", 7, 19),

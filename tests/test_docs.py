@@ -89,16 +89,16 @@ def test_the_key_count_the_docs_quote_is_the_keys_there_are():
 
 
 def _study(name: str) -> tuple[set[str], set[str]]:
-    """(the grid's run keys, the keys of the result files kept in docs/sweep-<name>/results), each
+    """(the grid's run keys, the keys of the result files kept in simulations/results/sweep-<name>/results), each
     kept result with its run's metrics beside it."""
     from simulations.sweep_grid import load_grid
 
     grid = load_grid(REPO / "simulations" / "sweeps" / f"{name}.yaml", check_configs=False)
     keys = {point.key for point in grid.points}
-    kept = {p.stem for p in (REPO / "docs" / f"sweep-{name}" / "results").glob("*.json")}
+    kept = {p.stem for p in (REPO / "simulations" / "results" / f"sweep-{name}" / "results").glob("*.json")}
     assert kept <= keys, kept - keys
     for key in kept:
-        assert (REPO / "docs" / f"sweep-{name}" / "run-data" / key / "metrics.jsonl").is_file(), key
+        assert (REPO / "simulations" / "results" / f"sweep-{name}" / "run-data" / key / "metrics.jsonl").is_file(), key
     return keys, kept
 
 
