@@ -29,7 +29,7 @@ import numpy as np
 
 from ftis_flwr.experiment import load_experiment  # noqa: E402
 from ftis_flwr.node.node import Node, Received  # noqa: E402
-from ftis_flwr.node.tiny_bpe import build_tiny_tokenizer  # noqa: E402
+from ftis_flwr.node.tiny.bpe import build_tiny_tokenizer  # noqa: E402
 from ftis_flwr.wire.rollouts import encode_groups, payload_bytes  # noqa: E402
 from ftis_flwr.xtok.align import align, encode_with_spans  # noqa: E402
 from ftis_flwr.xtok.translate import to_own_tokens  # noqa: E402

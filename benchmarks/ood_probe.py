@@ -19,7 +19,7 @@ import time
 import torch
 
 from ftis_flwr.config.schema import ModelCard  # noqa: E402
-from ftis_flwr.node.tiny import build_char_tokenizer, warm_start  # noqa: E402
+from ftis_flwr.node.tiny.models import build_char_tokenizer, warm_start  # noqa: E402
 from ftis_flwr.tasks import ArithmeticTask  # noqa: E402
 
 N = 400
@@ -86,7 +86,7 @@ def main() -> None:
         ModelCard(name="large-s1 (shipped)", tiny_size="large", warmstart_ops="+-", warmstart_target=0.6, seed=1),
         ModelCard(name="small-s1", tiny_size="small", warmstart_ops="+-", warmstart_target=0.6, seed=1),
     ]
-    from ftis_flwr.node.tiny import MARKER, warmstart_dir
+    from ftis_flwr.node.tiny.models import MARKER, warmstart_dir
 
     for ops, name in (("+++-", "adder (cpu-expertise)"), ("+---", "subtractor (cpu-expertise)")):
         card = ModelCard(name=name, tiny_size="small", warmstart_ops=ops, warmstart_target=0.6, seed=0)

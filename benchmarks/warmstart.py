@@ -16,7 +16,7 @@ import logging
 import torch
 
 from ftis_flwr.config.schema import ModelCard
-from ftis_flwr.node.tiny import build_char_tokenizer, train_tiny
+from ftis_flwr.node.tiny.models import build_char_tokenizer, train_tiny
 from ftis_flwr.tasks import ArithmeticTask, op_of
 
 

@@ -128,7 +128,7 @@ def seed_cache(cache: Path, preset: str = "cpu-pair") -> dict[str, str]:
     editable install of another checkout it finds none and warm-starts (minutes on 2 cores).
     """
     from ftis_flwr.experiment import load_experiment
-    from ftis_flwr.node.tiny import find_shipped, warm_start
+    from ftis_flwr.node.tiny.models import find_shipped, warm_start
     from ftis_flwr.tasks import make_task
 
     exp = load_experiment(preset)

@@ -54,7 +54,7 @@ def client_app(condition: str, exp):
         from clients.client_app import app
 
         return app
-    from ftis_flwr.node.tiny import build_char_tokenizer
+    from ftis_flwr.node.tiny.models import build_char_tokenizer
     from simulations.forger import forgeries, forging_app
 
     honest = [c.name for c in exp.nodes if c.name != ATTACKER]

@@ -58,8 +58,8 @@ def models(grid: Grid) -> list[tuple[str, str, str]]:
         exp = load_experiment(s["preset"], s["overrides"], import_registries=False)
         for card in exp.nodes:
             if card.source == "tiny":
-                from ftis_flwr.node.tiny import MARKER, find_shipped
-                from ftis_flwr.node.tiny_tools import warm_started
+                from ftis_flwr.node.tiny.models import MARKER, find_shipped
+                from ftis_flwr.node.tiny.tools import warm_started
 
                 d = warm_started(card, make_task(exp.task), Path(exp.cache_dir) if exp.cache_dir else None,
                                  build=False)
@@ -92,7 +92,7 @@ def missing(grid: Grid) -> list[str]:
 def warm_all(grid: Grid) -> None:
     """Warm-start every tiny model of the grid once, before the runs (each run then finds it)."""
     from ftis_flwr.experiment import load_experiment
-    from ftis_flwr.node.tiny_tools import warm_started
+    from ftis_flwr.node.tiny.tools import warm_started
     from ftis_flwr.tasks import make_task
 
     done: set[str] = set()

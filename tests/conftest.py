@@ -91,7 +91,7 @@ def tiny_qwen2(lora: bool, adapter_std: float = 0.02):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from ftis_flwr.node.tiny import tiny_config
+    from ftis_flwr.node.tiny.models import tiny_config
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(tiny_config("small", 70, 0, 1))

@@ -9,7 +9,7 @@ import pytest
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from ftis_flwr.node.tiny import as_tiny_tokenizer, build_char_tokenizer
+from ftis_flwr.node.tiny.models import as_tiny_tokenizer, build_char_tokenizer
 from ftis_flwr.wire.groups import Group
 from ftis_flwr.xtok.align import (
     ALIGN_PROBE,

@@ -9,9 +9,11 @@ import pytest
 
 from ftis_flwr.config.schema import ConfigError
 from ftis_flwr.experiment import load_experiment
-from ftis_flwr.node import tiny, tiny_assets, tiny_tools
 from ftis_flwr.node.models import load_policy
-from ftis_flwr.node.tiny import build_char_tokenizer, find_shipped
+from ftis_flwr.node.tiny import assets as tiny_assets
+from ftis_flwr.node.tiny import models as tiny
+from ftis_flwr.node.tiny import tools as tiny_tools
+from ftis_flwr.node.tiny.models import build_char_tokenizer, find_shipped
 from ftis_flwr.node.turns import tool_turn_ids
 from ftis_flwr.tasks import make_task
 from ftis_flwr.tasks.arithmetic_chain import SIZES, ArithmeticChainTask
@@ -88,7 +90,7 @@ def test_the_preset_validates_and_its_tool_warm_starts_are_shipped(preset, tmp_p
         name = tiny_tools.warm_started(card, task, tmp_path, build=False).name
         assert "-calc50-" in name
         shipped = find_shipped(name)
-        assert shipped is not None, f"not shipped: python -m ftis_flwr.node.tiny_assets --ship --presets {preset}"
+        assert shipped is not None, f"not shipped: python -m ftis_flwr.node.tiny.assets --ship --presets {preset}"
         assert shipped[1]["report"]["key"]["share"] == 0.5
 
     def boom(*a, **k):

@@ -166,7 +166,7 @@ def test_the_configured_choices_are_what_the_code_implements():
     from ftis_flwr.config import choices
     from ftis_flwr.config.schema import TaskConfig
     from ftis_flwr.maths.loss import LOSS_REGISTRY
-    from ftis_flwr.node.tiny import TINY_SIZES
+    from ftis_flwr.node.tiny.models import TINY_SIZES
     from ftis_flwr.tasks import make_task
     from ftis_flwr.wire.compact import LP_CODECS
 

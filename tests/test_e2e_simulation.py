@@ -81,7 +81,7 @@ def test_parameters_changed_and_checkpoints_load(federation):
     exp, root, run_dir = federation
     from transformers import AutoModelForCausalLM
 
-    from ftis_flwr.node.tiny import warmstart_dir
+    from ftis_flwr.node.tiny.models import warmstart_dir
     from ftis_flwr.tasks import make_task
 
     summary = json.loads((run_dir / "summary.json").read_text())

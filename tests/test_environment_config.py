@@ -159,8 +159,8 @@ def test_templates_and_call_formats_that_part_peers_are_warned_and_only_those(mo
     """Peers of two tokenizers share episodes across chat templates (a tool turn is checked against
     its sender's layout); peers of one tokenizer with two templates, or whose models write tool calls
     in two formats, refuse each other's: check warns for those, naming the nodes, and only those."""
-    from ftis_flwr.node.tiny_bpe import build_bpe_tokenizer
-    from ftis_flwr.node.tiny_chars import build_char_tokenizer
+    from ftis_flwr.node.tiny.bpe import build_bpe_tokenizer
+    from ftis_flwr.node.tiny.chars import build_char_tokenizer
     from ftis_flwr.tasks import node_models as nm
     from ftis_flwr.tasks.environment_checks import episode_notes
 

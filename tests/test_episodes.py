@@ -36,7 +36,7 @@ from ftis_flwr.node.batch import Sample, loss_inputs
 from ftis_flwr.node.engines import make_engine
 from ftis_flwr.node.episodes import Sampling, run_group, run_groups
 from ftis_flwr.node.logprobs import completion_logprobs, pack_batch
-from ftis_flwr.node.tiny import build_char_tokenizer, tiny_config
+from ftis_flwr.node.tiny.models import build_char_tokenizer, tiny_config
 from ftis_flwr.node.turns import PLAIN_TOOL_TURN, tool_turn_ids
 from ftis_flwr.tasks.environment import EnvironmentFault, ToolResult, load_environment
 from ftis_flwr.tasks.episode_prompt import prompt_ids

@@ -107,7 +107,7 @@ assert not leaked, leaked[:5]
 @pytest.mark.parametrize("modules,banned", [
     ("ftis_flwr.node.node, ftis_flwr.maths.loss, ftis_flwr.maths.advantages, ftis_flwr.wire.groups, "
      "ftis_flwr.node.state, ftis_flwr.xtok.align, ftis_flwr.maths.loss_chunks, ftis_flwr.xtok.token_bytes, "
-     "ftis_flwr.xtok.translate, ftis_flwr.node.intake, ftis_flwr.node.tiny_bpe",
+     "ftis_flwr.xtok.translate, ftis_flwr.node.intake, ftis_flwr.node.tiny.bpe",
      ("flwr",)),
     ("ftis_flwr.config.merge, ftis_flwr.config.fields, ftis_flwr.config.yaml_layers, ftis_flwr.config.validation, "
      "ftis_flwr.config.keys, ftis_flwr.config.plan, "

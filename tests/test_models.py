@@ -12,9 +12,9 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from ftis_flwr.config.schema import LoraConfig, ModelCard
-from ftis_flwr.node import tiny as models
 from ftis_flwr.node.models import load_policy, load_tokenizer, save_policy
-from ftis_flwr.node.tiny import CHARS, SPECIAL_TOKENS, build_char_tokenizer, tiny_config, train_tiny, warm_start
+from ftis_flwr.node.tiny import models
+from ftis_flwr.node.tiny.models import CHARS, SPECIAL_TOKENS, build_char_tokenizer, tiny_config, train_tiny, warm_start
 from ftis_flwr.tasks import ArithmeticTask
 
 STEPS = 20
@@ -339,7 +339,7 @@ def test_a_damaged_shipped_model_is_refused(task, tmp_path, monkeypatch):
     bad.mkdir()
     (bad / weights.name).write_bytes(weights.read_bytes()[:-8] + b"\0" * 8)
     (bad / f"{name}.json").write_text(json.dumps(manifest))
-    from ftis_flwr.node import tiny_shipped
+    from ftis_flwr.node.tiny import shipped as tiny_shipped
 
     monkeypatch.setattr(tiny_shipped, "shipped_dirs", lambda: [bad])
     with pytest.raises(ValueError, match="SHA-256"):

@@ -20,7 +20,8 @@ TEXTS = ["27+82=", "what is 2 plus 3?\n", "Hello World? é\ttab", "  two  spaces
 def test_the_configurations_tiny_table_is_the_nodes():
     """The node builds its tiny models from the configuration's table (one definition); the
     shipped tokenizer files and every tokenizer's size are what the table says."""
-    from ftis_flwr.node import tiny, tiny_bpe
+    from ftis_flwr.node.tiny import bpe as tiny_bpe
+    from ftis_flwr.node.tiny import models as tiny
 
     assert tiny.TINY_MAX_POSITIONS is tiny_models.TINY_MAX_POSITIONS and tiny.TINY_SIZES is tiny_models.TINY_SIZES
     assert tiny.CHARS is tiny_models.TINY_CHARS and tiny.SPECIAL_TOKENS is tiny_models.TINY_SPECIAL_TOKENS
@@ -31,7 +32,7 @@ def test_the_configurations_tiny_table_is_the_nodes():
 
 @pytest.mark.parametrize("kind", ["char", "bpe", "unigram"])
 def test_the_checks_tiny_tokenizer_gives_the_nodes_ids_and_text(kind):
-    from ftis_flwr.node.tiny_bpe import build_tiny_tokenizer
+    from ftis_flwr.node.tiny.bpe import build_tiny_tokenizer
 
     node, check = build_tiny_tokenizer(kind), node_models.tiny_tokenizer(kind)
     assert len(check) == len(node) and check.unk_token_id == node.unk_token_id
@@ -58,8 +59,8 @@ def test_the_plan_counts_the_tiny_models_parameters_as_built(size, kind):
 
     from ftis_flwr.config.plan import card_architecture
     from ftis_flwr.config.schema import ModelCard
-    from ftis_flwr.node.tiny import tiny_config
-    from ftis_flwr.node.tiny_bpe import build_tiny_tokenizer
+    from ftis_flwr.node.tiny.bpe import build_tiny_tokenizer
+    from ftis_flwr.node.tiny.models import tiny_config
 
     tok = build_tiny_tokenizer(kind)
     model = AutoModelForCausalLM.from_config(tiny_config(size, len(tok), tok.pad_token_id, tok.eos_token_id))
@@ -89,7 +90,7 @@ def _errors(overrides: dict, yaml_text: str | None = None) -> str:
 def test_a_local_model_is_measured_with_its_own_tokenizer_and_positions(tmp_path):
     """A real (non-tiny) card whose folder is here: its tokenizer (the char one, saved as a real
     model's would be: no token for every byte) and its config's 32 positions."""
-    from ftis_flwr.node.tiny_bpe import build_tiny_tokenizer
+    from ftis_flwr.node.tiny.bpe import build_tiny_tokenizer
 
     folder = tmp_path / "model"
     build_tiny_tokenizer("char").save_pretrained(folder)

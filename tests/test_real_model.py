@@ -113,7 +113,7 @@ def test_smollm2_text_aligns_with_the_tiny_tokenizers(federation):
     import numpy as np
 
     from ftis_flwr.node.models import load_tokenizer
-    from ftis_flwr.node.tiny_bpe import build_tiny_tokenizer
+    from ftis_flwr.node.tiny.bpe import build_tiny_tokenizer
     from ftis_flwr.wire.groups import Group
     from ftis_flwr.xtok.align import align, encode_with_spans
     from ftis_flwr.xtok.represent import Unrepresentable

@@ -16,7 +16,7 @@ from transformers import PreTrainedTokenizerFast
 
 from ftis_flwr.maths.advantages import group_advantages
 from ftis_flwr.node.node import Received, StepRequest
-from ftis_flwr.node.tiny import build_char_tokenizer
+from ftis_flwr.node.tiny.models import build_char_tokenizer
 from ftis_flwr.wire import protocol
 from ftis_flwr.xtok.represent import Unrepresentable, encode_exact, text_limits
 from ftis_flwr.xtok.token_bytes import token_bytes

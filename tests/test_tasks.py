@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ftis_flwr.config.schema import TaskConfig
-from ftis_flwr.node.tiny import build_char_tokenizer
+from ftis_flwr.node.tiny.models import build_char_tokenizer
 from ftis_flwr.tasks import ArithmeticTask, MathTask, Problem, load_jsonl, make_task, op_of
 from ftis_flwr.tasks.chat_prompt import chat_prompt
 
@@ -253,7 +253,7 @@ def test_heldout_variant_holds_carried_additions_out_of_rl_and_keeps_warmstarts(
 
 def test_weighted_warmstart_mix_and_unchanged_plain_keys(arith):
     from ftis_flwr.config.schema import ModelCard
-    from ftis_flwr.node.tiny import warmstart_dir
+    from ftis_flwr.node.tiny.models import warmstart_dir
 
     plain = arith.warmstart_problems("+-")
     heavy_add = arith.warmstart_problems("+++-")
@@ -298,7 +298,7 @@ def test_a_plain_prompt_gets_the_tokenizers_bos_and_a_chat_template_prompt_does_
     from tokenizers.processors import TemplateProcessing
 
     from ftis_flwr.config.schema import TaskConfig
-    from ftis_flwr.node.tiny_bpe import build_tiny_tokenizer
+    from ftis_flwr.node.tiny.bpe import build_tiny_tokenizer
     from ftis_flwr.tasks import make_task
 
     tok = build_tiny_tokenizer("char")

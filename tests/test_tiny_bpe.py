@@ -1,4 +1,4 @@
-"""The tiny models' byte-level BPE and unigram (ftis_flwr/node/tiny_bpe.py): shipped assets, round trips, keys,
+"""The tiny models' byte-level BPE and unigram (ftis_flwr/node/tiny/bpe.py): shipped assets, round trips, keys,
 preset."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from transformers import AutoModelForCausalLM
 
 from ftis_flwr.config.schema import ModelCard
 from ftis_flwr.experiment import load_experiment
-from ftis_flwr.node import tiny, tiny_assets
 from ftis_flwr.node.models import load_policy, load_tokenizer, save_policy
-from ftis_flwr.node.tiny import build_char_tokenizer, find_shipped, warmstart_dir, warmstart_key
-from ftis_flwr.node.tiny_bpe import (
+from ftis_flwr.node.tiny import assets as tiny_assets
+from ftis_flwr.node.tiny import models as tiny
+from ftis_flwr.node.tiny.bpe import (
     asset_id,
     asset_path,
     bpe_asset_id,
@@ -27,6 +27,7 @@ from ftis_flwr.node.tiny_bpe import (
     train_bpe_tokenizer,
     train_unigram_tokenizer,
 )
+from ftis_flwr.node.tiny.models import build_char_tokenizer, find_shipped, warmstart_dir, warmstart_key
 from ftis_flwr.tasks import ArithmeticTask
 from ftis_flwr.wire.groups import tokenizer_fingerprint
 from ftis_flwr.xtok.align import encode_with_spans
@@ -63,7 +64,7 @@ def bpe_card(**kw) -> ModelCard:
 
 @pytest.mark.parametrize("kind,train", [("bpe", train_bpe_tokenizer), ("unigram", train_unigram_tokenizer)])
 def test_the_shipped_tokenizer_is_what_training_gives_now(kind, train):
-    """Deterministic training, and the asset is up to date (else: python -m ftis_flwr.node.tiny_bpe --ship)."""
+    """Deterministic training, and the asset is up to date (else: python -m ftis_flwr.node.tiny.bpe --ship)."""
     first = to_json(train())
     assert first == asset_path(kind).read_text(encoding="utf-8")
     assert to_json(train()) == first
@@ -135,7 +136,7 @@ def test_the_xtok_preset_reuses_the_small_model_and_ships_the_bpe_one(task):
         name = warmstart_dir(card, task).name
         shipped = find_shipped(name)
         assert shipped is not None, (f"{name} is not shipped: "
-                                     "python -m ftis_flwr.node.tiny_assets --ship --presets cpu-xtok")
+                                     "python -m ftis_flwr.node.tiny.assets --ship --presets cpu-xtok")
         assert shipped[1]["report"]["key"] == warmstart_key(card, task)
     assert "cpu-xtok" in tiny_assets.SHIPPED_PRESETS
 
@@ -167,7 +168,7 @@ def test_the_shipped_bpe_model_installs_without_training(task, tmp_path, monkeyp
 def test_the_asset_travels_in_the_flower_app_bundle():
     from flwr.cli.build import get_filtered_fab_paths
 
-    rel = bpe_asset_path().resolve().relative_to(Path(tiny.__file__).resolve().parent.parent).as_posix()
+    rel = bpe_asset_path().resolve().relative_to(Path(tiny.__file__).resolve().parents[2]).as_posix()
     assert get_filtered_fab_paths({rel: b"", "pyproject.toml": b""}, {}) == [rel]
 
 
@@ -254,5 +255,5 @@ def test_unigram_fingerprint_and_warmstart_key_are_its_own(uni, tok, task):
 def test_the_unigram_asset_travels_in_the_flower_app_bundle():
     from flwr.cli.build import get_filtered_fab_paths
 
-    rel = asset_path("unigram").resolve().relative_to(Path(tiny.__file__).resolve().parent.parent).as_posix()
+    rel = asset_path("unigram").resolve().relative_to(Path(tiny.__file__).resolve().parents[2]).as_posix()
     assert get_filtered_fab_paths({rel: b"", "pyproject.toml": b""}, {}) == [rel]

@@ -64,7 +64,7 @@ def test_reward_is_the_word_in_capitals_exactly_in_the_strict_format():
 
 
 def test_worked_examples_show_the_format_in_the_chat_prompt():
-    from ftis_flwr.node.tiny_bpe import build_tiny_tokenizer
+    from ftis_flwr.node.tiny.bpe import build_tiny_tokenizer
 
     tok = build_tiny_tokenizer("char")
     tok.chat_template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"

@@ -36,7 +36,7 @@ from ftis_flwr.node.engines.vllm_weights import (
     write_base,
     write_weights,
 )
-from ftis_flwr.node.tiny import build_char_tokenizer, tiny_config
+from ftis_flwr.node.tiny.models import build_char_tokenizer, tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 SPARE = 16

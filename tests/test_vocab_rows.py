@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from ftis_flwr.experiment import load_experiment
 from ftis_flwr.node.node import Node, StepRequest
-from ftis_flwr.node.tiny import build_char_tokenizer, tiny_config
+from ftis_flwr.node.tiny.models import build_char_tokenizer, tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 SPARE = 16

@@ -125,7 +125,7 @@ def test_node_that_cannot_be_built_reports_why(tmp_path, workers):
     import shutil
 
     from ftis_flwr.config.schema import ModelCard
-    from ftis_flwr.node.tiny import warm_start
+    from ftis_flwr.node.tiny.models import warm_start
     from ftis_flwr.tasks import ArithmeticTask
 
     shipped = warm_start(ModelCard(name="a", tiny_size="small", warmstart_target=0.6, seed=0),

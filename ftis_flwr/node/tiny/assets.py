@@ -1,10 +1,10 @@
 """Writing the shipped tiny models: the warm-starts of the presets' tiny cards (the calculator stage
-included where a card asks for it, :mod:`ftis_flwr.node.tiny_tools`), as bfloat16
+included where a card asks for it, :mod:`ftis_flwr.node.tiny.tools`), as bfloat16
 safetensors with a manifest (key, report, SHA-256) under ``ftis_flwr/assets/tiny``, which
-:func:`ftis_flwr.node.tiny.warm_start` installs instead of training when the key matches.
+:func:`ftis_flwr.node.tiny.models.warm_start` installs instead of training when the key matches.
 
-    python -m ftis_flwr.node.tiny_assets --ship                   # every shipped preset
-    python -m ftis_flwr.node.tiny_assets --ship --presets cpu-xtok
+    python -m ftis_flwr.node.tiny.assets --ship                   # every shipped preset
+    python -m ftis_flwr.node.tiny.assets --ship --presets cpu-xtok
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from ftis_flwr.node.tiny import MARKER, sha256_file
-from ftis_flwr.node.tiny_tools import warm_started
+from ftis_flwr.node.tiny.models import MARKER, sha256_file
+from ftis_flwr.node.tiny.tools import warm_started
 
 SHIPPED_PRESETS = ("cpu-pair", "cpu-xtok", "cpu-pair-calc", "cpu-xtok-calc")
 """Presets whose tiny models are shipped (the default run, its cross-tokenizer variant, the
@@ -38,7 +38,7 @@ def ship(presets: tuple[str, ...] = SHIPPED_PRESETS, out_dir: Path | None = None
     from ftis_flwr.config.merge import load_experiment
     from ftis_flwr.tasks import make_task
 
-    out_dir = Path(out_dir) if out_dir else Path(__file__).resolve().parents[1] / "assets" / "tiny"
+    out_dir = Path(out_dir) if out_dir else Path(__file__).resolve().parents[2] / "assets" / "tiny"
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for preset in presets:

@@ -15,7 +15,7 @@ the ``tiny`` call format, :func:`ftis_flwr.node.turns.tool_turn_ids`):
 Only the model's tokens are labelled (the prompt and the tool turn are context, as in the loss). Both
 paths stay open, and reinforcement learning has a choice to learn: the calculator's path earns the
 reward far more often. The result is cached next to its base model (and shipped for preset
-``cpu-pair-calc`` by :mod:`ftis_flwr.node.tiny_assets`), keyed by everything that determines it.
+``cpu-pair-calc`` by :mod:`ftis_flwr.node.tiny.assets`), keyed by everything that determines it.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from ftis_flwr.config.schema import ModelCard
-from ftis_flwr.node.tiny import digest, pad_rows, round_to_bf16, shipped_or_trained
+from ftis_flwr.node.tiny.models import digest, pad_rows, round_to_bf16, shipped_or_trained
 from ftis_flwr.node.turns import tool_turn_ids
 from ftis_flwr.tasks.arithmetic_chain import ArithmeticChainTask
 from ftis_flwr.tasks.environment import ToolResult, load_environment
@@ -90,7 +90,7 @@ def tool_examples(tokenizer: Any, eos_id: int, share: float, seed: int,
 
 def train_tools(card: ModelCard, base: Path, task_seed: int) -> tuple[Any, Any, dict[str, Any]]:
     """The stage itself, from ``base`` (no caching): model, tokenizer and a report."""
-    from ftis_flwr.node.tiny_bpe import build_tiny_tokenizer
+    from ftis_flwr.node.tiny.bpe import build_tiny_tokenizer
 
     # The tokenizer the nodes use (as a shipped model installs it): AutoTokenizer on the folder
     # builds a Qwen2Tokenizer, whose normalisation drops the tool turn's newline.
@@ -135,11 +135,11 @@ def tool_warm_start(card: ModelCard, base: Path, task_seed: int) -> Path:
 
 
 def warm_started(card: ModelCard, task: Any, cache_dir: Path | None = None, *, build: bool = True) -> Path:
-    """The folder of a tiny card's model: its arithmetic warm start (:func:`ftis_flwr.node.tiny.warm_start`),
+    """The folder of a tiny card's model: its arithmetic warm start (:func:`ftis_flwr.node.tiny.models.warm_start`),
     then this stage when ``card.warmstart_tools`` > 0; shipped or trained once, then cached. ``task``
     is the run's task (a task other than arithmetic warm-starts on arithmetic with its seed). With
     ``build=False`` only the folder's path, nothing built (what the shipped assets are named)."""
-    from ftis_flwr.node.tiny import warm_start, warmstart_dir
+    from ftis_flwr.node.tiny.models import warm_start, warmstart_dir
     from ftis_flwr.tasks.arithmetic import ArithmeticTask
 
     if task is not None and not isinstance(task, ArithmeticTask):  # a user's task: the arithmetic warm start

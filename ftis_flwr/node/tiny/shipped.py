@@ -1,6 +1,6 @@
 """Where the shipped tiny models are (``ftis_flwr/assets/tiny``: bfloat16 safetensors, each with a
-manifest holding its SHA-256), found by name. Apart from :mod:`ftis_flwr.node.tiny`, which installs
-them, because the tiny tokenizers' files ship there too (:mod:`ftis_flwr.node.tiny_bpe`)."""
+manifest holding its SHA-256), found by name. Apart from :mod:`ftis_flwr.node.tiny.models`, which installs
+them, because the tiny tokenizers' files ship there too (:mod:`ftis_flwr.node.tiny.bpe`)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def shipped_dirs() -> list[Path]:
     files), the installed distribution's copy: its files, or the source folder of an editable
     install.
     """
-    dirs = [Path(__file__).resolve().parents[1] / "assets" / "tiny"]
+    dirs = [Path(__file__).resolve().parents[2] / "assets" / "tiny"]
     try:
         from importlib import metadata
 

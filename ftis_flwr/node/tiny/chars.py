@@ -1,6 +1,6 @@
 """The tiny models' character-level tokenizer, and how any tiny tokenizer backend becomes a transformers
-tokenizer with the tiny models' conventions. Apart from :mod:`ftis_flwr.node.tiny` (the models and their
-warm start) and :mod:`ftis_flwr.node.tiny_bpe` (the BPE and unigram tokenizers), which both build on it."""
+tokenizer with the tiny models' conventions. Apart from :mod:`ftis_flwr.node.tiny.models` (the models and their
+warm start) and :mod:`ftis_flwr.node.tiny.bpe` (the BPE and unigram tokenizers), which both build on it."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The offline tiny models: a character tokenizer, toy Qwen2 configs and their warm-start.
 
 A ``source: tiny`` model card names a ~0.5M (``small``) or ~1.6M (``large``) parameter Qwen2 on
-one character-level tokenizer (or the byte-level BPE of :mod:`ftis_flwr.node.tiny_bpe`), trained from
+one character-level tokenizer (or the byte-level BPE of :mod:`ftis_flwr.node.tiny.bpe`), trained from
 scratch by a short supervised run on generated arithmetic (:func:`train_tiny`) up to a target
 accuracy, its weights rounded to bfloat16 values, and cached under ``<cache>/tiny/<name>`` outside
 the repository (the Flower app bundle is capped at 10 MB).
@@ -11,7 +11,7 @@ result differs between CPU models. The default preset's models are therefore shi
 package (``ftis_flwr/assets/tiny/<name>.safetensors``, bfloat16, 1-3 MB each, with a manifest
 holding their SHA-256): :func:`warm_start` copies a shipped model into the cache when its
 warm-start key matches exactly and its hash verifies, and trains otherwise. Rebuild them with
-``python -m ftis_flwr.node.tiny_assets --ship`` (:mod:`ftis_flwr.node.tiny_assets`). ``.safetensors`` files are outside
+``python -m ftis_flwr.node.tiny.assets --ship`` (:mod:`ftis_flwr.node.tiny.assets`). ``.safetensors`` files are outside
 Flower's app bundle (FAB) patterns, so they never count against its 10 MB cap.
 """
 
@@ -42,8 +42,8 @@ from ftis_flwr.config.tiny_models import (  # noqa: F401 (TINY_MAX_POSITIONS, TI
     TINY_SPECIAL_TOKENS,
     char_tokenizer_backend,
 )
-from ftis_flwr.node.tiny_chars import as_tiny_tokenizer, build_char_tokenizer  # noqa: F401 (the node's names)
-from ftis_flwr.node.tiny_shipped import find_shipped, sha256_file, shipped_dirs  # noqa: F401 (the node's names)
+from ftis_flwr.node.tiny.chars import as_tiny_tokenizer, build_char_tokenizer  # noqa: F401 (the node's names)
+from ftis_flwr.node.tiny.shipped import find_shipped, sha256_file, shipped_dirs  # noqa: F401 (the node's names)
 from ftis_flwr.tasks.arithmetic import ArithmeticTask, op_weights, parse_ops
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ def tiny_config(size: str, vocab_size: int, pad_token_id: int, eos_token_id: int
 def check_cache_root(root: Path) -> Path:
     """``root`` resolved; ValueError if it lies in the app directory (weights would be bundled)."""
     root = root.expanduser().resolve()
-    app_dir = Path(__file__).resolve().parents[2]
+    app_dir = Path(__file__).resolve().parents[3]
     if (app_dir / "pyproject.toml").is_file() and root.is_relative_to(app_dir):
         raise ValueError(f"cache dir {root} is inside the app directory {app_dir}: weights there "
                          "would be bundled into the Flower app (10 MB cap). Set FTIS_CACHE elsewhere.")
@@ -93,7 +93,7 @@ def warmstart_key(card: ModelCard, task: ArithmeticTask) -> dict[str, Any]:
     weights = op_weights(card.warmstart_ops)  # a plain mix keeps its old key (shipped models)
     ops = "".join(parse_ops(card.warmstart_ops)) if weights is None else \
         "".join(f"{op}{w}" for op, w in weights.items())
-    from ftis_flwr.node.tiny_bpe import tokenizer_key  # char cards: no entry, their (shipped) keys unchanged
+    from ftis_flwr.node.tiny.bpe import tokenizer_key  # char cards: no entry, their (shipped) keys unchanged
     return {**tokenizer_key(card.tiny_tokenizer), "version": WARMSTART_VERSION, "size": card.tiny_size,
             "ops": ops, "steps": int(card.warmstart_steps),
             "seed": int(card.seed), "task_seed": int(task.seed), "lr": WARMSTART_LR,
@@ -180,7 +180,7 @@ def train_tiny(card: ModelCard, task: ArithmeticTask, log_every: int | None = No
     evaluate along the way; its time is not counted). The returned weights are rounded to
     bfloat16 values (:func:`round_to_bf16`), as cached and shipped models are.
     """
-    from ftis_flwr.node.tiny_bpe import build_tiny_tokenizer
+    from ftis_flwr.node.tiny.bpe import build_tiny_tokenizer
     tok = build_tiny_tokenizer(card.tiny_tokenizer)
     problems = task.warmstart_problems(card.warmstart_ops)
     ids, mask, labels = _encode_examples(tok, problems)
@@ -262,7 +262,7 @@ def _install_shipped(card: ModelCard, weights: Path, manifest: dict[str, Any], o
     """Verify a shipped warm-start's hash and key, then write it as a full model folder."""
     from safetensors.torch import load_file
 
-    from ftis_flwr.node.tiny_bpe import build_tiny_tokenizer
+    from ftis_flwr.node.tiny.bpe import build_tiny_tokenizer
     digest = sha256_file(weights)
     if digest != manifest.get("sha256"):
         raise ValueError(f"shipped warm-start {weights} has SHA-256 {digest}, its manifest says "

@@ -2,7 +2,7 @@
 a byte-level BPE ("bpe") and a SentencePiece-style unigram ("unigram").
 
 Why: cross-tokenizer F-TIS needs peers whose tokenizers *differ*, and the default tiny models all
-share the character-level one (:func:`ftis_flwr.node.tiny.build_char_tokenizer`). The BPE is GPT-2
+share the character-level one (:func:`ftis_flwr.node.tiny.models.build_char_tokenizer`). The BPE is GPT-2
 style (the kind SmolLM2, Llama 3 and Qwen use) trained on the arithmetic task's own text, so its
 tokens span several characters (``"37"``, ``"85"``, ``"105"``) and a tiny model built on it splits
 every problem differently from a char-level peer. The unigram is the other family (T5, ALBERT,
@@ -10,7 +10,7 @@ XLNet, Llama 2's SentencePiece): a unigram language model over pieces, ``"▁"``
 no byte fallback, trained on the same problems; it splits them a third way (``"97+"``, ``"79"``,
 ``"="``). Training is deterministic; each result is shipped as ``assets/tiny/<kind>-tokenizer.json``
 (a few KB, inside Flower's app bundle too), and the SHA-256 of that file is part of the model's
-warm-start key. Rebuild them with ``python -m ftis_flwr.node.tiny_bpe --ship`` (then re-ship the bpe
+warm-start key. Rebuild them with ``python -m ftis_flwr.node.tiny.bpe --ship`` (then re-ship the bpe
 models: their key changes; no unigram model is shipped).
 """
 
@@ -28,8 +28,8 @@ from transformers import PreTrainedTokenizerFast
 from ftis_flwr.config.choices import TINY_TOKENIZERS, TinyTokenizer
 from ftis_flwr.config.tiny_models import TINY_CHARS as CHARS
 from ftis_flwr.config.tiny_models import TINY_SPECIAL_TOKENS as SPECIAL_TOKENS
-from ftis_flwr.node.tiny_chars import as_tiny_tokenizer, build_char_tokenizer
-from ftis_flwr.node.tiny_shipped import shipped_dirs
+from ftis_flwr.node.tiny.chars import as_tiny_tokenizer, build_char_tokenizer
+from ftis_flwr.node.tiny.shipped import shipped_dirs
 from ftis_flwr.tasks.arithmetic import ArithmeticTask
 
 BPE_VOCAB_SIZE = 384
@@ -88,7 +88,7 @@ def unigram_training_texts(seed: int = BPE_TASK_SEED) -> list[str]:
 
 def train_unigram_tokenizer(vocab_size: int = UNIGRAM_VOCAB_SIZE) -> Tokenizer:
     """A unigram LM tokenizer (Metaspace, no byte fallback) trained on :func:`unigram_training_texts`,
-    plus the char tokenizer's characters (:data:`ftis_flwr.node.tiny.CHARS`, ``"▁"`` for the space);
+    plus the char tokenizer's characters (:data:`ftis_flwr.node.tiny.models.CHARS`, ``"▁"`` for the space);
     specials ``<pad> <eos> <unk>`` = 0, 1, 2. ``prepend_scheme="never"``: no ``"▁"`` is put before
     a text, so ``"85"`` is the same tokens after a prompt as alone and decodes to itself.
 
@@ -96,7 +96,7 @@ def train_unigram_tokenizer(vocab_size: int = UNIGRAM_VOCAB_SIZE) -> Tokenizer:
     the characters its pruning dropped and it adds back (here ``"+"``) in random order, so its
     pieces are rebuilt into a fixed form: scores rounded to 6 decimals, sorted by score then text;
     characters scored below every learnt multi-character piece, and those of CHARS training never
-    saw, come last in :data:`~ftis_flwr.node.tiny.CHARS` order, one below that lowest piece.
+    saw, come last in :data:`~ftis_flwr.node.tiny.models.CHARS` order, one below that lowest piece.
     """
     trained = Tokenizer(models.Unigram())
     trained.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="never")
@@ -131,7 +131,7 @@ def asset_path(kind: str = "bpe") -> Path:
         if (d / ASSETS[kind]).is_file():
             return d / ASSETS[kind]
     raise FileNotFoundError(f"{ASSETS[kind]} is not shipped with this copy of ftis_flwr; rebuild it "
-                            "with `python -m ftis_flwr.node.tiny_bpe --ship`")
+                            "with `python -m ftis_flwr.node.tiny.bpe --ship`")
 
 
 def bpe_asset_path() -> Path:
@@ -159,7 +159,7 @@ def bpe_asset_id() -> str:
 
 def build_shipped_tokenizer(kind: str = "bpe") -> PreTrainedTokenizerFast:
     """A shipped tokenizer as a transformers one, with the char tokenizer's conventions
-    (:func:`ftis_flwr.node.tiny.as_tiny_tokenizer`)."""
+    (:func:`ftis_flwr.node.tiny.models.as_tiny_tokenizer`)."""
     return as_tiny_tokenizer(Tokenizer.from_str(_asset(kind).decode("utf-8")))
 
 
@@ -188,7 +188,7 @@ def tokenizer_key(kind: str = "char") -> dict[str, str]:
 
 def ship(out_dir: Path | None = None) -> list[Path]:
     """Train the tokenizers and write them as the shipped assets; returns their paths."""
-    out_dir = Path(out_dir) if out_dir else Path(__file__).resolve().parents[1] / "assets" / "tiny"
+    out_dir = Path(out_dir) if out_dir else Path(__file__).resolve().parents[2] / "assets" / "tiny"
     out_dir.mkdir(parents=True, exist_ok=True)
     train = {"bpe": train_bpe_tokenizer, "unigram": train_unigram_tokenizer}
     written = []
