@@ -144,7 +144,7 @@ class Deployment:
 
 def kill_worker(cache: Path, run_name: str, card: str) -> int | None:
     """SIGKILL ``card``'s worker (and its group) of run ``run_name``; its pid, None if none ran."""
-    from ftis_flwr.node.processes import kill_worker_group, worker_dir
+    from ftis_flwr.node.host.processes import kill_worker_group, worker_dir
 
     address = worker_dir(cache, run_name, card) / "address.json"
     try:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from deploy.secure_local import BIN, free_port, start, stop
 from ftis_flwr.config.merge import ConfigError, parse_overrides
-from ftis_flwr.node.processes import kill_workers_of_new_runs, worker_runs
+from ftis_flwr.node.host.processes import kill_workers_of_new_runs, worker_runs
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -160,8 +160,8 @@ def breakdown(a) -> None:
     import time
 
     from ftis_flwr.experiment import load_experiment
+    from ftis_flwr.node.host.payload_step import step_from_payloads
     from ftis_flwr.node.node import Node
-    from ftis_flwr.node.payload_step import step_from_payloads
     from ftis_flwr.server.budget import compute_seconds
     from ftis_flwr.wire.rollouts import encode_groups
 

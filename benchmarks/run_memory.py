@@ -45,7 +45,7 @@ def _kind(pid: int) -> str:
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return "gone"
-    for word, kind in (("ftis_flwr.node.worker", "node worker"), ("rank_group", "node rank"),
+    for word, kind in (("ftis_flwr.node.host.worker", "node worker"), ("rank_group", "node rank"),
                        ("flower-superlink", "SuperLink"), ("flwr", "Flower"), ("ray", "Ray"),
                        ("raylet", "Ray"), ("gcs_server", "Ray")):
         if word in cmd:

@@ -57,8 +57,8 @@ def direct(a) -> None:
 
     from ftis_flwr.config.schema import ExchangeConfig
     from ftis_flwr.experiment import load_experiment
+    from ftis_flwr.node.host.payload_step import step_from_payloads
     from ftis_flwr.node.node import Node
-    from ftis_flwr.node.payload_step import step_from_payloads
     from ftis_flwr.server.budget import ForeignBudget
     from ftis_flwr.wire.rollouts import encode_groups, payload_bytes
     from ftis_flwr.wire.selection import group_count

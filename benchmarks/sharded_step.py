@@ -36,9 +36,9 @@ def _peak_gib() -> float:
 
 def _rank(rank: int, world: int, port: int, job_path: str, out_path: str) -> None:
     """One rank: build the node, take the updates, write its timings (every rank its own file)."""
+    from ftis_flwr.node.host.rank_group import join
+    from ftis_flwr.node.host.ranks import SINGLE, Ranks
     from ftis_flwr.node.node import Node
-    from ftis_flwr.node.rank_group import join
-    from ftis_flwr.node.ranks import SINGLE, Ranks
 
     job = pickle.loads(Path(job_path).read_bytes())
     if world > 1:

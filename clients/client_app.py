@@ -2,7 +2,7 @@
 
 It holds no model and no maths. It works out which node it is (``card`` in the node config in
 deployment, ``partition-id`` in simulation), finds or starts that node's long-lived worker
-(``ftis_flwr.node.worker``) and relays the round: received groups in, new groups + metrics out.
+(``ftis_flwr.node.host.worker``) and relays the round: received groups in, new groups + metrics out.
 
 Flower routes each message by its type: ``train`` to :func:`train`, and ``query.<action>`` to the
 function registered with ``@app.query("<action>")`` (:data:`QUERIES`: hello, build, stop, finish),
@@ -24,8 +24,8 @@ from flwr.common.constant import ErrorCode
 from ftis_flwr.config.merge import card_from_dict, from_dict
 from ftis_flwr.config.plan import build_notes
 from ftis_flwr.config.schema import ExperimentConfig, ModelCard, default_cache_dir, to_dict
-from ftis_flwr.node.handle import PING_TIMEOUT, WorkerError, WorkerTimeout, connect_or_spawn, stop_worker
-from ftis_flwr.node.processes import safe_name, worker_dir
+from ftis_flwr.node.host.handle import PING_TIMEOUT, WorkerError, WorkerTimeout, connect_or_spawn, stop_worker
+from ftis_flwr.node.host.processes import safe_name, worker_dir
 from ftis_flwr.wire import protocol
 
 app = ClientApp()

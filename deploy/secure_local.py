@@ -170,7 +170,7 @@ def stop(proc: subprocess.Popen) -> None:
 def kill_workers(cache: Path) -> None:
     """SIGKILL, by pid, the node workers the federation left under its (private) cache directory,
     with whatever they started (their process groups)."""
-    from ftis_flwr.node.processes import kill_workers_of_new_runs
+    from ftis_flwr.node.host.processes import kill_workers_of_new_runs
 
     kill_workers_of_new_runs(cache, before=set())  # every run's: the cache is this script's own
 

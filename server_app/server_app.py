@@ -43,7 +43,7 @@ def run(grid: Grid, experiment, *, connect_timeout: float = 120.0,
     """Run the federation described by ``experiment``; returns the run directory.
 
     ``name``: the run's name (default :func:`run_name`); whoever starts a simulation names it
-    first to stop exactly its workers afterwards (``ftis_flwr.node.processes.kill_workers_of_run``).
+    first to stop exactly its workers afterwards (``ftis_flwr.node.host.processes.kill_workers_of_run``).
 
     ``resume``: a run directory to continue after its last completed round, with the
     configuration saved in it (``experiment`` is then not used). ``after_round(round,

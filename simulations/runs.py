@@ -67,7 +67,7 @@ def simulate(preset: str, overrides: Mapping[str, Any], *, experiment: Any = Non
     def main(grid, context):
         result["run_dir"] = str(run(grid, exp, name=name))
 
-    from ftis_flwr.node.processes import kill_workers_of_run
+    from ftis_flwr.node.host.processes import kill_workers_of_run
 
     try:
         run_simulation(server, client_app, num_supernodes=len(exp.nodes),

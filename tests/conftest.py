@@ -29,7 +29,7 @@ def flower_bin() -> Path:
 def kill_workers(cache) -> None:
     """Stop, by pid, every node worker a test's federation left under its cache directory (a
     test's own, private cache: a shared one goes through ``kill_workers_of_run``)."""
-    from ftis_flwr.node.processes import kill_workers_of_new_runs
+    from ftis_flwr.node.host.processes import kill_workers_of_new_runs
 
     kill_workers_of_new_runs(cache, before=set())  # every run's; returns once they are gone
 
@@ -58,7 +58,7 @@ def simulate(experiment, num_supernodes: int = 2, after_round=None):
         out["run_dir"] = run(grid, experiment, connect_timeout=60, after_round=after_round, name=name)
 
     from ftis_flwr.config.schema import default_cache_dir
-    from ftis_flwr.node.processes import kill_workers_of_run
+    from ftis_flwr.node.host.processes import kill_workers_of_run
 
     try:
         run_simulation(server, client_app, num_supernodes=num_supernodes,

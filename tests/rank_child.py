@@ -9,9 +9,9 @@ saved state to resume from / a folder to save the state to after the update.
 import pickle
 import sys
 
+from ftis_flwr.node.host.rank_group import join
+from ftis_flwr.node.host.ranks import Ranks
 from ftis_flwr.node.node import Node
-from ftis_flwr.node.rank_group import join
-from ftis_flwr.node.ranks import Ranks
 from ftis_flwr.node.sharding import full_trainable
 from ftis_flwr.node.state import load_state, save_state
 

@@ -8,7 +8,7 @@ import pytest
 from clients.client_app import NoCard, checkpoint_dir, experiment_of, select_card
 from ftis_flwr.config.schema import to_dict
 from ftis_flwr.experiment import load_experiment
-from ftis_flwr.node.processes import worker_dir
+from ftis_flwr.node.host.processes import worker_dir
 
 EXP = load_experiment(yaml_text="nodes: [{name: small}, {name: large}]")
 

@@ -276,7 +276,7 @@ def test_node_worker_imports_an_import_path_loss_when_it_builds_the_experiment(l
     (tmp_path / "spec.json").write_text(json.dumps({"experiment": to_dict(cfg), "card": to_dict(cfg.nodes[0]),
                                                     "cache_dir": str(tmp_path)}))
     script = f"""
-import ftis_flwr.node.node, ftis_flwr.node.worker as w
+import ftis_flwr.node.node, ftis_flwr.node.host.worker as w
 from pathlib import Path
 ftis_flwr.node.node.Node = lambda card, experiment, cache_dir, ranks: experiment  # no model: the experiment
 server = w._Server(Path({str(tmp_path)!r}))

@@ -187,7 +187,7 @@ def simulate_failing(experiment) -> tuple[Path, str]:
 
     from clients.client_app import app as client_app
     from ftis_flwr.config.schema import default_cache_dir
-    from ftis_flwr.node.processes import kill_workers_of_run
+    from ftis_flwr.node.host.processes import kill_workers_of_run
     from ftis_flwr.server.run_failure import RunFailed
     from server_app.server_app import run, run_name
 

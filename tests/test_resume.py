@@ -24,7 +24,7 @@ import pytest
 from conftest import kill_workers
 
 from ftis_flwr.experiment import load_experiment
-from ftis_flwr.node.processes import _pid_alive
+from ftis_flwr.node.host.processes import _pid_alive
 from ftis_flwr.server.reporting import RunReporter
 from ftis_flwr.server.state import ServerState, ServerStateError, load_server_state, save_server_state
 from ftis_flwr.server.summary import load_events, load_metrics

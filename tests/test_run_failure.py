@@ -13,7 +13,7 @@ import pytest
 from flwr.app import Error, Message, RecordDict
 from test_strategy import FakeGrid, experiment, honest, run
 
-from ftis_flwr.node.handle import WorkerError
+from ftis_flwr.node.host.handle import WorkerError
 from ftis_flwr.server.replies import short_reason
 from ftis_flwr.server.roster import Roster
 from ftis_flwr.server.run_failure import RunFailed, failed_throughout, reward_stop
@@ -22,7 +22,7 @@ from ftis_flwr.wire import protocol
 REWARD_ERROR = "node worker failed 'step': RewardError: reward '/tmp/bad.py:reward' raised ValueError: boom"
 RAY_WRAPPED = ("<class 'ray.exceptions.RayTaskError(ClientAppException)'>:<'\x1b[36mray::ClientAppActor.run()"
                "\x1b[39m (pid=1, ip=192.0.2.2)\n  File \"client_app.py\", line 136, in train\n    reply = "
-               "handle.call(...)\nftis_flwr.node.handle.WorkerError: " + REWARD_ERROR + "\n\nThe above exception "
+               "handle.call(...)\nftis_flwr.node.host.handle.WorkerError: " + REWARD_ERROR + "\n\nThe above exception "
                "was the direct cause of the following exception:\n\nException ClientAppException occurred. "
                "Message: " + REWARD_ERROR + "'>")
 

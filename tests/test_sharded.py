@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from ftis_flwr.experiment import load_experiment
+from ftis_flwr.node.host.ranks import Ranks, micro_batches
 from ftis_flwr.node.node import Node
-from ftis_flwr.node.ranks import Ranks, micro_batches
 
 ROOT = Path(__file__).resolve().parents[1]
 YAML = """
@@ -176,7 +176,7 @@ def test_a_cuda_rank_takes_its_own_device_before_it_joins_nccl(monkeypatch):
     the one seam replaced; the order and the arguments are what is checked."""
     import torch.distributed as dist
 
-    from ftis_flwr.node import rank_group
+    from ftis_flwr.node.host import rank_group
 
     calls = []
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: calls.append(("set_device", str(device))))

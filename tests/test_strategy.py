@@ -19,7 +19,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, Re
 from clients.client_app import step_payload
 from ftis_flwr.config.schema import ConfigError
 from ftis_flwr.experiment import load_experiment
-from ftis_flwr.node.payload_step import step_from_payloads
+from ftis_flwr.node.host.payload_step import step_from_payloads
 from ftis_flwr.server.strategy import PROMPT_STRIDE, FederationError, FTISStrategy
 from ftis_flwr.wire import protocol
 from ftis_flwr.wire.groups import Group

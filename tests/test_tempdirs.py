@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ftis_flwr.config.schema import to_dict
 from ftis_flwr.experiment import load_experiment
-from ftis_flwr.node.tempdirs import VLLM_PREFIX, WORKER_PREFIX, make_owned_tempdir, remove_stale_tempdirs
+from ftis_flwr.node.host.tempdirs import VLLM_PREFIX, WORKER_PREFIX, make_owned_tempdir, remove_stale_tempdirs
 
 
 def test_only_folders_of_processes_that_are_gone_are_deleted(tmp_path):
@@ -58,7 +58,7 @@ def _start_worker(directory: Path, tmp: Path) -> tuple[subprocess.Popen, Path]:
     (directory / "spec.json").write_text(json.dumps({
         "card": to_dict(exp.nodes[0]), "experiment": to_dict(exp), "cache_dir": str(cache),
         "idle_timeout": 120.0}))
-    proc = subprocess.Popen([sys.executable, "-m", "ftis_flwr.node.worker", "--dir", str(directory)],
+    proc = subprocess.Popen([sys.executable, "-m", "ftis_flwr.node.host.worker", "--dir", str(directory)],
                             env={**os.environ, "TMPDIR": str(tmp)}, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120

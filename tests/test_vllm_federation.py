@@ -19,7 +19,7 @@ TOL = 1e-3
 tests/test_vllm_engine.py)."""
 
 
-LEAKABLE = (b"VLLM::", b"EngineCore", b"ftis_flwr.node.worker")
+LEAKABLE = (b"VLLM::", b"EngineCore", b"ftis_flwr.node.host.worker")
 """Command-line marks of the processes a node leaves behind if it leaks (vLLM's are retitled)."""
 
 

@@ -13,8 +13,8 @@ import pytest
 
 from ftis_flwr.config.schema import to_dict
 from ftis_flwr.experiment import load_experiment
-from ftis_flwr.node.handle import WorkerError, WorkerHandle, connect_or_spawn
-from ftis_flwr.node.processes import worker_dir
+from ftis_flwr.node.host.handle import WorkerError, WorkerHandle, connect_or_spawn
+from ftis_flwr.node.host.processes import worker_dir
 
 SHIPPED = {"warmstart_target": 0.6}
 """With it the default's first card is cpu-pair's small model, which ships with the package: a
@@ -66,7 +66,7 @@ def workers():
 
 _CONNECT = """
 import json, sys
-from ftis_flwr.node.handle import connect_or_spawn
+from ftis_flwr.node.host.handle import connect_or_spawn
 h = connect_or_spawn(sys.argv[1], json.loads(sys.argv[2]))
 print(h.pid)
 """
@@ -184,7 +184,7 @@ def test_a_silent_connection_does_not_stall_the_worker(tmp_path, workers):
     handshake timeout; requests meanwhile are answered (a ping bounded by that timeout)."""
     import socket
 
-    from ftis_flwr.node.handle import HANDSHAKE_TIMEOUT
+    from ftis_flwr.node.host.handle import HANDSHAKE_TIMEOUT
 
     handle = connect_or_spawn(worker_dir(tmp_path / "cache", "run", "a"), _spec(tmp_path))
     workers.append(handle.pid)
@@ -242,7 +242,7 @@ def test_a_busy_worker_answers_pings_and_a_hung_one_is_replaced(tmp_path, worker
     successor starts afresh (and would resume from the node's saved state)."""
     import threading
 
-    from ftis_flwr.node.handle import WorkerTimeout
+    from ftis_flwr.node.host.handle import WorkerTimeout
 
     exp = load_experiment(overrides={"cache_dir": str(tmp_path / "cache"), "rollout.max_new_tokens": 6})
     card = dict(to_dict(exp.nodes[0]), **SHIPPED)
@@ -277,7 +277,7 @@ time.sleep(float(sys.argv[1]))
 
 
 def _tree(leader_lives: float, *args: str) -> tuple[subprocess.Popen, int]:
-    """A session leader (its cmdline names ftis_flwr.node.worker, as a real worker's does) with one
+    """A session leader (its cmdline names ftis_flwr.node.host.worker, as a real worker's does) with one
     child in its process group, as a vLLM engine core or a reward judge is."""
     proc = subprocess.Popen([sys.executable, "-c", _TREE, str(leader_lives), *args],
                             stdout=subprocess.PIPE, start_new_session=True)
@@ -288,14 +288,14 @@ def test_killing_a_worker_kills_its_group_even_after_the_leader_died():
     """kill_worker_group takes the worker's children with it (a vLLM EngineCore was left holding
     GBs when only the pid was killed), also when the worker itself is already gone; a live pid
     that is not a worker (a reused pid) is left alone."""
-    from ftis_flwr.node.processes import kill_worker_group
+    from ftis_flwr.node.host.processes import kill_worker_group
 
-    leader, child = _tree(120, "ftis_flwr.node.worker")
+    leader, child = _tree(120, "ftis_flwr.node.host.worker")
     kill_worker_group(leader.pid)
     assert leader.wait(timeout=15) == -signal.SIGKILL
     assert _wait_dead(child)
 
-    leader, child = _tree(0, "ftis_flwr.node.worker")  # the leader exits at once, its child stays
+    leader, child = _tree(0, "ftis_flwr.node.host.worker")  # the leader exits at once, its child stays
     leader.wait(timeout=15)
     assert not _wait_dead(child, timeout=0.5)
     kill_worker_group(leader.pid)
@@ -313,7 +313,7 @@ def test_killing_a_worker_kills_its_group_even_after_the_leader_died():
 def test_an_exiting_worker_kills_what_is_left_in_its_group():
     """The worker leaves with os._exit (no destructor runs), so its cleanup kills the processes
     left in its own group; a process that does not lead its group kills nothing."""
-    code = ("import subprocess, sys, time; from ftis_flwr.node.processes import _kill_own_group_but_me; "
+    code = ("import subprocess, sys, time; from ftis_flwr.node.host.processes import _kill_own_group_but_me; "
             "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
             "print(c.pid, flush=True); time.sleep(0.5); print(_kill_own_group_but_me(), flush=True)")
     for leads in (True, False):
@@ -337,12 +337,12 @@ def test_only_the_workers_of_runs_started_since_are_stopped(tmp_path):
     (kill_workers_of_new_runs, when the name is not known) an older run survives. The sweep and
     the tests once killed every worker under the cache; then, by snapshot, a later concurrent
     run's (a sweep and a benchmark sharing the cache lost runs to each other)."""
-    from ftis_flwr.node.processes import kill_workers_of_new_runs, kill_workers_of_run, worker_runs
+    from ftis_flwr.node.host.processes import kill_workers_of_new_runs, kill_workers_of_run, worker_runs
 
     cache = tmp_path / "cache"
     procs = {}
     for run in ("older-run", "this-run", "later-run"):
-        proc, child = _tree(120, "ftis_flwr.node.worker")
+        proc, child = _tree(120, "ftis_flwr.node.host.worker")
         procs[run] = (proc, child)
         d = worker_dir(cache, run, "a")
         d.mkdir(parents=True)
@@ -368,12 +368,12 @@ def test_only_the_workers_of_runs_started_since_are_stopped(tmp_path):
 def test_a_crashed_worker_not_yet_reaped_still_has_its_group_killed():
     """The ClientApp that started a worker is its parent and does not reap it, so a crashed worker
     stays a zombie, with an empty command line; its orphans (a vLLM engine core) must still go."""
-    from ftis_flwr.node.processes import _pid_alive, kill_worker_group
+    from ftis_flwr.node.host.processes import _pid_alive, kill_worker_group
 
     code = ("import subprocess, sys, time; "
             "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
             "print(c.pid, flush=True); time.sleep(120)")
-    leader = subprocess.Popen([sys.executable, "-c", code, "ftis_flwr.node.worker"], stdout=subprocess.PIPE,
+    leader = subprocess.Popen([sys.executable, "-c", code, "ftis_flwr.node.host.worker"], stdout=subprocess.PIPE,
                               start_new_session=True)
     child = int(leader.stdout.readline())
     os.kill(leader.pid, signal.SIGKILL)  # the crash; not reaped: a zombie

@@ -33,9 +33,9 @@ from ftis_flwr.node import env_rollout
 from ftis_flwr.node.batch import Sample, loss_inputs
 from ftis_flwr.node.engines import make_engine
 from ftis_flwr.node.engines.vllm_memory import engine_plan_options
+from ftis_flwr.node.host.ranks import SINGLE, Ranks, micro_batches
 from ftis_flwr.node.intake import Received, usable  # noqa: F401 (Received: the node's input type)
 from ftis_flwr.node.models import compute_context, load_policy, save_policy, stop_token_ids
-from ftis_flwr.node.ranks import SINGLE, Ranks, micro_batches
 from ftis_flwr.node.sharding import norm_value, sync_copy
 from ftis_flwr.tasks import make_task
 from ftis_flwr.tasks.fingerprint import task_parts

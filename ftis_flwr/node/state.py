@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ftis_flwr.node.ranks import SINGLE
+from ftis_flwr.node.host.ranks import SINGLE
 from ftis_flwr.node.sharding import full_optimizer_state, load_optimizer_state, load_trainable, trainable_names
 from ftis_flwr.wire.groups import Group
 

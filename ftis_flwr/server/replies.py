@@ -88,7 +88,7 @@ _WRAPPED = re.compile(r"^<class '[^']*'>:<'(?P<text>.*)'>\)?$", re.DOTALL)
 _CODE = re.compile(r"(code -?\d+: )?(.*)", re.DOTALL)
 """The strategy's ``code <n>: `` before an error reply's reason."""
 _WORKER = re.compile(r"node worker failed '\w+': ")
-"""The ClientApp's words before the worker's own error (``ftis_flwr.node.handle``): left out."""
+"""The ClientApp's words before the worker's own error (``ftis_flwr.node.host.handle``): left out."""
 
 
 def short_reason(reason: object, limit: int = 500) -> str:

@@ -70,7 +70,7 @@ from ftis_flwr.node.engines.vllm_weights import (
     write_base,
     write_weights,
 )
-from ftis_flwr.node.tempdirs import VLLM_PREFIX, make_owned_tempdir
+from ftis_flwr.node.host.tempdirs import VLLM_PREFIX, make_owned_tempdir
 
 __all__ = ["VLLMEngine", "VLLM_INSTALL", "import_vllm", "request_fields"]
 

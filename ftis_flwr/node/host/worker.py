@@ -33,11 +33,11 @@ from multiprocessing.connection import Listener, answer_challenge, deliver_chall
 from pathlib import Path
 from typing import Any
 
-from ftis_flwr.node.handle import HANDSHAKE_TIMEOUT, WorkerError, WorkerHandle
-from ftis_flwr.node.processes import _kill_own_group_but_me
-from ftis_flwr.node.rank_group import RankGroup, run
-from ftis_flwr.node.ranks import Ranks
-from ftis_flwr.node.tempdirs import WORKER_PREFIX, make_owned_tempdir
+from ftis_flwr.node.host.handle import HANDSHAKE_TIMEOUT, WorkerError, WorkerHandle
+from ftis_flwr.node.host.processes import _kill_own_group_but_me
+from ftis_flwr.node.host.rank_group import RankGroup, run
+from ftis_flwr.node.host.ranks import Ranks
+from ftis_flwr.node.host.tempdirs import WORKER_PREFIX, make_owned_tempdir
 
 log = logging.getLogger(__name__)
 
@@ -72,10 +72,10 @@ class _Server:
         self.ranks = Ranks(0, int(self.spec["card"].get("ranks", 1) or 1))
         """This worker is rank 0 of the node's ranks (one, unless the card shards the learner)."""
         self.group: RankGroup | None = None
-        """Ranks 1..N-1 of a sharded node, started with the first build (:mod:`ftis_flwr.node.rank_group`)."""
+        """Ranks 1..N-1 of a sharded node, started with the first build (:mod:`ftis_flwr.node.host.rank_group`)."""
 
     def _run(self, name: str, *args: Any) -> Any:
-        """Run a node command here and on every other rank (:data:`ftis_flwr.node.rank_group.COMMANDS`)."""
+        """Run a node command here and on every other rank (:data:`ftis_flwr.node.host.rank_group.COMMANDS`)."""
         return run(self, name, *args, group=self.group)
 
     def _load(self) -> None:

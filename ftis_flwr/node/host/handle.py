@@ -1,7 +1,7 @@
 """Reaching a node's worker from the ClientApp: find it or start it (one per run and node, under a
 file lock), call it over its authenticated Unix socket, replace it when it hangs, stop it.
-The worker process itself is :mod:`ftis_flwr.node.worker`; finding and killing workers by pid,
-:mod:`ftis_flwr.node.processes`."""
+The worker process itself is :mod:`ftis_flwr.node.host.worker`; finding and killing workers by pid,
+:mod:`ftis_flwr.node.host.processes`."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from multiprocessing.connection import AuthenticationError, Client
 from pathlib import Path
 from typing import Any
 
-from ftis_flwr.node.processes import _pid_alive, kill_worker_group
+from ftis_flwr.node.host.processes import _pid_alive, kill_worker_group
 
 log = logging.getLogger(__name__)
 
@@ -126,11 +126,11 @@ def connect_or_spawn(directory: Path, spec: dict[str, Any], *, env: dict[str, st
         (directory / "spec.json").write_text(json.dumps(spec))
         child_env = dict(os.environ)
         child_env.update(env or {})
-        pkg_root = str(Path(__file__).resolve().parents[2])
+        pkg_root = str(Path(__file__).resolve().parents[3])
         child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [pkg_root, child_env.get("PYTHONPATH", "")]))
         with open(directory / "worker.log", "ab") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "ftis_flwr.node.worker", "--dir", str(directory)],
+                [sys.executable, "-m", "ftis_flwr.node.host.worker", "--dir", str(directory)],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 env=child_env, start_new_session=True, cwd=str(directory))
         deadline = time.monotonic() + timeout

@@ -11,7 +11,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ftis_flwr.node.processes import _pid_alive
+from ftis_flwr.node.host.processes import _pid_alive
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Why: with ``ModelCard.ranks`` = N the node's learner is one FSDP2 model over N processes, and
 every collective (a layer's gather, a gradient reduction, a state gather) needs all N to make the
-same calls in the same order. So the worker (:mod:`ftis_flwr.node.worker`, rank 0) starts ranks
+same calls in the same order. So the worker (:mod:`ftis_flwr.node.host.worker`, rank 0) starts ranks
 1..N-1 itself, in its own process group, and sends each of them every command it is about to run
 on its own node (:data:`COMMANDS`: build, resume, step, save the state, save the model); each rank
 runs it on its own node. Only rank 0 answers the ClientApp and writes files.
@@ -80,7 +80,7 @@ def _resume(host: Host, at_most: int | None) -> int | None:
 
 
 def _step(host: Host, payload: dict[str, Any]) -> dict[str, Any]:
-    from ftis_flwr.node.payload_step import step_from_payloads
+    from ftis_flwr.node.host.payload_step import step_from_payloads
 
     return step_from_payloads(host.node, payload)
 
@@ -148,7 +148,7 @@ class RankGroup:
         for rank in range(1, world):
             with open(Path(directory) / f"rank-{rank}.log", "a") as out:
                 procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "ftis_flwr.node.rank_group", "--dir", str(directory),
+                    [sys.executable, "-m", "ftis_flwr.node.host.rank_group", "--dir", str(directory),
                      "--rank", str(rank), "--world", str(world), "--port", str(port)],
                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT))
         (Path(directory) / "ranks.json").write_text(json.dumps(  # who to stop by pid, for an operator
@@ -189,7 +189,7 @@ def follow(directory: Path, rank: int, world: int, port: int) -> None:
     """A rank > 0: run what rank 0 sends until it sends ``stop`` or goes away."""
     import torch.distributed as dist
 
-    from ftis_flwr.node.ranks import Ranks
+    from ftis_flwr.node.host.ranks import Ranks
 
     threading.Thread(target=_watch_parent, daemon=True).start()
     host = Host(directory, Ranks(rank, world))

@@ -1,6 +1,6 @@
 """Finding and stopping node workers: their folders, whether a pid is still one of them, and
 killing a worker with everything it started (a vLLM engine core, a reward judge). Split from
-:mod:`ftis_flwr.node.worker` so that the ClientApp, the simulation's cleanup and the tests can stop
+:mod:`ftis_flwr.node.host.worker` so that the ClientApp, the simulation's cleanup and the tests can stop
 workers without the worker's server code."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def _pid_alive(pid: int) -> bool:
 def _is_worker(pid: int) -> bool:
     """Whether live ``pid`` runs this module (a pid reused by another program is never killed)."""
     try:
-        return b"ftis_flwr.node.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return b"ftis_flwr.node.host.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return True  # no /proc (not Linux): trust the pid we wrote
 
