@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", type=Path, default=None, help="also write the result as JSON here")
     a = ap.parse_args(argv)
     from ftis_flwr.experiment import load_experiment
-    from ftis_flwr.server.summary import load_events
+    from ftis_flwr.server.reporting.summary import load_events
 
     work = (a.workdir or Path(tempfile.mkdtemp(prefix="ftis-chaos-"))).resolve()
     cache, runs = work / "cache", work / "runs"

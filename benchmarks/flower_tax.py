@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parent.parent
 def taxes(run_dir: Path) -> list[dict]:
     """Per round: round_seconds, the slowest node's compute, tax, wall and tax of the wall."""
     from ftis_flwr.server.budget import compute_seconds
-    from ftis_flwr.server.summary import load_metrics
+    from ftis_flwr.server.reporting.summary import load_metrics
 
     rows, prev = [], None
     for r in load_metrics(run_dir):

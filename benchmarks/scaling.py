@@ -109,7 +109,7 @@ def direct(a) -> None:
 
 def per_node(run_dir: Path) -> dict[str, float]:
     """Means over rounds >= 1 and nodes of the per-node cost figures."""
-    from ftis_flwr.server.summary import load_metrics
+    from ftis_flwr.server.reporting.summary import load_metrics
 
     keys = ("foreign_bytes_received", "foreign_groups_received", "seconds_train", "idle_fraction")
     vals: dict[str, list[float]] = {k: [] for k in keys}

@@ -348,13 +348,13 @@ def main(argv: list[str] | None = None) -> dict:
     checks["superlink_412_twice"] = len(result["superlink_412"]) == 2
     run_dirs = sorted(runs.glob("*")) if runs.exists() else []
     if len(run_dirs) == 1 and (run_dirs[0] / "metrics.jsonl").exists():
-        from ftis_flwr.server.summary import load_metrics
+        from ftis_flwr.server.reporting.summary import load_metrics
 
         result["run_dir"] = str(run_dirs[0])
         records = load_metrics(run_dirs[0])
         result["rounds"] = [r["round"] for r in records]
         result["nodes_per_round"] = [sorted(r["nodes"]) for r in records]
-        from ftis_flwr.server.summary import load_events
+        from ftis_flwr.server.reporting.summary import load_events
 
         result["left_out"] = [e["reason"] for e in load_events(run_dirs[0]) if e["event"] == "node_left_out"]
     checks["impostor_left_out"] = (len(result.get("left_out", [])) == 1

@@ -19,12 +19,12 @@ from flwr.serverapp import Grid, ServerApp
 
 from ftis_flwr.config.schema import ConfigError, to_dict
 from ftis_flwr.experiment import from_dict, load_run_config
-from ftis_flwr.server.reporting import PROGRESS_LEGEND, RunReporter, run_name, run_title
+from ftis_flwr.server.reporting.reporter import PROGRESS_LEGEND, RunReporter, run_name, run_title
+from ftis_flwr.server.reporting.summary import FAILED_PREFIX, final_line, format_summary_table
 from ftis_flwr.server.roster import FederationError
 from ftis_flwr.server.run_failure import RunFailed, exception_line
 from ftis_flwr.server.state import ServerStateError, load_server_state
 from ftis_flwr.server.strategy import FTISStrategy
-from ftis_flwr.server.summary import FAILED_PREFIX, final_line, format_summary_table
 
 log = logging.getLogger("ftis_flwr")
 

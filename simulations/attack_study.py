@@ -65,7 +65,7 @@ def client_app(condition: str, exp):
 
 def run_one(condition: str, seed: int, out: Path) -> None:
     """One simulation in this process; writes ``<condition>-seed-<seed>.json``."""
-    from ftis_flwr.server.summary import load_metrics
+    from ftis_flwr.server.reporting.summary import load_metrics
     from simulations.runs import simulate
 
     exp = experiment(condition, seed, out)

@@ -25,7 +25,7 @@ import re
 import sys
 from pathlib import Path
 
-from ftis_flwr.server.summary import _finite, load_metrics
+from ftis_flwr.server.reporting.summary import _finite, load_metrics
 
 COLUMNS = ("median KL of received samples (min..max)", "filtered (mean)", "truncated tokens (max)",
            "largest weight", "ESS (mean)", "word-merged chunks (mean)")

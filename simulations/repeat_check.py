@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ftis_flwr.server.summary import load_metrics
+from ftis_flwr.server.reporting.summary import load_metrics
 from simulations.runs import _num
 
 SAMPLED = ("reward_mean", "tokens", "samples", "samples_kept", "train_reward_own", "train_reward_foreign")

@@ -17,7 +17,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from ftis_flwr.server.summary import load_metrics
+from ftis_flwr.server.reporting.summary import load_metrics
 
 
 def row(folder: Path) -> str:

@@ -85,7 +85,7 @@ def incomplete(run_dir: str | Path, order: list[str]) -> list[str]:
     node replied in the last round. The federation goes on without a failed node, as it should,
     but a node whose model cannot be built (a missing package, a bad adapter setting) fails every
     round, and a run without it must not stand in a table as if both had trained."""
-    from ftis_flwr.server.summary import load_events, load_metrics
+    from ftis_flwr.server.reporting.summary import load_events, load_metrics
 
     rows = load_metrics(run_dir)
     if not rows:
@@ -132,7 +132,7 @@ def summarize(run_dir: str | Path, order: list[str] | None = None) -> dict[str, 
     received samples and the truncated token share (what the sweep's tables and figures show).
     Nodes come in ``order`` (the experiment's card order), the rest after them: the metrics
     rows list nodes in reply order, which changes from run to run."""
-    from ftis_flwr.server.summary import load_metrics
+    from ftis_flwr.server.reporting.summary import load_metrics
 
     rounds = load_metrics(run_dir)
     if not rounds:

@@ -1,11 +1,11 @@
 """Greedy answers that collapsed to one for most problems, and accuracies that are partial credit
-only (ftis_flwr.server.answer_health), from metrics rows as the reporter logs them, and the
+only (ftis_flwr.server.reporting.answer_health), from metrics rows as the reporter logs them, and the
 summary lines that name them first."""
 
 from __future__ import annotations
 
-from ftis_flwr.server.answer_health import collapsed_answers, partial_credit_only
-from ftis_flwr.server.reporting import RunReporter
+from ftis_flwr.server.reporting.answer_health import collapsed_answers, partial_credit_only
+from ftis_flwr.server.reporting.reporter import RunReporter
 
 
 def _row(r: int, gemma: float, smollm2: float = 0.9) -> dict:

@@ -29,7 +29,7 @@ from test_strategy import (  # noqa: F401
 from ftis_flwr.config.schema import ConfigError, WireConfig
 from ftis_flwr.experiment import load_experiment
 from ftis_flwr.server.async_store import Store, join
-from ftis_flwr.server.summary import load_metrics
+from ftis_flwr.server.reporting.summary import load_metrics
 from ftis_flwr.wire import protocol
 from ftis_flwr.wire.rollouts import decode_groups, encode_groups
 from ftis_flwr.wire.selection import Cuttable, WireSelectError, merge

@@ -23,7 +23,7 @@ import pytest
 from conftest import kill_workers
 
 from ftis_flwr.experiment import load_experiment
-from ftis_flwr.server.summary import load_events, load_metrics
+from ftis_flwr.server.reporting.summary import load_events, load_metrics
 from simulations.forger import forgeries, forging_app
 
 pytestmark = pytest.mark.slow

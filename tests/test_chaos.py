@@ -46,7 +46,7 @@ def test_a_deployment_under_faults_completes_and_logs_every_round_once(tmp_path)
     assert set(res["final_accuracy"]) == {"full", "lora"}, logs
     # before the first fault (round 2), as in any deployment: each message ran in a fresh ClientApp
     # process, and each node's worker was found again, never restarted; every group crossed over
-    from ftis_flwr.server.summary import load_metrics
+    from ftis_flwr.server.reporting.summary import load_metrics
 
     run_dir = Path(res["run_dir"])
     rows = load_metrics(run_dir)

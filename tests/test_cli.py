@@ -331,7 +331,7 @@ def test_run_ends_with_the_failed_runs_reason_after_its_status(capsys):
     import sys
 
     from ftis_flwr.cli import FAILED_LINE, _stream
-    from ftis_flwr.server.summary import FAILED_PREFIX
+    from ftis_flwr.server.reporting.summary import FAILED_PREFIX
 
     assert FAILED_LINE == FAILED_PREFIX
     lines = ["Successfully started run 7", f"{FAILED_PREFIX}round 0: the reward failed on node a: reward 'r' raised "

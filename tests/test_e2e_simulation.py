@@ -10,7 +10,7 @@ import torch
 from conftest import simulate
 
 from ftis_flwr.experiment import load_experiment
-from ftis_flwr.server.summary import load_metrics
+from ftis_flwr.server.reporting.summary import load_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -162,15 +162,16 @@ def test_run_directory_has_reports(federation):
 
 def test_every_metric_the_run_logged_is_in_the_metrics_reference(federation):
     """docs/reference/metrics.md lists every metric a node or the server logged in this run."""
-    from ftis_flwr.server.metric_names import uncatalogued
+    from ftis_flwr.server.reporting.metric_names import uncatalogued
 
     _, _, run_dir = federation
     assert uncatalogued(load_metrics(run_dir)) == [], \
-        "add them to ftis_flwr/server/metric_names.py, then `python -m ftis_flwr.server.metric_names --write`"
+        ("add them to ftis_flwr/server/reporting/metric_names.py, then "
+         "`python -m ftis_flwr.server.reporting.metric_names --write`")
 
 
 def test_a_supernode_without_a_card_is_left_out_once(federation):
-    from ftis_flwr.server.summary import load_events
+    from ftis_flwr.server.reporting.summary import load_events
 
     _, _, run_dir = federation
     left = [e for e in load_events(run_dir) if e["event"] == "node_left_out"]
@@ -212,7 +213,7 @@ def test_a_failing_node_is_logged_the_rounds_go_on_and_the_run_ends_failed(feder
     the run's outputs are complete, and then it fails (issue #56: it used to end as completed),
     its summary saying so first, with the node's reason cut to one line."""
     exp, root, _ = federation
-    from ftis_flwr.server.summary import load_events
+    from ftis_flwr.server.reporting.summary import load_events
 
     broken = load_experiment(yaml_text=TINY_FEDERATION, overrides={
         "cache_dir": str(root / "cache"), "run_dir": str(root / "runs-broken"),

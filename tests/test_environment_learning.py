@@ -19,7 +19,7 @@ import pytest
 from conftest import simulate
 
 from ftis_flwr.experiment import load_experiment
-from ftis_flwr.server.summary import load_metrics
+from ftis_flwr.server.reporting.summary import load_metrics
 
 pytestmark = pytest.mark.slow
 

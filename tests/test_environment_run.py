@@ -23,7 +23,7 @@ from conftest import episode_node, teach
 
 from ftis_flwr.node.env_rollout import METRICS
 from ftis_flwr.node.node import Received, StepRequest
-from ftis_flwr.server.metric_names import find
+from ftis_flwr.server.reporting.metric_names import find
 from ftis_flwr.tasks.environment import EnvironmentFault, load_environment
 
 pytestmark = pytest.mark.slow  # a real tiny node taught and run: 15-20 s

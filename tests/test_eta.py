@@ -1,4 +1,4 @@
-"""The time-left estimate on the progress line (ftis_flwr/server/eta.py), on hand-written rounds."""
+"""The time-left estimate on the progress line (ftis_flwr/server/reporting/eta.py), on hand-written rounds."""
 from __future__ import annotations
 
 import math
@@ -6,8 +6,8 @@ import math
 import pytest
 
 from ftis_flwr.config.schema import RoundConfig
-from ftis_flwr.server.eta import format_left, seconds_left
-from ftis_flwr.server.reporting import RunReporter
+from ftis_flwr.server.reporting.eta import format_left, seconds_left
+from ftis_flwr.server.reporting.reporter import RunReporter
 
 
 def _row(rnd, wall, *evals):

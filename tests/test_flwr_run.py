@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import flower_bin, free_port, kill_workers, wait_listening
 
-from ftis_flwr.server.summary import load_events, load_metrics
+from ftis_flwr.server.reporting.summary import load_events, load_metrics
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent

@@ -3,7 +3,7 @@ held-out splits named in words, and the filter panel saying what "filtered" mean
 
 import pytest
 
-from ftis_flwr.server.plots import _panels, plot_run, split_title
+from ftis_flwr.server.reporting.plots import _panels, plot_run, split_title
 
 ROWS = [{"round": r, "nodes": {"a": {"round": r, "eval/test/accuracy": 0.25 * r, "eval/ood/accuracy": 0.1,
                                      "filtered": 9.0, "samples_foreign": 10.0, "reward_mean": 0.5}}}
@@ -106,7 +106,7 @@ def test_the_panels_leave_no_empty_cell(tmp_path, monkeypatch):
     """One split: accuracy, distinct answers and six diagnostics fill 4 columns by 2 rows; with the
     cross-tokenizer panel, 3 by 3; a cell left over (no evaluation, a cross-tokenizer run: 7 panels)
     names the run's settings."""
-    from ftis_flwr.server.plots import layout
+    from ftis_flwr.server.reporting.plots import layout
 
     assert [layout(n) for n in (6, 7, 8, 9, 10, 11)] == [3, 4, 4, 3, 5, 3]
     drawn = _drawn(monkeypatch)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ftis_flwr.server.reporting import RunReporter
-from ftis_flwr.server.summary import final_line, format_summary_table, load_events, load_metrics
+from ftis_flwr.server.reporting.reporter import RunReporter
+from ftis_flwr.server.reporting.summary import final_line, format_summary_table, load_events, load_metrics
 
 NODES = ["a", "b", "c"]  # c never evaluates
 
@@ -159,7 +159,7 @@ def test_context_manager_closes_on_exception(tmp_path):
 def test_runs_without_tensorboard_and_warns_once(tmp_path, monkeypatch):
     import sys
 
-    import ftis_flwr.server.reporting as reporting
+    import ftis_flwr.server.reporting.reporter as reporting
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import now fails
     monkeypatch.setattr(reporting, "_TB_WARNED", False)
     with pytest.warns(UserWarning, match="TensorBoard unavailable"):
@@ -212,7 +212,7 @@ def test_the_summary_counts_every_failure_and_rejection_the_events_name(tmp_path
 
 
 def test_the_plot_shows_the_cross_tokenizer_share_only_where_text_path_samples_were_received(tmp_path):
-    from ftis_flwr.server.plots import _panels, _xtok_share, plot_run
+    from ftis_flwr.server.reporting.plots import _panels, _xtok_share, plot_run
 
     plain = [{"round": 1, "nodes": {"a": {"kl_mean_foreign": 3e5}}}]
     xtok = [{"round": 1, "nodes": {"a": {"b/xtok_tokens": 30.0, "b/xtok_multi_token_share": 0.5,
@@ -226,7 +226,7 @@ def test_the_plot_shows_the_cross_tokenizer_share_only_where_text_path_samples_w
 
 def test_the_plot_shows_the_received_weights_health():
     """The ESS of the received weights and the farthest source's |log-ratio| p99 (own ~0)."""
-    from ftis_flwr.server.plots import _panels, _worst_tail
+    from ftis_flwr.server.reporting.plots import _panels, _worst_tail
 
     m = {"ess": 0.8, "a/abs_log_ratio_p99": 0.01, "b/abs_log_ratio_p99": 3.5, "c/abs_log_ratio_p99": float("nan")}
     panels = {t: get for t, get, *_ in _panels([], [])}
@@ -266,7 +266,7 @@ def test_a_node_whose_reward_stayed_at_zero_is_named_first_with_why(tmp_path):
 
 
 def test_a_named_reward_and_a_real_model_are_named_in_the_zero_reward_warning():
-    from ftis_flwr.server.reward_health import zero_reward
+    from ftis_flwr.server.reporting.reward_health import zero_reward
 
     rows = [{"round": r, "nodes": {"m": {"reward_mean": 0.0}}} for r in range(3)]
     config = {"task": {"name": "dataset", "reward": "/x/r.py:reward"}, "nodes": [{"name": "m", "source": "org/m"}]}
@@ -297,7 +297,7 @@ def test_round_counts_agree_in_the_progress_line_the_summary_and_the_plot_title(
 
 def test_the_folder_and_title_carry_the_task_or_the_run_name():
     from ftis_flwr.experiment import load_experiment
-    from ftis_flwr.server.run_names import run_name, run_title, task_label
+    from ftis_flwr.server.reporting.run_names import run_name, run_title, task_label
 
     own_task = Path(__file__).resolve().parent.parent / "docs" / "own-task"
     own = load_experiment("cpu-pair", overrides={"task.name": "dataset", "task.dataset": "json",

@@ -180,8 +180,8 @@ def cache(tmp_path_factory):
 
 
 def test_the_summary_warns_first_when_a_peer_was_mostly_unrepresentable():
-    from ftis_flwr.server.incidents import incidents
-    from ftis_flwr.server.source_health import warnings_first
+    from ftis_flwr.server.reporting.incidents import incidents
+    from ftis_flwr.server.reporting.source_health import warnings_first
 
     rows = [{"round": r, "nodes": {"small": {"bpe/text_samples": 10.0, "bpe/text_refused": 8.0,
                                              "bpe/text_refused_unknown_token": 8.0},

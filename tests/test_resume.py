@@ -25,9 +25,9 @@ from conftest import kill_workers
 
 from ftis_flwr.experiment import load_experiment
 from ftis_flwr.node.host.processes import _pid_alive
-from ftis_flwr.server.reporting import RunReporter
+from ftis_flwr.server.reporting.reporter import RunReporter
+from ftis_flwr.server.reporting.summary import load_events, load_metrics
 from ftis_flwr.server.state import ServerState, ServerStateError, load_server_state, save_server_state
-from ftis_flwr.server.summary import load_events, load_metrics
 
 FEDERATION = """
 rounds: {num_rounds: 3, prompts_per_node: 4, eval_every: 0, eval_size: 8, round_timeout: 300}

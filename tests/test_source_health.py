@@ -1,4 +1,4 @@
-"""Per-source health over a run (ftis_flwr.server.source_health), from metrics rows as the
+"""Per-source health over a run (ftis_flwr.server.reporting.source_health), from metrics rows as the
 reporter logs them: the filtered share, ESS and quantiles per (source, receiver), and the
 summary's first lines naming a peer whose samples were almost all filtered."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from ftis_flwr.server.reporting import RunReporter
-from ftis_flwr.server.source_health import source_health, warnings_first
+from ftis_flwr.server.reporting.reporter import RunReporter
+from ftis_flwr.server.reporting.source_health import source_health, warnings_first
 
 
 def _row(r: int, filtered_b: float) -> dict:

@@ -1,4 +1,4 @@
-"""The trackers of ``report.to`` (:mod:`ftis_flwr.server.trackers`), each against its real
+"""The trackers of ``report.to`` (:mod:`ftis_flwr.server.reporting.trackers`), each against its real
 package: MLflow through a real ``mlflow server`` (SQLite store) read back with ``MlflowClient``,
 W&B in offline mode read back from the run file it writes, TensorBoard from its event files; a
 tracker that fails is left out and the run's reports still complete; ``ftis-flwr check`` names
@@ -23,9 +23,9 @@ import pytest
 from ftis_flwr.config import validation
 from ftis_flwr.config.choices import TRACKERS
 from ftis_flwr.config.schema import ExperimentConfig
-from ftis_flwr.server import trackers
-from ftis_flwr.server.reporting import RunReporter
-from ftis_flwr.server.summary import load_events, load_metrics
+from ftis_flwr.server.reporting import trackers
+from ftis_flwr.server.reporting.reporter import RunReporter
+from ftis_flwr.server.reporting.summary import load_events, load_metrics
 
 CONFIG = {"loss": {"method": "f-tis", "trunc_c": 2.0}, "report": {"to": ["mlflow"]},
           "nodes": [{"name": "a", "lr": None}, {"name": "b+1", "lr": 1e-4}], "note": "x" * 7000}
@@ -67,7 +67,8 @@ def test_params_are_flat_strings_cut_to_mlflow_s_limit():
 
 
 def test_importing_the_server_imports_no_tracker_package():
-    code = ("import sys, ftis_flwr.server.reporting, ftis_flwr.server.trackers, ftis_flwr.config.validation; "
+    code = ("import sys, ftis_flwr.server.reporting.reporter, ftis_flwr.server.reporting.trackers, "
+            "ftis_flwr.config.validation; "
             "print(sorted(m for m in ('mlflow', 'wandb') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -64,7 +64,7 @@ def test_two_node_federation_with_one_vllm_node(tmp_path):
     from conftest import simulate
 
     from ftis_flwr.experiment import load_experiment
-    from ftis_flwr.server.summary import load_metrics
+    from ftis_flwr.server.reporting.summary import load_metrics
 
     exp = load_experiment("cpu-smollm2", overrides={
         "rounds.num_rounds": 2, "rounds.eval_every": 0, "rounds.eval_size": 4,

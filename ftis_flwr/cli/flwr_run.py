@@ -20,7 +20,7 @@ from ftis_flwr.cli.checking import _as_toml
 EXIT_FAILED = 1
 STARTED = re.compile(r"Successfully started run (\d+)")
 FAILED_LINE = "ftis-flwr: the run failed: "
-"""How the ServerApp's line for a failed run begins (``ftis_flwr.server.summary.FAILED_PREFIX``):
+"""How the ServerApp's line for a failed run begins (``ftis_flwr.server.reporting.summary.FAILED_PREFIX``):
 ``run`` ends with its reason's first sentence after the run's status."""
 TRACKER_ENV = {"mlflow": "MLFLOW_", "wandb": "WANDB_"}
 """Tracker -> the prefix of the environment variables it reads where the ServerApp runs."""

@@ -3,7 +3,7 @@ went), ``compare`` (two runs side by side) and ``answers`` (what its models answ
 
 Why here and not in scripts: a user of one run needs them, not the project's maintainers; each reads
 the run's folder (``config.json``, ``metrics.jsonl``, ``checkpoints/``) and nothing else. The
-commands' work lives in :mod:`ftis_flwr.server.round_report`, :mod:`ftis_flwr.server.run_compare`
+commands' work lives in :mod:`ftis_flwr.server.reporting.round_report`, :mod:`ftis_flwr.server.reporting.run_compare`
 and :mod:`ftis_flwr.node.answers`; this module only reads their arguments.
 """
 
@@ -46,16 +46,16 @@ def main(args: argparse.Namespace) -> int:
     """Run the command ``args`` names; 2 (and one line on stderr) when a folder lacks what it needs."""
     try:
         if args.command == "report":
-            from ftis_flwr.server.round_report import run_report
+            from ftis_flwr.server.reporting.round_report import run_report
 
             print(run_report(args.run), flush=True)
         elif args.command == "compare":
-            from ftis_flwr.server.run_compare import compare
+            from ftis_flwr.server.reporting.run_compare import compare
 
             print(compare(args.run_a, args.run_b), flush=True)
         else:
             from ftis_flwr.node.answers import answer_report
-            from ftis_flwr.server.summary import load_metrics
+            from ftis_flwr.server.reporting.summary import load_metrics
 
             rows = [] if args.start or not (args.run / "metrics.jsonl").is_file() else load_metrics(args.run)
             answer_report(args.run, rows, nodes=args.node, splits=args.split, show=args.show, start=args.start,

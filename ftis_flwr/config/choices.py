@@ -140,7 +140,7 @@ class CardDtype(StrEnum):
 
 class Tracker(StrEnum):
     """``report.to``: where the per-round metrics go besides metrics.jsonl (TRL's ``report_to``;
-    :mod:`ftis_flwr.server.trackers`); "none" = no tracker, alone."""
+    :mod:`ftis_flwr.server.reporting.trackers`); "none" = no tracker, alone."""
 
     TENSORBOARD = "tensorboard"
     MLFLOW = "mlflow"

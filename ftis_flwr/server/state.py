@@ -5,7 +5,7 @@ prompt cursor, the groups each node made last round (forwarded to the others nex
 the train indices each source was given) and the rejection streaks. ``<run dir>/server_state/``
 holds ``groups-NNNNNN.npz`` (the payloads' arrays, exactly as received) and ``state.json``,
 written last with an atomic rename: it names its groups file, so a crash mid-save leaves the
-previous state whole. Metrics and events live in the run folder already (ftis_flwr.server.reporting).
+previous state whole. Metrics and events live in the run folder already (ftis_flwr.server.reporting.reporter).
 """
 
 from __future__ import annotations

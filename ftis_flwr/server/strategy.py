@@ -64,9 +64,9 @@ from ftis_flwr.server.replies import (
     read_train_reply,
     short_reason,
 )
+from ftis_flwr.server.reporting.run_names import run_name as default_run_name
 from ftis_flwr.server.roster import FederationError, Roster
 from ftis_flwr.server.run_failure import RunFailed, by_reason, environment_stop, reward_stop
-from ftis_flwr.server.run_names import run_name as default_run_name
 from ftis_flwr.server.state import ServerState, ServerStateError, save_server_state
 from ftis_flwr.server.task_agreement import TaskAgreement
 from ftis_flwr.wire import protocol
@@ -99,7 +99,7 @@ class FTISStrategy(Lifecycle, Strategy):
         experiment: The run's configuration; the strategy keeps its own copy (:meth:`start` may
             change its number of rounds) and sends it, as JSON, to every node.
         run_name: The run's name, which keys each node's worker and saved state; default: one
-            made from the experiment (:func:`ftis_flwr.server.reporting.run_name`).
+            made from the experiment (:func:`ftis_flwr.server.reporting.reporter.run_name`).
         out_dir: Where the nodes save their final models (``<out_dir>/<node>``); default:
             ``<run_dir>/<run name>/checkpoints``, made absolute here on the server.
         on_round: ``on_round(round, node_metrics, server_metrics)`` after each round's replies:

@@ -2,7 +2,7 @@
 MLflow, Weights & Biases, one small class per tracker in a registry; a second, different
 registration of a name is refused (as :func:`ftis_flwr.tasks.registry.register_task` does).
 
-Why apart: the reporter (:mod:`ftis_flwr.server.reporting`) writes each number once and fans it
+Why apart: the reporter (:mod:`ftis_flwr.server.reporting.reporter`) writes each number once and fans it
 out (:class:`Trackers`); a tracker that fails (an MLflow server that went away) is warned about
 once and left out, never failing the run. ``mlflow`` and ``wandb`` (the ``[trackers]`` extra) are
 imported only when their tracker opens.

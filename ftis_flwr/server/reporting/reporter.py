@@ -1,10 +1,10 @@
 """Run reporting for the ServerApp: metrics.jsonl, events.jsonl, the trackers of ``report.to``
-(TensorBoard by default, MLflow, W&B: :mod:`ftis_flwr.server.trackers`), a progress line, and at
+(TensorBoard by default, MLflow, W&B: :mod:`ftis_flwr.server.reporting.trackers`), a progress line, and at
 the end plot.png + summary.md + summary.json.
 
 Every round's numbers land on disk immediately (a crashed run still has its history), and the
 end-of-run plot and summary are computed from exactly what was logged, read back by
-:mod:`ftis_flwr.server.summary`. Non-finite values never crash anything: they are written as JSON
+:mod:`ftis_flwr.server.reporting.summary`. Non-finite values never crash anything: they are written as JSON
 null and shown as "nan".
 """
 from __future__ import annotations
@@ -20,15 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from ftis_flwr.config.choices import Schedule, Tracker
-from ftis_flwr.server.answer_health import collapsed_answers, partial_credit_only
-from ftis_flwr.server.eta import format_left, seconds_left
-from ftis_flwr.server.incidents import incidents
-from ftis_flwr.server.plots import ACC_PREFIX, ACC_SUFFIX, plot_run
-from ftis_flwr.server.reward_health import zero_reward
-from ftis_flwr.server.run_failure import failed_throughout
-from ftis_flwr.server.run_names import rounds_said, run_name, run_title
-from ftis_flwr.server.source_health import source_health, warnings_first
-from ftis_flwr.server.summary import (
+from ftis_flwr.server.reporting.answer_health import collapsed_answers, partial_credit_only
+from ftis_flwr.server.reporting.eta import format_left, seconds_left
+from ftis_flwr.server.reporting.incidents import incidents
+from ftis_flwr.server.reporting.plots import ACC_PREFIX, ACC_SUFFIX, plot_run
+from ftis_flwr.server.reporting.reward_health import zero_reward
+from ftis_flwr.server.reporting.run_names import rounds_said, run_name, run_title
+from ftis_flwr.server.reporting.source_health import source_health, warnings_first
+from ftis_flwr.server.reporting.summary import (
     Summary,
     _change,
     _finite,
@@ -39,7 +38,8 @@ from ftis_flwr.server.summary import (
     load_events,
     load_metrics,
 )
-from ftis_flwr.server.trackers import Trackers, check_names
+from ftis_flwr.server.reporting.trackers import Trackers, check_names
+from ftis_flwr.server.run_failure import failed_throughout
 
 PROGRESS_LEGEND = ("per-round line: reward = mean reward of the node's new samples; acc = greedy "
                    "held-out accuracy (evaluated rounds); filt = share of the samples received from "
@@ -77,12 +77,12 @@ class RunReporter:
         """``report_to``: the trackers (``report.to``; None: ``["tensorboard"]``; ``tensorboard=False``
         leaves TensorBoard out). Each gets the config as params now, every round's scalars, and
         summary.md, summary.json and plot.png at :meth:`finish`; one that fails is warned about,
-        logged as a ``tracker_failed`` event and left out (:class:`ftis_flwr.server.trackers.Trackers`).
+        logged as a ``tracker_failed`` event and left out (:class:`ftis_flwr.server.reporting.trackers.Trackers`).
         ``resume_after=k``: continue the run already in ``run_dir`` after its round k; the
         rounds it logged after k (the interrupted round) are dropped, so each is logged once.
         ``evaluates(k)``: whether round k evaluates (``RoundConfig.evaluates``); with it and
         ``num_rounds`` the progress line ends with the time the run has left
-        (:func:`ftis_flwr.server.eta.seconds_left`)."""
+        (:func:`ftis_flwr.server.reporting.eta.seconds_left`)."""
         if not node_names or len(set(node_names)) != len(node_names):
             raise ValueError(f"node_names must be non-empty and unique, got {node_names!r}")
         if num_rounds is not None and (not isinstance(num_rounds, int) or num_rounds < 0):

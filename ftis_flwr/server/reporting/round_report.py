@@ -20,7 +20,7 @@ import json
 import statistics
 from pathlib import Path
 
-from ftis_flwr.server.summary import _finite, load_metrics
+from ftis_flwr.server.reporting.summary import _finite, load_metrics
 
 PHASES = ("seconds_train", "seconds_generate", "seconds_eval")
 RAN = 0.05

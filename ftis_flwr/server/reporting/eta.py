@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 
-from ftis_flwr.server.summary import _finite
+from ftis_flwr.server.reporting.summary import _finite
 
 RECENT = 5
 """Training rounds the median is taken over: recent enough to follow a run that slows down (longer

@@ -13,9 +13,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ftis_flwr.server.plots import ACC_PREFIX, ACC_SUFFIX
-from ftis_flwr.server.summary import Change, load_metrics
-from ftis_flwr.server.summary import _change as change_of
+from ftis_flwr.server.reporting.plots import ACC_PREFIX, ACC_SUFFIX
+from ftis_flwr.server.reporting.summary import Change, load_metrics
+from ftis_flwr.server.reporting.summary import _change as change_of
 
 SKIP = ("run_dir", "cache_dir")
 """Settings that name where a run wrote, not what it ran."""

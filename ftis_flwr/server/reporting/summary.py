@@ -110,7 +110,7 @@ class Summary:
     """Failures and rejections from events.jsonl, one row per (event, who): see :func:`incidents`."""
     health: list[dict] = field(default_factory=list)
     """Per (source, receiver): filtered share, ESS and weight / log-ratio quantiles over the run
-    (:func:`ftis_flwr.server.source_health.source_health`)."""
+    (:func:`ftis_flwr.server.reporting.source_health.source_health`)."""
     failure: str = ""
     """Why the run failed ("" when it did not): said before anything else (:mod:`.run_failure`)."""
     num_rounds: int | None = None
@@ -121,10 +121,10 @@ class Summary:
     """The last round (step) logged."""
     warnings: list[str] = field(default_factory=list)
     """What an operator must read first: a peer's samples mostly unrepresentable for a receiver
-    or almost all filtered (:func:`ftis_flwr.server.source_health.warnings_first`), a node whose
+    or almost all filtered (:func:`ftis_flwr.server.reporting.source_health.warnings_first`), a node whose
     greedy answers collapsed to one for most problems, or whose accuracy is partial credit only
-    (:mod:`ftis_flwr.server.answer_health`), a node whose training reward stayed at 0
-    (:mod:`ftis_flwr.server.reward_health`)."""
+    (:mod:`ftis_flwr.server.reporting.answer_health`), a node whose training reward stayed at 0
+    (:mod:`ftis_flwr.server.reporting.reward_health`)."""
 
     def to_dict(self) -> dict:
         def ch(c: Change) -> dict:

@@ -15,7 +15,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from ftis_flwr.server.run_names import task_label
+from ftis_flwr.server.reporting.run_names import task_label
 
 MOSTLY = 0.5
 """Share of a node's rounds with a zero mean reward above which the summary warns."""
