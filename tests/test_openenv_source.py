@@ -106,6 +106,32 @@ def test_an_mcp_environment_gives_each_of_its_tools_with_the_schema_its_server_d
     assert env.reward() is None  # no observation carried one: the task's reward functions score the answer
 
 
+def test_an_mcp_tools_errors_are_counted_observations_not_log_tracebacks():
+    """FastMCP logs each tool that raised with its traceback, and each refused call: in a run of
+    thousands of episodes that floods the node's log with what ``env/tool_errors`` already counts.
+    Those two kinds of line are left out; the error observations are unchanged."""
+    import logging
+
+    class Lines(logging.Handler):
+        def __init__(self):
+            super().__init__()
+            self.messages = []
+
+        def emit(self, record):
+            self.messages.append(record.getMessage())
+
+    lines = Lines()
+    shelf = load_environment("toy_mcp:Shelf").acquire()  # FastMCP sets its logger's handlers as it starts
+    shelf.reset({"prompt": "?"}, seed=0)
+    logging.getLogger("fastmcp").addHandler(lines)  # beside FastMCP's own (its logger does not propagate)
+    try:
+        assert "too loud" in shelf.call("shout", {"text": "hi", "times": 5}).error
+        assert "slot" in shelf.call("look", {"shelf": "b"}).error
+    finally:
+        logging.getLogger("fastmcp").removeHandler(lines)
+    assert not [m for m in lines.messages if "calling tool" in m or "Invalid arguments" in m], lines.messages
+
+
 @pytest.mark.parametrize("cls, why", [("Empty", "its MCP server lists no tool"),
                                       ("Scorer", "its MCP tool 'get_reward' cannot be a tool here")])
 def test_an_mcp_environment_whose_tools_cannot_be_tools_is_refused_by_name(cls, why):

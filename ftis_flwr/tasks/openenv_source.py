@@ -36,6 +36,7 @@ here: wrap one in a TRL-style class as TRL's OpenEnv guide shows.
 from __future__ import annotations
 
 import inspect
+import logging
 import random
 import re
 import typing
@@ -198,11 +199,30 @@ def _mcp_tool(name: str, description: str, schema: dict[str, Any]):
     return tool
 
 
+TOOL_CALL_LOGS = ("Error calling tool", "Invalid arguments for tool")
+"""How FastMCP's server logs a tool that raised (with its traceback) or was called with bad
+arguments: the episode loop already turns each into a counted error observation
+(``env/tool_errors``), so these lines are left out of the node's log."""
+
+
+class _ToolCallLogs(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(TOOL_CALL_LOGS)
+
+
+def mute_tool_call_logs() -> None:
+    """Leave FastMCP's per-call tool errors out of the log (:data:`TOOL_CALL_LOGS`), once."""
+    logger = logging.getLogger("fastmcp.server.server")
+    if not any(isinstance(f, _ToolCallLogs) for f in logger.filters):
+        logger.addFilter(_ToolCallLogs())
+
+
 def mcp_tools(env: Any) -> dict[str, Any]:
     """name -> tool function for each tool an MCP environment instance lists; ValueError when the
     listing fails or a tool's name cannot be a tool here."""
     from openenv.core.env_server.mcp_types import ListToolsAction
 
+    mute_tool_call_logs()
     cls = type(env).__name__
     with warnings.catch_warnings():  # openenv-core 0.3 reads a field FastMCP renamed: its warning, not the user's
         warnings.filterwarnings("ignore", message="Accessing `Tool.inputSchema` is deprecated")
