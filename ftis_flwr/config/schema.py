@@ -49,7 +49,7 @@ class AdvantageConfig:
 
 @dataclass
 class WireConfig:
-    """What crosses the network and the caps a receiver enforces (docs/wire-cost.md, docs/security.md)."""
+    """What crosses the network and the caps a receiver enforces (docs/performance.md#wire-cost, docs/security.md)."""
 
     format: str = "compact"
     """What a node sends: "compact" (default, format 2: one byte container, bit-packed ids,
@@ -57,7 +57,7 @@ class WireConfig:
     lists). Receivers read both."""
     logprob_dtype: str = "fp16"
     """Log-prob encoding: "fp16" (default: 2 bytes, rounding error <= 2^-11 relative, the
-    default's learning unchanged over 3 seeds; see docs/wire-cost.md), "fp32" (lossless;
+    default's learning unchanged over 3 seeds; see docs/performance.md#wire-cost), "fp32" (lossless;
     the paper's 8 bytes/token with int32 ids) or "bf16" (sent as uint16; 8x coarser than fp16
     on log-probs, which are <= 0 and mostly near 0)."""
     compress: str = "zlib"

@@ -1,4 +1,4 @@
-"""The wire codec of groups to Flower records (algorithm §1; docs/wire-cost.md).
+"""The wire codec of groups to Flower records (algorithm §1; docs/performance.md#wire-cost).
 
 Only tokens, per-token generator log-probs and small metadata cross the network. Two formats,
 chosen by the sender's ``wire.format``; a receiver reads both (a federation can switch format

@@ -284,7 +284,7 @@ ftis_flwr/server/reporting/metric_names.py; do not edit by hand. -->
 
 A run's `metrics.jsonl` has one line per round: `{"round", "time", "elapsed", "server": {...},
 "nodes": {"<card>": {...}}, "missing_nodes": [...]}` (the events go to `events.jsonl`, see
-[trackers](../trackers.md)). Each tracker of `report.to` gets the same numbers as
+[trackers](../configuration.md#trackers)). Each tracker of `report.to` gets the same numbers as
 `<card>/<name>` and `server/<name>` at step `round`. With `exchange.schedule=async` a line is a
 *step* (the replies of one pull) and a node's own round is its `round` metric. A metric is logged
 only where it applies (`clip_frac` with a clipping method, `xtok_*` on the text path); a value
