@@ -17,8 +17,9 @@ the ``env/*`` metrics) lives here.
   seeded by the node's seed of the round;
 - **reward**: ``get_reward()`` of the episode's environment instance where the class has one and
   it gives a number; otherwise (no ``get_reward``, or it returned None) the task's reward
-  functions over the episode's **final answer text**: the decoded text of its last model turn
-  (without its end-of-turn token), the answer the model gave after its tools ran.
+  functions over the episode as TRL passes a tool rollout (its messages after the prompt, and
+  the prompt's), the built-in ones over its **final answer text**: the decoded text of its last
+  model turn (without its end-of-turn token), the answer the model gave after its tools ran.
 
 An :class:`~ftis_flwr.tasks.environment.EnvironmentFault` (``reset`` or ``get_reward`` raised,
 hung or broke the contract) is not caught: it stops the node's round with its reason, and the
@@ -35,8 +36,9 @@ from typing import Any
 from ftis_flwr.node.episodes import Episode, Sampling, Score, run_groups
 from ftis_flwr.node.turns import tool_turn_layout
 from ftis_flwr.tasks.base import Problem
-from ftis_flwr.tasks.environment import EnvironmentSpec, final_answer, load_environment, reset_seed, scored
+from ftis_flwr.tasks.environment import EnvironmentSpec, load_environment, reset_seed, scored
 from ftis_flwr.tasks.episode_prompt import prompt_messages
+from ftis_flwr.tasks.reward_funcs import answer_text
 from ftis_flwr.tasks.tool_calls import tool_format_for
 from ftis_flwr.wire.groups import Group, PayloadError
 from ftis_flwr.wire.tool_turns import NO_LAYOUT
@@ -147,5 +149,5 @@ def evaluate(node: Any, problems: list[Problem]) -> tuple[list[float], list[str]
     scores, answers = [], []
     for eg in made:
         scores.append(float(eg.episodes[0].score))
-        answers.append(final_answer(eg.episodes[0].messages).strip())
+        answers.append(answer_text(eg.episodes[0].messages).strip())
     return scores, answers

@@ -23,9 +23,9 @@ its model conditioned on (:mod:`ftis_flwr.node.replay_text`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from ftis_flwr.tasks.environment import ToolResult
 from ftis_flwr.wire.tool_turns import ToolTurnLayout
 from ftis_flwr.xtok.token_bytes import token_bytes
 
@@ -65,19 +65,13 @@ def tool_turn_ids(tokenizer: Any, results: Sequence[Any], stop_ids: Sequence[int
     return after[len(before):]
 
 
-@dataclass(frozen=True)
-class _Result:
-    name: str
-    content: str
-
-
 def tool_turn_layout(tokenizer: Any, stop_ids: Sequence[int]) -> ToolTurnLayout:
     """This tokenizer's :class:`ToolTurnLayout`, read from :func:`tool_turn_ids` of results "0",
     "1" and of both (the bytes its tokens stand for, special tokens as their text). ValueError
     when the template does not wrap each result the same way (it writes the tool's name or the
     results' count) or nothing can be appended at all."""
     def turn(*contents: str, name: str = "tool") -> bytes:
-        ids = tool_turn_ids(tokenizer, [_Result(name, c) for c in contents], stop_ids)
+        ids = tool_turn_ids(tokenizer, [ToolResult(name, c) for c in contents], stop_ids)
         return b"".join(token_bytes(tokenizer, ids, specials="content"))
 
     zero, one, both = turn("0"), turn("1"), turn("0", "1")

@@ -53,6 +53,7 @@ import numpy as np
 
 from ftis_flwr.config.imports import ImportPathError, import_object, source_of
 from ftis_flwr.tasks.openenv_source import adapt
+from ftis_flwr.tasks.reward_funcs import answer_text
 from ftis_flwr.tasks.tool_schema import ToolSchemaError, tool_schema
 
 RESERVED = ("reset", "get_reward")
@@ -91,12 +92,6 @@ def reset_seed(run_seed: int, prompt_id: str) -> int:
     return (int(run_seed) * 1_000_003 + zlib.crc32(prompt_id.encode()) * 7_919 + 17) % (2**63)
 
 
-def final_answer(messages: Sequence[dict]) -> str:
-    """The text of an episode's last model turn (its answer), "" when it has none."""
-    said = [m["content"] for m in messages if m.get("role") == "assistant"]
-    return str(said[-1]) if said else ""
-
-
 def scored(rewards: Sequence[float | None], episodes: Sequence[Sequence[dict]], task: Any, problems: Sequence[Any],
            environments: Sequence[Any], prompts: Sequence[Sequence[dict]] | None = None) -> list[float]:
     """Each episode's reward: its environment's (``get_reward()``) where it gave one, else the
@@ -105,7 +100,8 @@ def scored(rewards: Sequence[float | None], episodes: Sequence[Sequence[dict]], 
     episode's prompt messages. Reward functions (``task.reward`` / ``task.rewards``) receive them as
     TRL passes a conversational rollout's, ``completions`` and ``prompts`` as message lists, with
     each episode's ``environments`` instance as the episode left it (called before the instance
-    goes back to the pool); a task's own reward scores the final answer text (:func:`final_answer`)."""
+    goes back to the pool); a task's own reward scores the final answer text
+    (:func:`~ftis_flwr.tasks.reward_funcs.answer_text`)."""
     out = list(rewards)
     missing = [i for i, r in enumerate(out) if r is None]
     if missing:
@@ -114,7 +110,7 @@ def scored(rewards: Sequence[float | None], episodes: Sequence[Sequence[dict]], 
             values = task.reward_set([list(episodes[i]) for i in missing], probs, environments=envs,
                                      prompts=None if prompts is None else [list(prompts[i]) for i in missing])
         else:
-            values = task.rewards([final_answer(episodes[i]) for i in missing], probs, environments=envs)
+            values = task.rewards([answer_text(episodes[i]) for i in missing], probs, environments=envs)
         for i, value in zip(missing, values):
             out[i] = float(value)
     return [float(r) for r in out]
