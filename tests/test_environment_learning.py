@@ -3,7 +3,8 @@
 with vertical F-TIS in a real Flower simulation learns to call the calculator: every round each node
 logs its episodes (``env/*``) and trains on its own, its episodes grow to two model turns, its
 own-sample reward and its held-out accuracy go up, and each node trains on every one of its peer's
-episodes (sampled masks across the wire) after replaying them.
+episodes (sampled masks across the wire) after replaying them. ``ftis-flwr answers`` then repeats
+the run's last evaluation from the saved models, episode by episode, to the same accuracy.
 
 Distribution measured before the thresholds were set (this machine, run seeds ``rounds.seed`` 0..7, this
 test's settings: 8 rounds, 256 test problems, the shipped models): test accuracy small +32.0 .. +39.5
@@ -29,10 +30,15 @@ REWARD_GAIN = 0.08
 
 
 def test_the_calculator_preset_learns_to_call_its_tool(tmp_path):
+    import json
+
+    from ftis_flwr.cli import main
+
     exp = load_experiment("cpu-pair-calc", overrides={
         "rounds.num_rounds": ROUNDS, "rounds.eval_every": 0, "cache_dir": str(tmp_path / "cache"),
         "run_dir": str(tmp_path / "runs")})
-    rows = load_metrics(simulate(exp))
+    run_dir = simulate(exp)
+    rows = load_metrics(run_dir)
     assert [r["round"] for r in rows] == list(range(ROUNDS + 1))
     episodes = exp.rounds.prompts_per_node * exp.rollout.group_size
     for node, peer in (("small", "large"), ("large", "small")):
@@ -50,3 +56,11 @@ def test_the_calculator_preset_learns_to_call_its_tool(tmp_path):
         refused = sum(m.get(f"{peer}/env_replay_refused", 0) for m in per)
         assert replayed == ROUNDS * episodes and refused == 0
         assert sum(m.get("samples_foreign", 0) for m in per) == replayed
+    # the saved models' greedy episodes, as the run's last evaluation ran them
+    out = tmp_path / "answers.json"
+    assert main(["answers", str(run_dir), "--split", "test", "--json", str(out)]) == 0
+    for node, splits in json.loads(out.read_text()).items():
+        d = splits["test"]
+        assert d["accuracy"] == rows[-1]["nodes"][node]["eval/test/accuracy"], node
+        assert all(a["episode"][0]["role"] == "assistant" for a in d["answers"])
+        assert sum(a["tool_calls"] for a in d["answers"]) > 0

@@ -65,13 +65,3 @@ def test_a_folder_without_a_run_is_said_not_raised(tmp_path, capsys):
     assert "ftis-flwr report: " in capsys.readouterr().err
     assert main(["compare", str(tmp_path), str(tmp_path)]) == 2
     assert "no config.json: give a run's folder" in capsys.readouterr().err
-
-
-def test_answers_says_it_answers_single_turn_tasks_only(tmp_path, capsys):
-    """A run whose task has an environment (multi-turn episodes) is refused with the reason, before
-    any model is loaded."""
-    run = _write(tmp_path / "run", [{"round": 0, "nodes": {}}],
-                 {"task": {"name": "dataset", "environment": "calc_env.py:CalcEnv"}, "nodes": [{"name": "a"}]})
-    (run / "checkpoints").mkdir()
-    assert main(["answers", str(run)]) == 2
-    assert "its task has an environment (multi-turn episodes)" in capsys.readouterr().err

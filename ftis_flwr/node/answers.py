@@ -16,7 +16,9 @@ gives:
 - how many answers are distinct, and the most common ones with their counts;
 - examples: the question, the reference answer, the model's answer and its score.
 
-One completion per problem: a task with an environment (multi-turn episodes) is not answered here.
+With an environment (``task.environment``), each problem is one greedy episode, replayed from its
+row and seed as the run's evaluation ran it; its answer is the episode's last model turn, its score
+the environment's or the task's, and the JSON keeps each episode's messages.
 """
 
 from __future__ import annotations
@@ -72,12 +74,15 @@ def run_task(cfg: dict):
 
 
 def greedy_answers(run_dir: Path, node: dict, task: Any, threads: int | None = None, start: bool = False,
-                   splits: list[str] | None = None) -> dict[str, tuple[list, list[str], list[str]]]:
-    """split -> (problems, prompt texts, greedy completion texts) of one node's final checkpoint
-    (``start``: the model it started from) on the run's ``task`` (:func:`run_task`), with the
-    run's settings (``config.json``: ``eval_size``, ``max_new_tokens``, ``batch_size``, stop
-    tokens) and the node's torch threads unless ``threads`` is given (a second thread can change
-    an answer)."""
+                   splits: list[str] | None = None) -> dict[str, tuple[list, list[str], list[str], list[float], list]]:
+    """split -> (problems, prompt texts, greedy answer texts, their scores, their episodes) of one
+    node's final checkpoint (``start``: the model it started from) on the run's ``task``
+    (:func:`run_task`), with the run's settings (``config.json``: ``eval_size``,
+    ``max_new_tokens``, ``batch_size``, stop tokens) and the node's torch threads unless
+    ``threads`` is given (a second thread can change an answer). With ``task.environment``: one
+    greedy episode per problem as the run evaluated it
+    (:func:`ftis_flwr.node.env_rollout.greedy_episodes`), its final answer, its score and its
+    messages; otherwise one completion, the task's reward, and no episode (None)."""
     import torch
 
     from ftis_flwr.node.engines.hf import HFEngine
@@ -87,18 +92,35 @@ def greedy_answers(run_dir: Path, node: dict, task: Any, threads: int | None = N
     torch.set_num_threads(threads or int(node.get("torch_threads") or 1))
     ckpt = run_dir / "checkpoints" / node["name"]
     model, tok = load_checkpoint(start_of(ckpt) if start else ckpt)
-    engine = HFEngine(model, tok, eos_token_ids=stop_token_ids(tok, model, node.get("stop_tokens") or []),
-                      vocab_size=len(tok), share_prompts=bool(cfg["rollout"].get("share_prompts", True)))
+    stops = stop_token_ids(tok, model, node.get("stop_tokens") or [])
+    engine = HFEngine(model, tok, eos_token_ids=stops, vocab_size=len(tok),
+                      share_prompts=bool(cfg["rollout"].get("share_prompts", True)))
+    env = None
+    if (cfg.get("task") or {}).get("environment"):
+        from ftis_flwr.config.merge import from_dict
+        from ftis_flwr.node.env_rollout import EnvironmentRollout
+
+        env = EnvironmentRollout(from_dict(cfg), tok, stops, node["name"])
     out = {}
     size = cfg["rounds"]["eval_size"]
     for split in splits or task.eval_splits:
         problems = task.problems(split)
         problems = problems[:size] if size else problems
         prompts = [list(task.prompt_ids(p, tok)) for p in problems]
+        shown = tok.batch_decode(prompts, skip_special_tokens=True)
+        if env is not None:
+            from ftis_flwr.node.env_rollout import greedy_episodes
+            from ftis_flwr.tasks.reward_funcs import answer_text
+
+            episodes = greedy_episodes(env, engine, tok, stops, task, problems)
+            out[split] = (problems, shown, [answer_text(e.messages) for e in episodes],
+                          [float(e.score) for e in episodes], [e.messages for e in episodes])
+            continue
         ids = engine.greedy(prompts, max_new_tokens=cfg["rollout"]["max_new_tokens"],
                             batch_size=cfg["rollout"]["batch_size"])
-        out[split] = (problems, tok.batch_decode(prompts, skip_special_tokens=True),
-                      tok.batch_decode([c.tolist() for c in ids], skip_special_tokens=True))
+        texts = tok.batch_decode([c.tolist() for c in ids], skip_special_tokens=True)
+        out[split] = (problems, shown, texts, [float(x) for x in task.rewards(list(texts), problems)],
+                      [None] * len(texts))
     return out
 
 
@@ -184,9 +206,6 @@ def answer_report(run_dir: Path, rows: list[dict], *, nodes: Sequence[str] = (),
     if missing:
         raise AnswersError(f"{run_dir} is not a finished run's folder: no {' and no '.join(missing)}")
     cfg = json.loads((run_dir / "config.json").read_text())
-    if (cfg.get("task") or {}).get("environment"):
-        raise AnswersError(f"{run_dir}: its task has an environment (multi-turn episodes): answers gives one "
-                           "completion per problem; the run's own evaluation is in its metrics.jsonl")
     cards = cfg["nodes"]
     names = [n["name"] for n in cards]
     unknown = [n for n in nodes if n not in names]
@@ -204,9 +223,12 @@ def answer_report(run_dir: Path, rows: list[dict], *, nodes: Sequence[str] = (),
     everything: dict = {}
     for node in chosen:
         got = greedy_answers(run_dir, node, task, threads, start, list(splits) or None)
-        for split, (problems, prompts, texts) in got.items():
-            d = describe(problems, texts, list(task.rewards(list(texts), problems)), prompts,
-                         ignore_case=not task.answer_case_matters)
+        for split, (problems, prompts, texts, scores, episodes) in got.items():
+            d = describe(problems, texts, scores, prompts, ignore_case=not task.answer_case_matters)
+            for a, episode in zip(d["answers"], episodes):
+                if episode is not None:  # an environment's episode: the whole transcript, in the JSON
+                    a["episode"] = episode
+                    a["tool_calls"] = sum(1 for m in episode if m.get("role") == "tool")
             everything.setdefault(node["name"], {})[split] = d
             say("\n".join(report(rows, node["name"], split, d, show, start)))
     if json_path:

@@ -52,20 +52,22 @@ METRICS = ("env/episodes", "env/turns_mean", "env/tool_calls", "env/tool_errors"
 class EnvironmentRollout:
     """The node's environment, loaded once, and how its episodes are sampled."""
 
-    def __init__(self, node: Any):
-        cfg = node.cfg
+    def __init__(self, cfg: Any, tokenizer: Any, stop_ids: list[int], name: str = ""):
+        """``cfg``: the experiment; ``tokenizer`` and ``stop_ids``: the model's; ``name``: the node's
+        (for the log)."""
         self.spec: EnvironmentSpec = load_environment(cfg.task.environment, tool_timeout=cfg.task.tool_timeout)
-        self.format = tool_format_for(node.tokenizer, cfg.task.tool_format or "auto")
+        self.format = tool_format_for(tokenizer, cfg.task.tool_format or "auto")
+        self.seed = int(cfg.rounds.seed)
         r = cfg.rollout
         self.sampling = Sampling(max_turns=cfg.task.max_turns, max_tokens=cfg.episode_budget(),
                                  max_turn_tokens=r.max_new_tokens, temperature=r.temperature, top_k=r.top_k,
                                  top_p=r.top_p, batch_size=r.batch_size)
         self.chat = bool(cfg.task.chat)
         try:  # what this node's template writes around tool results, for peers of another template
-            self.layout: str = tool_turn_layout(node.tokenizer, node.stop_ids).wire()
+            self.layout: str = tool_turn_layout(tokenizer, stop_ids).wire()
         except ValueError as exc:
             log.info("node %s: its tool turns go without a layout (%s): peers of another chat template refuse "
-                     "its episodes", node.card.name, exc)
+                     "its episodes", name, exc)
             self.layout = NO_LAYOUT
 
     def groups(self, node: Any, indices: list[int], n: int, round_seed: int) -> tuple[list[Group], dict[str, float]]:
@@ -73,11 +75,11 @@ class EnvironmentRollout:
         and rewards (module docstring), and this rank's ``env/*`` metrics."""
         out, episodes, turns, calls, errors = [], 0, 0, 0, 0
         problems = [node.task.train_problem(index) for index in indices]
-        rows = [(dict(p.columns), prompt_messages(p, self.chat), reset_seed(node.cfg.rounds.seed, p.id))
+        rows = [(dict(p.columns), prompt_messages(p, self.chat), reset_seed(self.seed, p.id))
                 for p in problems]
         made = run_groups(node.engine, node.tokenizer, self.spec, rows=rows, n=n, sample_seed=round_seed,
                           stop_ids=node.stop_ids, sampling=self.sampling, tool_format=self.format,
-                          score=scorer(node, problems)) if rows else []
+                          score=scorer(node.task, problems)) if rows else []
         for problem, eg in zip(problems, made):
             g = eg.group(problem.id, node=node.card.name, model_id=node.policy.model_id,
                          tokenizer_fp=node.fingerprint, rewards=[e.score for e in eg.episodes])
@@ -91,12 +93,12 @@ class EnvironmentRollout:
         return out, metrics
 
 
-def scorer(node: Any, problems: list[Problem]) -> Score:
+def scorer(task: Any, problems: list[Problem]) -> Score:
     """How :func:`~ftis_flwr.node.episodes.run_groups` scores the episodes of ``problems``' rows: the
     environment's reward, else the task's (:func:`~ftis_flwr.tasks.environment.scored`: reward
     functions get the episodes' messages and prompt, TRL's form), given the episode's instance."""
     def score(i: int, episodes: list[Episode], instances: list[Any], prompt: list[dict]) -> list[float]:
-        return scored([e.reward for e in episodes], [e.messages for e in episodes], node.task,
+        return scored([e.reward for e in episodes], [e.messages for e in episodes], task,
                       [problems[i]] * len(episodes), environments=instances, prompts=[prompt] * len(episodes))
     return score
 
@@ -135,19 +137,21 @@ def generate(node: Any, indices: list[int], n: int, round_seed: int, *, send_tex
 
 
 def evaluate(node: Any, problems: list[Problem]) -> tuple[list[float], list[str]]:
-    """Greedy episodes (``top_k=1``: the most likely token at every step) of ``problems``, one each:
-    their rewards (as in training: the environment's, else the task's over the final answer text)
-    and final answer texts. Each problem's ``reset`` is seeded from ``rounds.seed`` and its id
-    (:func:`~ftis_flwr.tasks.environment.reset_seed`), the same on every node and round, so the
-    evaluation is the same test each time; the problems' episodes run together (greedy: no seed)."""
-    env = node.env
+    """The node's greedy episodes of ``problems`` (:func:`greedy_episodes`): their rewards and
+    final answer texts."""
+    made = greedy_episodes(node.env, node.engine, node.tokenizer, node.stop_ids, node.task, problems)
+    return [float(e.score) for e in made], [answer_text(e.messages).strip() for e in made]
+
+
+def greedy_episodes(env: EnvironmentRollout, engine: Any, tokenizer: Any, stop_ids: list[int], task: Any,
+                    problems: list[Problem]) -> list[Episode]:
+    """One greedy episode (``top_k=1``: the most likely token at every step) of each of ``problems``,
+    scored as in training (the environment's reward, else the task's). Each problem's ``reset`` is
+    seeded from ``rounds.seed`` and its id (:func:`~ftis_flwr.tasks.environment.reset_seed`), the
+    same on every node and round, so the evaluation is the same test each time (and ``ftis-flwr
+    answers`` repeats it from a checkpoint); the problems' episodes run together (greedy: no seed)."""
     greedy = dataclasses.replace(env.sampling, temperature=1.0, top_k=1, top_p=1.0)
-    rows = [(dict(p.columns), prompt_messages(p, env.chat), reset_seed(node.cfg.rounds.seed, p.id)) for p in problems]
-    made = run_groups(node.engine, node.tokenizer, env.spec, rows=rows, n=1, sample_seed=node.cfg.rounds.seed,
-                      stop_ids=node.stop_ids, sampling=greedy, tool_format=env.format,
-                      score=scorer(node, problems)) if rows else []
-    scores, answers = [], []
-    for eg in made:
-        scores.append(float(eg.episodes[0].score))
-        answers.append(answer_text(eg.episodes[0].messages).strip())
-    return scores, answers
+    rows = [(dict(p.columns), prompt_messages(p, env.chat), reset_seed(env.seed, p.id)) for p in problems]
+    made = run_groups(engine, tokenizer, env.spec, rows=rows, n=1, sample_seed=env.seed, stop_ids=stop_ids,
+                      sampling=greedy, tool_format=env.format, score=scorer(task, problems)) if rows else []
+    return [eg.episodes[0] for eg in made]

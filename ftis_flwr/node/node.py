@@ -148,7 +148,8 @@ class Node:
         self.steps_run = 0
         """Rounds this process has run (a resumed node restores ``round``, not this)."""
         self._prompt_cache: dict[str, np.ndarray] = {}
-        self.env = env_rollout.EnvironmentRollout(self) if experiment.task.environment else None
+        self.env = env_rollout.EnvironmentRollout(experiment, self.tokenizer, self.stop_ids, card.name) \
+            if experiment.task.environment else None
         """The task's environment (``task.environment``): each group is G episodes (:mod:`.env_rollout`)."""
         log.info("node %s ready: %s (%d/%d trainable params)", card.name, self.policy.model_id,
                  self.policy.trainable_params, self.policy.total_params)
