@@ -12,7 +12,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from ftis_flwr.node.engines import HFEngine, Sample, make_engine
+from ftis_flwr.node.engines import HFEngine, RolloutEngine, Sample, make_engine
 from ftis_flwr.node.engines.hf import NEUTRAL_GENERATION_KWARGS, _WarpAndRecord
 from ftis_flwr.node.logprobs import completion_logprobs, pack_batch
 
@@ -354,6 +354,8 @@ def test_engine_registry_and_input_errors():
         make_engine("vllm", model, make_tokenizer())
     with pytest.raises(ValueError, match="unknown engine 'jax'"):
         make_engine("jax", model, make_tokenizer())
+    assert isinstance(HFEngine(model, make_tokenizer()), RolloutEngine)
+
     engine = HFEngine(model, make_tokenizer())
     common = dict(max_new_tokens=4, batch_size=2)
     for kwargs, msg in [
@@ -369,3 +371,13 @@ def test_engine_registry_and_input_errors():
             engine.sample(kwargs.pop("prompts"), kwargs.pop("n"), **kwargs, **common)
     with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
         engine.greedy([[3]], max_new_tokens=0, batch_size=1)
+
+
+def test_an_engine_of_ones_own_without_greedy_is_refused_by_name(tmp_path):
+    """An import-path engine must sample and answer greedily (the node evaluates with greedy): one
+    that cannot is refused when it is built, naming what it lacks, not at the first evaluation."""
+    (tmp_path / "half_engine.py").write_text(
+        "class Half:\n    def sample(self, prompts, n, **kw):\n        return []\n\n\n"
+        "def build(model, tokenizer, **kw):\n    return Half()\n")
+    with pytest.raises(TypeError, match=r"built a Half without greedy: an engine samples with sample"):
+        make_engine(f"{tmp_path / 'half_engine.py'}:build", make_model(), make_tokenizer())

@@ -58,12 +58,22 @@ def engines():
 def test_an_engine_is_a_registration_and_a_second_different_one_is_refused(engines):
     from ftis_flwr.node.engines import get_engine_factory, make_engine, register_engine
 
+    class Echo:  # an engine that says what it was built with
+        def __init__(self, *built):
+            self.built = built
+
+        def sample(self, prompts, n, **kw):
+            return []
+
+        def greedy(self, prompts, **kw):
+            return []
+
     def echo(model, tokenizer, *, card=None, share_prompts=True, **options):
-        return ("echo", model, tokenizer, card, share_prompts, options)
+        return Echo("echo", model, tokenizer, card, share_prompts, options)
 
     assert register_engine("test-echo")(echo) is echo
     register_engine("test-echo")(echo)  # the same factory again (a module imported twice): fine
-    assert make_engine("test-echo", "m", "t", vocab_size=5) == ("echo", "m", "t", None, True, {"vocab_size": 5})
+    assert make_engine("test-echo", "m", "t", vocab_size=5).built == ("echo", "m", "t", None, True, {"vocab_size": 5})
     with pytest.raises(ValueError, match="engine 'test-echo' is already registered"):
         register_engine("test-echo")(lambda *a, **k: None)
     with pytest.raises(ValueError, match=r"unknown engine 'jax'; expected one of hf, vllm, test-echo"):

@@ -17,14 +17,31 @@ node calls before it (``sync_weights`` then wakes it).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
 
 from ftis_flwr.config.choices import ENGINES
 from ftis_flwr.config.imports import register_unique, registered_or_imported
 from ftis_flwr.node.engines.hf import HFEngine, Sample
 
-__all__ = ["ENGINES", "ENGINE_REGISTRY", "EngineFactory", "HFEngine", "Sample", "get_engine_factory",
-           "make_engine", "register_engine", "vllm_available"]
+__all__ = ["ENGINES", "ENGINE_REGISTRY", "EngineFactory", "HFEngine", "RolloutEngine", "Sample",
+           "get_engine_factory", "make_engine", "register_engine", "vllm_available"]
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """What the node asks of an engine (the built-in ones and an engine of one's own alike)."""
+
+    def sample(self, prompts: list[list[int]], n: int, *, temperature: float = 1.0, top_k: int = 0,
+               top_p: float = 1.0, max_new_tokens: int, batch_size: int,
+               generator_seed: int | None = None) -> list[list[Sample]]:
+        """``n`` samples of each prompt (token ids), each with its sampling log-probs and whether
+        it ended its turn; ``generator_seed`` makes a call repeat itself."""
+
+    def greedy(self, prompts: list[list[int]], *, max_new_tokens: int, batch_size: int) -> list[np.ndarray]:
+        """The most likely completion of each prompt (token ids, the end of turn stripped)."""
+
 
 EngineFactory = Callable[..., Any]
 """``factory(model, tokenizer, *, card, share_prompts, **options) -> engine``: ``card`` is the
@@ -66,7 +83,13 @@ def make_engine(name: str, model: Any, tokenizer: Any, *, card: Any = None, shar
     share_prompts : ``rollout.share_prompts``, the hf engine's (vLLM caches prefixes itself).
     options : the engine's keyword arguments (``eos_token_ids``, ``vocab_size``).
     """
-    return get_engine_factory(name)(model, tokenizer, card=card, share_prompts=share_prompts, **options)
+    engine = get_engine_factory(name)(model, tokenizer, card=card, share_prompts=share_prompts, **options)
+    if not isinstance(engine, RolloutEngine):
+        missing = [m for m in ("sample", "greedy") if not callable(getattr(engine, m, None))]
+        raise TypeError(f"engine {name!r} built a {type(engine).__name__} without {' and '.join(missing)}: an "
+                        "engine samples with sample(prompts, n, ...) and answers with greedy(prompts, ...) "
+                        "(ftis_flwr.node.engines.RolloutEngine)")
+    return engine
 
 
 def vllm_available() -> bool:
