@@ -176,7 +176,7 @@ def test_a_chat_templates_tool_turn_is_its_suffix_after_the_end_of_turn():
     tok.chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}"  # no end-of-turn token at all
     with pytest.raises(ValueError, match="does not end with one of the stop tokens"):
         tool_turn_ids(tok, results, [eos])
-    with pytest.raises(ValueError, match="never writes <tool_call>"):
+    with pytest.raises(ValueError, match="writes neither <tool_call> nor Llama 3"):
         tool_format_for(tok)
     tok.chat_template = "<tool_call>" + CHAT
     assert tool_format_for(tok).name == "hermes" and tool_format_for(build_char_tokenizer()).name == "tiny"
@@ -201,6 +201,44 @@ def test_a_tool_turn_layout_is_the_templates_markers_around_the_results():
     tok.chat_template = CHAT.replace("<{{ m.role }}>", "<{{ m.role }}{{ m.name or '' }}>")
     with pytest.raises(ValueError, match="writes each result's tool name"):
         tool_turn_layout(tok, [eos])
+
+
+LLAMA_LIKE = ("{%- for m in messages %}"
+              "{%- if m.role == 'tool' %}<|h|>ipython<|/h|>\n\n{{ m.content | tojson }}<eos>"
+              "{%- elif m.tool_calls is defined and m.tool_calls %}<|h|>assistant<|/h|>\n\n"
+              "{{- '{\"name\": \"' + m.tool_calls[0].function.name + '\", ' }}{{- '\"parameters\": ' }}"
+              "{{- m.tool_calls[0].function.arguments | tojson }}}<eos>"
+              "{%- else %}<|h|>{{ m.role }}<|/h|>\n\n{{ m.content }}<eos>{%- endif %}"
+              "{%- endfor %}{%- if add_generation_prompt %}<|h|>assistant<|/h|>\n\n{% endif %}")
+"""Llama 3.1's layout on the tiny BPE tokenizer: a call is the whole assistant turn as JSON with
+``parameters``, each tool result its own ``ipython`` turn with the content written by ``tojson``."""
+
+
+def test_llama3_json_calls_are_read_detected_and_their_tool_turns_laid_out():
+    """``llama3-json``: the turn is one ``{"name", "parameters"}`` object (after an optional
+    ``<|python_tag|>``), anything else an answer; a turn that opens a call and breaks is a call with
+    its error. A template that writes ``"parameters"`` and an ``ipython`` turn is detected; its tool
+    turns (content quoted by ``tojson``) have a layout a peer of another template can check."""
+    from ftis_flwr.node.tiny.bpe import build_bpe_tokenizer
+    from ftis_flwr.node.turns import tool_turn_layout
+
+    tools = load_environment("toy_environments:CalcEnv").tools
+    fmt = TOOL_FORMATS["llama3-json"]
+    call = fmt.render("calc", {"expression": "12+34"}, tools)
+    assert call == '{"name": "calc", "parameters": {"expression": "12+34"}}'
+    assert [(c.name, c.arguments) for c in fmt.parse(call, tools)] == [("calc", {"expression": "12+34"})]
+    assert fmt.parse("<|python_tag|>" + call, tools)[0].arguments == {"expression": "12+34"}
+    assert fmt.parse("46", tools) == [] and fmt.parse('{"answer": 46}', tools) == []
+    (broken,) = fmt.parse('{"name": "calc", "parameters": {', tools)
+    assert broken.error.startswith("the tool call is not JSON")
+    tok = build_bpe_tokenizer()
+    tok.chat_template = LLAMA_LIKE
+    assert tool_format_for(tok).name == "llama3-json"
+    eos = tok.eos_token_id
+    layout = tool_turn_layout(tok, [eos])
+    assert (layout.head, layout.tail) == ('<|h|>ipython<|/h|>\n\n"', '"<eos><|h|>assistant<|/h|>\n\n')
+    ids = tool_turn_ids(tok, [ToolResult("calc", "46"), ToolResult("calc", "7")], [eos])
+    assert layout.text(["46", "7"]) == tok.decode(ids).encode()
 
 
 def test_tool_call_formats_read_calls_and_name_what_they_cannot():

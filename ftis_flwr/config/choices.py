@@ -169,7 +169,7 @@ TASK_NAMES = ("arithmetic", "arithmetic-heldout", "arithmetic-chain", "basic-mat
 ``<prefix>:<name>`` for a prefix in TASK_PREFIXES, or an import path ``<module>:<factory>``."""
 TASK_PREFIXES = ("reasoning-gym",)
 """``task.name`` prefixes: ``reasoning-gym:<generator>``."""
-TOOL_FORMATS = ("", "hermes", "tiny")
+TOOL_FORMATS = ("", "hermes", "llama3-json", "tiny")
 """``task.tool_format``: "" (chosen from the tokenizer) or a format of :mod:`ftis_flwr.node.turns`
 (its ``TOOL_FORMATS``, kept equal by a test)."""
 GENERATED_TASKS = ("arithmetic", "arithmetic-heldout", "arithmetic-chain")

@@ -410,9 +410,11 @@ class TaskConfig:
     turn samples at most ``rollout.max_new_tokens``."""
     tool_format: str = ""
     """``task.environment``: how the model writes a tool call: ``hermes``
-    (``<tool_call>{json}</tool_call>``: Qwen2.5/Qwen3), ``tiny`` (``#name(v1,v2)``: the tiny character
-    models). Empty (default): chosen from the tokenizer (a chat template that writes ``<tool_call>``:
-    hermes; no template: tiny)."""
+    (``<tool_call>{json}</tool_call>``: Qwen2.5/Qwen3), ``llama3-json`` (the turn is
+    ``{"name": ..., "parameters": {...}}``: Llama 3.1-3.3), ``tiny`` (``#name(v1,v2)``: the tiny
+    character models). Empty (default): chosen from the tokenizer (a chat template that writes
+    ``<tool_call>``: hermes; one that writes ``"parameters"`` and an ``ipython`` turn: llama3-json;
+    no template: tiny)."""
 
 
 @dataclass

@@ -7,6 +7,9 @@ Tool-call formats (:data:`TOOL_FORMATS`, chosen by :func:`tool_format_for`):
 
 - ``hermes`` (Qwen2.5, Qwen3, Hermes): ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``,
   one block per call, JSON inside;
+- ``llama3-json`` (Llama 3.1 / 3.2 / 3.3): the whole turn is one JSON object
+  ``{"name": ..., "parameters": {...}}`` (after an optional ``<|python_tag|>``), one call per
+  turn as those templates allow; a turn that is not such an object is an answer;
 - ``tiny`` (the character-level tiny models, whose vocabulary has no brackets or braces):
   ``#name(v1,v2)``, the values in the order of the tool's arguments, read by their type hints.
 """
@@ -72,6 +75,37 @@ class HermesFormat:
         return f'<tool_call>\n{json.dumps({"name": name, "arguments": dict(arguments)})}\n</tool_call>'
 
 
+class Llama3JsonFormat:
+    """``{"name": ..., "parameters": {...}}`` as the whole turn (Llama 3.1 / 3.2 / 3.3's JSON tool calls)."""
+
+    name = "llama3-json"
+    _TAG = "<|python_tag|>"
+
+    def parse(self, text: str, tools: Mapping[str, dict]) -> list[ToolCall]:
+        """The turn's one call, or none when the turn is not a call (an answer); a turn that opens
+        a call object (``{"name"``) but is not a valid one is a call with its error."""
+        body = text.strip()
+        if body.startswith(self._TAG):
+            body = body[len(self._TAG):].strip()
+        if not body.startswith("{"):
+            return []
+        try:
+            data = json.loads(body)
+        except json.JSONDecodeError as exc:
+            if re.match(r'\{\s*"name"\s*:', body):
+                return [ToolCall("?", error=f"the tool call is not JSON ({exc.msg} at character {exc.pos})")]
+            return []
+        if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+            return []
+        args = data.get("parameters", data.get("arguments", {}))
+        if not isinstance(args, dict):
+            return [ToolCall(data["name"], error="the call's parameters are not a JSON object")]
+        return [ToolCall(data["name"], args)]
+
+    def render(self, name: str, arguments: Mapping[str, Any], tools: Mapping[str, dict]) -> str:
+        return json.dumps({"name": name, "parameters": dict(arguments)})
+
+
 class TinyFormat:
     """``#name(v1,v2)``: the values in the order of the tool's arguments, read by their types."""
 
@@ -108,13 +142,14 @@ class TinyFormat:
         return f"#{name}({','.join(str(arguments[a]) for a in props if a in arguments)})"
 
 
-TOOL_FORMATS = {f.name: f for f in (HermesFormat(), TinyFormat())}
+TOOL_FORMATS = {f.name: f for f in (HermesFormat(), Llama3JsonFormat(), TinyFormat())}
 """Tool-call format name -> its reader."""
 
 
 def tool_format_for(tokenizer: Any, name: str = "auto"):
     """The format ``name`` names; ``"auto"``: ``hermes`` when the chat template writes
-    ``<tool_call>``, ``tiny`` for a tokenizer without a chat template; ValueError otherwise."""
+    ``<tool_call>``, ``llama3-json`` when it writes ``"parameters"`` and an ``ipython`` turn,
+    ``tiny`` for a tokenizer without a chat template; ValueError otherwise."""
     if name != "auto":
         if name not in TOOL_FORMATS:
             raise ValueError(f"tool-call format {name!r} is not one of {', '.join(TOOL_FORMATS)}")
@@ -124,5 +159,7 @@ def tool_format_for(tokenizer: Any, name: str = "auto"):
         return TOOL_FORMATS["tiny"]
     if isinstance(template, str) and _MARKER in template:
         return TOOL_FORMATS["hermes"]
-    raise ValueError("no known tool-call format for this chat template (it never writes <tool_call>): name one "
-                     f"of {', '.join(TOOL_FORMATS)}")
+    if isinstance(template, str) and '"parameters": ' in template and "ipython" in template:
+        return TOOL_FORMATS["llama3-json"]
+    raise ValueError("no known tool-call format for this chat template (it writes neither <tool_call> nor Llama "
+                     f"3's JSON calls): name one of {', '.join(TOOL_FORMATS)}")
