@@ -33,6 +33,9 @@ bit per completion token, 1 = sampled), and the log-prob section holds the sampl
 the context between turns (tool results, template markers) has log-prob 0 by definition, so it
 costs its ids and a bit per token.
 
+Tool turns (flag bit 5, episodes with texts): each group has 6 string indices instead of 4, the
+last two its sender's tool-call format and tool-turn layout (:mod:`ftis_flwr.wire.tool_turns`).
+
 This module is pure bytes <-> :class:`Fields`; the semantic checks (offsets, vocabulary, log-prob
 signs, caps per group) are format-independent and live in :mod:`ftis_flwr.wire.rollouts`.
 """
